@@ -1,0 +1,52 @@
+"""e2b-provider: run agent workloads in E2B sandboxes from blocking Python code.
+
+Public names are re-exported here; nothing else lives in this module.
+"""
+
+from ._version import __version__
+from .cancel import CancelReason, CancelToken, Deadline
+from .errors import (
+    AuthenticationError,
+    Cancelled,
+    CommandFailed,
+    ConfigError,
+    Conflict,
+    E2BHttpError,
+    E2BProviderError,
+    InvalidArgument,
+    NotFound,
+    OperationTimeout,
+    ProtocolError,
+    RemoteError,
+    SandboxGoneError,
+    TransportError,
+    TransportTimeout,
+)
+from .models import ExecResult, FileContent, FileStat, SandboxHandle, SandboxLimits
+
+__all__ = [
+    "AuthenticationError",
+    "CancelReason",
+    "CancelToken",
+    "Cancelled",
+    "CommandFailed",
+    "ConfigError",
+    "Conflict",
+    "Deadline",
+    "E2BHttpError",
+    "E2BProviderError",
+    "ExecResult",
+    "FileContent",
+    "FileStat",
+    "InvalidArgument",
+    "NotFound",
+    "OperationTimeout",
+    "ProtocolError",
+    "RemoteError",
+    "SandboxGoneError",
+    "SandboxHandle",
+    "SandboxLimits",
+    "TransportError",
+    "TransportTimeout",
+    "__version__",
+]

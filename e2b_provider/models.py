@@ -1,0 +1,143 @@
+"""Frozen value types of the public API and of the wire boundary.
+
+This module owns the data the library hands out and takes in: :class:`SandboxLimits`,
+:class:`SandboxHandle`, :class:`ExecResult`, :class:`FileContent`, :class:`FileStat`, and the
+internal :class:`Target` (where and how to reach one sandbox's envd). Values only: no I/O, no
+requests, no threads. Secrets (the envd access token) are kept out of ``repr``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Tuple, Union
+
+import attrs
+
+__all__ = [
+    "Egress",
+    "ExecResult",
+    "FileContent",
+    "FileStat",
+    "SandboxHandle",
+    "SandboxLimits",
+    "SandboxRef",
+    "Target",
+]
+
+Egress = Literal["none", "allowlist", "open"]
+
+
+def _tuple_of_str(value: object) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        # A bare string would silently become a tuple of characters.
+        raise TypeError("allow_hosts must be a sequence of host names, not a string")
+    return tuple(value)  # type: ignore[call-overload]
+
+
+@attrs.frozen
+class SandboxLimits:
+    """What a sandbox may use.
+
+    Attributes:
+        cpu: CPU count (> 0). Recorded for the platform; E2B sizes sandboxes by template.
+        memory_mb: memory in MiB (> 0); recorded likewise.
+        disk_mb: disk in MiB (> 0); recorded likewise.
+        egress: ``"none"`` (no network), ``"allowlist"`` (only ``allow_hosts``) or ``"open"``
+            (refused unless the deployment sets ``allow_open_egress``).
+        allow_hosts: host names, ``*.`` wildcards, IPs or CIDRs for ``"allowlist"``.
+    """
+
+    cpu: float = 1
+    memory_mb: int = 1024
+    disk_mb: int = 4096
+    egress: Egress = "none"
+    allow_hosts: Tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+
+
+@attrs.frozen
+class SandboxHandle:
+    """A sandbox created by the provider. Every method also accepts the id string.
+
+    Attributes:
+        id: the E2B sandbox id.
+        name: the name it was created under, if known.
+    """
+
+    id: str
+    name: Optional[str] = None
+
+    def __str__(self) -> str:
+        return self.id
+
+
+SandboxRef = Union[SandboxHandle, str]
+
+
+@attrs.frozen
+class ExecResult:
+    """The outcome of one command.
+
+    A command that ran to completion has an ``exit_code`` (128 + n when killed by signal n).
+    A timed-out command has ``exit_code=None, timed_out=True``; one cancelled by its token
+    has ``exit_code=None, cancelled=True``. Output collected so far is kept either way.
+
+    Attributes:
+        exit_code: the exit status, or None (timed out, cancelled, or unknown signal).
+        stdout: standard output, decoded as UTF-8 (invalid bytes replaced).
+        stderr: standard error, likewise.
+        truncated: True when stdout + stderr exceeded ``max_output_bytes`` and were cut; a
+            UTF-8 sequence cut at the end is then dropped rather than mangled.
+        timed_out: True when the timeout fired.
+        cancelled: True when the cancel token fired.
+        wedged: True when the command could not be stopped cleanly and the sandbox had to
+            be rebooted (its processes were lost; its files were kept).
+    """
+
+    exit_code: Optional[int]
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False
+    timed_out: bool = False
+    cancelled: bool = False
+    wedged: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with status 0."""
+        return self.exit_code == 0
+
+
+@attrs.frozen
+class FileContent:
+    """Bytes read from a sandbox file.
+
+    Attributes:
+        data: at most ``max_bytes`` bytes from the start of the file.
+        truncated: True when the file is longer than what was returned.
+    """
+
+    data: bytes
+    truncated: bool = False
+
+
+@attrs.frozen
+class FileStat:
+    """What ``stat`` reports about a path.
+
+    Attributes:
+        size: size in bytes (as ``stat -L`` reports it; directories have their inode size).
+        is_dir: True for a directory.
+    """
+
+    size: int
+    is_dir: bool
+
+
+@attrs.frozen
+class Target:
+    """How to reach one sandbox's envd: base URL, id and access token (hidden from repr)."""
+
+    url: str
+    sandbox_id: str
+    access_token: str = attrs.field(repr=False)
+    domain: str = ""
+    resumed: bool = False
