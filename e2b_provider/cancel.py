@@ -191,7 +191,11 @@ class CancelToken:
     def linked(cls, *parents: Optional["CancelToken"]) -> "CancelToken":
         """A new token that is cancelled when any parent is (like ``AbortSignal.any``)."""
         child = cls()
+
+        def forward(reason: CancelReason) -> None:
+            child.cancel(reason)
+
         for p in parents:
             if p is not None:
-                p.on_cancel(child.cancel)
+                p.on_cancel(forward)
         return child

@@ -108,7 +108,7 @@ class E2BProviderError(Exception):
         return (_rebuild, (type(self), self.__dict__.copy(), self.args))
 
 
-def _rebuild(cls: type, state: "dict[str, Any]", args: "tuple[Any, ...]") -> Any:
+def _rebuild(cls: "type[BaseException]", state: "dict[str, Any]", args: "tuple[Any, ...]") -> Any:
     obj = cls.__new__(cls)
     Exception.__init__(obj, *args)
     obj.__dict__.update(state)

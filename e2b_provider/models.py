@@ -8,7 +8,7 @@ requests, no threads. Secrets (the envd access token) are kept out of ``repr``.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Tuple, Union
+from typing import Iterable, Literal, Optional, Tuple, Union
 
 import attrs
 
@@ -26,11 +26,11 @@ __all__ = [
 Egress = Literal["none", "allowlist", "open"]
 
 
-def _tuple_of_str(value: object) -> Tuple[str, ...]:
+def _tuple_of_str(value: Iterable[str]) -> Tuple[str, ...]:
     if isinstance(value, str):
         # A bare string would silently become a tuple of characters.
         raise TypeError("allow_hosts must be a sequence of host names, not a string")
-    return tuple(value)  # type: ignore[call-overload]
+    return tuple(value)
 
 
 @attrs.frozen
