@@ -1,0 +1,389 @@
+"""Unit tests of envd process events, exit codes and the output budget (e2b_provider._process)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Dict, List
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from e2b_provider._process import (
+    SIGNALS,
+    DataEvent,
+    EndEvent,
+    KeepaliveEvent,
+    OutputBudget,
+    StartEvent,
+    decode_output,
+    event_from_wire,
+    exit_code_of,
+)
+from e2b_provider.errors import InvalidArgument, ProtocolError
+
+FAST = settings(max_examples=80, deadline=None, database=None)
+
+# Go's syscall signal names on Linux/amd64, by number.
+GO_SIGNAL_NAMES = {
+    1: "hangup",
+    2: "interrupt",
+    3: "quit",
+    4: "illegal instruction",
+    5: "trace/breakpoint trap",
+    6: "aborted",
+    7: "bus error",
+    8: "floating point exception",
+    9: "killed",
+    10: "user defined signal 1",
+    11: "segmentation fault",
+    12: "user defined signal 2",
+    13: "broken pipe",
+    14: "alarm clock",
+    15: "terminated",
+    16: "stack fault",
+    17: "child exited",
+    18: "continued",
+    19: "stopped (signal)",
+    20: "stopped",
+    21: "stopped (tty input)",
+    22: "stopped (tty output)",
+    23: "urgent I/O condition",
+    24: "CPU time limit exceeded",
+    25: "file size limit exceeded",
+    26: "virtual timer expired",
+    27: "profiling timer expired",
+    28: "window changed",
+    29: "I/O possible",
+    30: "power failure",
+    31: "bad system call",
+}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def end(**body: Any) -> EndEvent:
+    ev = event_from_wire({"event": {"end": body}})
+    assert isinstance(ev, EndEvent)
+    return ev
+
+
+# --- exit codes ---------------------------------------------------------------------------
+
+
+def test_signal_table_is_exactly_linux_1_to_31() -> None:
+    assert dict(SIGNALS) == {name: n for n, name in GO_SIGNAL_NAMES.items()}
+
+
+@pytest.mark.parametrize(("n", "name"), sorted(GO_SIGNAL_NAMES.items()))
+def test_every_signal_name(n: int, name: str) -> None:
+    # envd sends exitCode -1 and no "exited" for a signal death.
+    assert end(exitCode=-1, status=f"signal: {name}").exit_code == 128 + n
+    assert exit_code_of(EndEvent(False, f"signal: {name} (core dumped)", -1)) == 128 + n
+
+
+def test_exit_status_n() -> None:
+    for n in (1, 2, 3, 126, 127, 255):
+        assert end(exitCode=n, exited=True, status=f"exit status {n}").exit_code == n
+        # "exit status " decides even without exited.
+        assert exit_code_of(EndEvent(False, f"exit status {n}", n)) == n
+
+
+def test_omitted_exit_code_means_zero() -> None:
+    ev = event_from_wire({"event": {"end": {"exited": True, "status": "exit status 0"}}})
+    assert ev == EndEvent(exited=True, status="exit status 0", raw_exit_code=None, error=None)
+    assert isinstance(ev, EndEvent) and ev.exit_code == 0
+    assert exit_code_of(EndEvent(True, "")) == 0
+    assert exit_code_of(EndEvent(False, "exit status 0")) == 0
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        "",
+        "signal: unknown",
+        "signal: signal 34",
+        "signal: killed (core dumped) extra",
+        "signal:killed",
+        "Signal: killed",
+        "signal: Killed",
+        "killed",
+        "signal: ",
+        "signal: killed\n",
+    ],
+)
+def test_unknown_status_gives_none(status: str) -> None:
+    assert exit_code_of(EndEvent(False, status, -1)) is None
+
+
+def test_end_error_field_is_kept() -> None:
+    ev = end(exitCode=3, exited=True, status="exit status 3", error="exit status 3")
+    assert ev.error == "exit status 3" and ev.raw_exit_code == 3 and ev.exit_code == 3
+
+
+def test_end_accepts_snake_case_exit_code() -> None:
+    assert end(exit_code=4, exited=True, status="exit status 4").exit_code == 4
+
+
+# --- event_from_wire -----------------------------------------------------------------------
+
+
+def test_start_event() -> None:
+    assert event_from_wire({"event": {"start": {"pid": 12}}}) == StartEvent(12)
+    assert event_from_wire({"event": {"start": {}}}) == StartEvent(0)  # proto3 zero omitted
+
+
+def test_data_events() -> None:
+    assert event_from_wire({"event": {"data": {"stdout": b64(b"hi\n")}}}) == DataEvent(b"hi\n")
+    assert event_from_wire({"event": {"data": {"stderr": b64(b"\xff\x00")}}}) == DataEvent(
+        b"", b"\xff\x00"
+    )
+    assert event_from_wire({"event": {"data": {"pty": b64(b"tty")}}}) == DataEvent(b"tty", b"")
+    assert event_from_wire({"event": {"data": {}}}) == DataEvent(b"", b"")
+
+
+def test_data_base64_variants() -> None:
+    raw = bytes(range(256))
+    std = base64.b64encode(raw).decode()
+    url = base64.urlsafe_b64encode(raw).decode()
+    for text in (std, std.rstrip("="), url, url.rstrip("=")):
+        assert event_from_wire({"event": {"data": {"stdout": text}}}) == DataEvent(raw)
+
+
+def test_keepalive_event() -> None:
+    assert event_from_wire({"event": {"keepalive": {}}}) == KeepaliveEvent()
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {},
+        {"event": None},
+        {"event": {}},
+        {"event": {"someFutureKind": {"x": 1}}},
+        {"other": 1},
+    ],
+)
+def test_unknown_or_missing_events_are_none(obj: Dict[str, Any]) -> None:
+    assert event_from_wire(obj) is None
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [],
+        "event",
+        None,
+        {"event": []},
+        {"event": "start"},
+        {"event": {"start": []}},
+        {"event": {"start": {"pid": "12"}}},
+        {"event": {"start": {"pid": 1.5}}},
+        {"event": {"start": {"pid": True}}},
+        {"event": {"start": {"pid": -1}}},
+        {"event": {"data": "aGk="}},
+        {"event": {"data": {"stdout": "not base64!"}}},
+        {"event": {"data": {"stdout": "aGk=aGk="}}},
+        {"event": {"data": {"stdout": "a"}}},
+        {"event": {"data": {"stderr": 12}}},
+        {"event": {"data": {"pty": ["x"]}}},
+        {"event": {"end": {"exitCode": "3"}}},
+        {"event": {"end": {"exitCode": True}}},
+        {"event": {"end": {"exitCode": 1.0}}},
+        {"event": {"end": {"exited": 1}}},
+        {"event": {"end": {"status": 3}}},
+        {"event": {"end": {"error": {}}}},
+        {"event": {"end": "x"}},
+        {"event": {"keepalive": 1}},
+        {"event": {"start": {"pid": 1}, "end": {}}},
+    ],
+)
+def test_malformed_events_raise_protocol_error(obj: Any) -> None:
+    with pytest.raises(ProtocolError):
+        event_from_wire(obj)
+
+
+@FAST
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: (
+            st.lists(c, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "event",
+                        "start",
+                        "data",
+                        "end",
+                        "keepalive",
+                        "pid",
+                        "stdout",
+                        "stderr",
+                        "pty",
+                        "exitCode",
+                        "exited",
+                        "status",
+                        "error",
+                        "x",
+                    ]
+                ),
+                c,
+                max_size=4,
+            )
+        ),
+        max_leaves=10,
+    )
+)
+def test_random_shapes_raise_only_protocol_error(obj: Any) -> None:
+    try:
+        event_from_wire(obj)
+    except ProtocolError:
+        pass
+
+
+# --- OutputBudget ---------------------------------------------------------------------------
+
+
+def test_budget_shared_between_streams_in_arrival_order() -> None:
+    b = OutputBudget(10)
+    b.add_stdout(b"abcd")
+    b.add_stderr(b"EFG")
+    b.add_stdout(b"hijk")  # only "hij" fits
+    assert b.stdout_bytes == b"abcdhij"
+    assert b.stderr_bytes == b"EFG"
+    assert b.used == 10
+    assert b.truncated
+
+
+def test_budget_not_truncated_when_exactly_full() -> None:
+    b = OutputBudget(6)
+    b.add_stdout(b"abc")
+    b.add_stderr(b"def")
+    assert not b.truncated and b.used == 6
+    b.add_stdout(b"")  # empty data drops nothing
+    assert not b.truncated
+    b.add_stderr(b"x")
+    assert b.truncated
+    assert (b.stdout_bytes, b.stderr_bytes) == (b"abc", b"def")
+
+
+def test_budget_keeps_draining_after_the_cap() -> None:
+    b = OutputBudget(3)
+    for _ in range(1000):
+        b.add_stdout(b"0123456789")
+        b.add_stderr(b"e" * 100)
+    assert b.stdout_bytes == b"012" and b.stderr_bytes == b""
+    assert b.used == 3 and b.truncated
+
+
+def test_budget_zero() -> None:
+    b = OutputBudget(0)
+    assert not b.truncated
+    b.add_stderr(b"x")
+    assert b.truncated and b.used == 0 and b.stderr_text() == ""
+
+
+def test_budget_add_data_event() -> None:
+    b = OutputBudget(100)
+    b.add(DataEvent(b"out", b"err"))
+    assert (b.stdout_bytes, b.stderr_bytes) == (b"out", b"err")
+    assert b.stdout_text() == "out" and b.stderr_text() == "err"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, None])
+def test_budget_rejects_bad_cap(bad: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        OutputBudget(bad)
+
+
+@FAST
+@given(
+    cap=st.integers(0, 64),
+    chunks=st.lists(st.tuples(st.booleans(), st.binary(max_size=20)), max_size=12),
+)
+def test_budget_matches_a_simple_model(cap: int, chunks: List[Any]) -> None:
+    b = OutputBudget(cap)
+    kept: List[Any] = []
+    total = 0
+    for is_out, data in chunks:
+        (b.add_stdout if is_out else b.add_stderr)(data)
+        total += len(data)
+        kept.append((is_out, data))
+    # Model: the concatenation in arrival order, cut at cap, split back by stream.
+    out, err, room = b"", b"", cap
+    for is_out, data in kept:
+        piece = data[: max(room, 0)]
+        room -= len(piece)
+        if is_out:
+            out += piece
+        else:
+            err += piece
+    assert (b.stdout_bytes, b.stderr_bytes) == (out, err)
+    assert b.used == min(cap, total)
+    assert b.truncated == (total > cap)
+
+
+# --- UTF-8 safe decoding --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_truncation_at_every_byte_of_a_multibyte_character(char: str, k: int) -> None:
+    text = "a" * k + char + "z"
+    data = text.encode("utf-8")
+    width = len(char.encode("utf-8"))
+    for cap in range(len(data)):
+        b = OutputBudget(cap)
+        b.add_stdout(data)
+        assert b.truncated
+        got = b.stdout_text()
+        assert text.startswith(got), (cap, got)
+        assert "\ufffd" not in got
+        if k < cap < k + width:  # cut inside the character: only it is lost
+            assert got == "a" * k
+        else:
+            assert got.encode("utf-8") == data[:cap]
+
+
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_truncated_stderr_decoded_the_same_way(char: str) -> None:
+    b = OutputBudget(3)
+    b.add_stderr(b"x" + char.encode("utf-8"))
+    got = b.stderr_text()
+    assert "\ufffd" not in got
+    assert got == ("x" + char if len(char.encode()) == 2 else "x")
+
+
+def test_untruncated_invalid_bytes_become_replacement_characters() -> None:
+    assert decode_output(b"ok\xff\xfe", False) == "ok\ufffd\ufffd"
+    # Not truncated: a cut sequence at the end is shown, not dropped.
+    assert decode_output("€".encode()[:2], False) == "\ufffd"
+    b = OutputBudget(100)
+    b.add_stdout(b"a\xc3")
+    assert not b.truncated and b.stdout_text() == "a\ufffd"
+
+
+def test_truncated_decode_keeps_invalid_bytes_in_the_middle() -> None:
+    assert decode_output(b"\xffab", True) == "\ufffdab"
+    # A lone continuation byte more than 4 bytes from a lead byte is not touched.
+    assert decode_output(b"a" + b"\x80" * 5, True) == "a" + "\ufffd" * 5
+
+
+def test_decode_complete_sequences_are_kept_when_truncated() -> None:
+    for text in ("é", "€", "😀", "abc"):
+        assert decode_output(text.encode(), True) == text
+
+
+def test_decode_empty() -> None:
+    assert decode_output(b"", True) == ""
+    assert decode_output(b"", False) == ""
+
+
+def test_budget_cap_is_read_only() -> None:
+    b = OutputBudget(5)
+    with pytest.raises(AttributeError):
+        b.max_bytes = 10
+    assert b.max_bytes == 5
