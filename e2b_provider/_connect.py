@@ -76,7 +76,7 @@ def encode_envelope(obj: Any, *, end_stream: bool = False) -> bytes:
 def _parse_json(payload: bytes) -> Dict[str, Any]:
     try:
         obj = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"envelope is not valid UTF-8 JSON: {exc.__class__.__name__}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"envelope JSON is a {type(obj).__name__}, not an object")
@@ -115,6 +115,7 @@ class EnvelopeDecoder:
         self._buf = bytearray()
         self._ready: Deque[Item] = deque()
         self._finished = False
+        self._failed = False
 
     @property
     def finished(self) -> bool:
@@ -130,10 +131,16 @@ class EnvelopeDecoder:
         """Add bytes received from the peer (any split is fine)."""
         if not data:
             return
+        if self._failed:
+            raise ProtocolError("the stream already failed")
         if self._finished:
             raise ProtocolError("data after the end-of-stream message")
         self._buf += data
-        self._drain()
+        try:
+            self._drain()
+        except ProtocolError:
+            self._failed = True
+            raise
 
     def _drain(self) -> None:
         buf = self._buf

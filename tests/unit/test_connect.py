@@ -148,12 +148,6 @@ def test_well_framed_garbage_body_raises_only_protocol_error(
     _garbage_only_protocol_errors(header(flags, len(body)) + body, cuts)
 
 
-@pytest.mark.xfail(
-    raises=RecursionError,
-    strict=True,
-    reason="_connect._parse_json lets json.loads' RecursionError escape on deeply nested "
-    "JSON (reported; remove this marker once _parse_json maps RecursionError to ProtocolError)",
-)
 def test_deeply_nested_json_raises_protocol_error() -> None:
     body = b"[" * 100_000
     dec = EnvelopeDecoder()
@@ -279,3 +273,14 @@ def test_close_without_end_stream_raises() -> None:
 def test_bad_max_message_bytes() -> None:
     with pytest.raises(ValueError):
         EnvelopeDecoder(max_message_bytes=0)
+
+
+def test_messages_are_not_repeated_after_an_error() -> None:
+    dec = EnvelopeDecoder()
+    good = encode_envelope({"a": 1})
+    with pytest.raises(ProtocolError):
+        dec.feed(good + header(0, 3) + b"{x}")
+    assert [m for m in dec] == [Message({"a": 1})]
+    with pytest.raises(ProtocolError):
+        dec.feed(good)
+    assert list(dec) == []
