@@ -1,0 +1,587 @@
+"""Tests of the emulator runtime: real namespaced sandboxes (root only) and the pure helpers.
+
+Each sandbox runs a stand-in agent (a stdlib HTTP server on the agent socket that answers
+``GET /health`` and runs ``POST /run {"cmd": …}`` with ``/bin/sh`` inside the sandbox), so these
+tests do not depend on the real agent; ``test_real_agent_boots`` uses the real one when present.
+Every sandbox is destroyed by the ``make`` fixture, and no test leaves processes behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Optional, cast
+
+import pytest
+
+from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
+from e2b_provider.emulator import _linux, init, runtime
+from e2b_provider.emulator.runtime import (
+    IsolationUnavailable,
+    SandboxRuntime,
+    SandboxRuntimeError,
+    SandboxSpec,
+    check_isolation,
+)
+
+try:
+    check_isolation()
+    _UNAVAILABLE: Optional[str] = None
+except IsolationUnavailable as _exc:
+    _UNAVAILABLE = str(_exc)
+    print(f"test_runtime: skipping sandbox tests: {_UNAVAILABLE}", file=sys.stderr)
+
+pytestmark = pytest.mark.skipif(
+    _UNAVAILABLE is not None, reason=f"no sandbox isolation here: {_UNAVAILABLE}"
+)
+
+STANDIN = textwrap.dedent(
+    """
+    import json, os, socketserver, subprocess, sys
+    from http.server import BaseHTTPRequestHandler
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body=b""):
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._send(204 if self.path == "/health" else 404)
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            p = subprocess.run(["/bin/sh", "-c", req["cmd"]], capture_output=True, timeout=30)
+            out = {"rc": p.returncode, "out": p.stdout.decode(), "err": p.stderr.decode()}
+            self._send(200, json.dumps(out).encode())
+
+    class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            pass
+
+    if os.path.exists(sys.argv[1]):
+        os.unlink(sys.argv[1])
+    S(sys.argv[1], H).serve_forever()
+    """
+)
+STANDIN_ARGV = [sys.executable, "-E", "-s", "-S", "-c", STANDIN, runtime.AGENT_SOCKET]
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=30)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(30)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def request(rt: SandboxRuntime, method: str, path: str, body: Optional[bytes] = None) -> Any:
+    conn = _UnixHTTP(rt.envd_socket)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def sh(rt: SandboxRuntime, cmd: str) -> Dict[str, Any]:
+    """Run ``cmd`` with /bin/sh as root inside the sandbox (through the stand-in agent)."""
+    status, body = request(rt, "POST", "/run", json.dumps({"cmd": cmd}).encode())
+    assert status == 200
+    result: Dict[str, Any] = json.loads(body)
+    return result
+
+
+def out(rt: SandboxRuntime, cmd: str) -> str:
+    r = sh(rt, cmd)
+    assert r["rc"] == 0, r
+    return str(r["out"]).strip()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for(pred: Callable[[], bool], limit: float = 10.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+@pytest.fixture
+def base_dir() -> Iterator[str]:
+    # Short paths: the agent socket path must fit in sun_path (108 bytes).
+    path = tempfile.mkdtemp(prefix="e2b-rt-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make(base_dir: str) -> Iterator[Callable[..., SandboxRuntime]]:
+    made: List[SandboxRuntime] = []
+
+    def factory(
+        sandbox_id: Optional[str] = None, agent_argv: Optional[List[str]] = None, **kw: Any
+    ) -> SandboxRuntime:
+        sid = sandbox_id or "t" + uuid.uuid4().hex[:12]
+        spec = SandboxSpec(sandbox_id=sid, hostname=kw.pop("hostname", sid), **kw)
+        rt = SandboxRuntime(
+            spec, os.path.join(base_dir, sid), agent_argv=agent_argv or STANDIN_ARGV
+        )
+        made.append(rt)
+        return rt
+
+    yield factory
+    for rt in made:
+        asyncio.run(rt.destroy())
+        assert rt.host_pids() == []
+
+
+# --- pure helpers -----------------------------------------------------------------------
+
+
+def test_spec_validates_its_fields() -> None:
+    spec = SandboxSpec("abc", "abc", env_vars={"A": "1"}, allow_hosts=["x.test"])
+    assert spec.allow_hosts == ("x.test",) and dict(spec.env_vars) == {"A": "1"}
+    with pytest.raises(TypeError):
+        cast(Dict[str, str], spec.env_vars)["B"] = "2"
+    for bad in ("", "../x", "a/b", "a b", "x" * 65):
+        with pytest.raises(ValueError):
+            SandboxSpec(bad, "h")
+    with pytest.raises(ValueError):
+        SandboxSpec("a", "bad_host")
+    with pytest.raises(ValueError):
+        SandboxSpec("a", "h", egress="everything")
+    with pytest.raises(ValueError):
+        SandboxSpec("a", "h", env_vars={"A=B": "1"})
+    with pytest.raises(TypeError):
+        SandboxSpec("a", "h", allow_hosts="x.test")
+
+
+def test_runtime_refuses_dangerous_state_dirs() -> None:
+    spec = SandboxSpec("a", "a")
+    for bad in ("/", "/tmp", "/tmp/a,b/c", "/tmp/" + "x" * 120):
+        with pytest.raises(ValueError):
+            SandboxRuntime(spec, bad)
+    with pytest.raises(ValueError):
+        SandboxRuntime(spec, "/tmp/ok/x", agent_argv=["python3", "-c", "pass"])
+
+
+def test_generated_accounts_hide_host_users() -> None:
+    host_passwd = (
+        "root:x:0:0:root:/root:/bin/bash\n"
+        "daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+        "alice:x:1000:1000:Alice:/home/alice:/bin/bash\n"
+        "user:x:999:999::/home/user:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    passwd = init.render_passwd(host_passwd)
+    names = [line.split(":")[0] for line in passwd.splitlines()]
+    assert names == ["root", "daemon", "nobody", "sandbox", "user"]
+    assert "sandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash" in passwd.splitlines()
+    assert "user:x:1001:1001:user:/home/user:/bin/bash" in passwd.splitlines()
+    group = init.render_group("root:x:0:\nsudo:x:27:alice,daemon\nalice:x:1000:\n", passwd)
+    assert group.splitlines() == [
+        "root:x:0:",
+        "sudo:x:27:daemon",
+        "sandbox:x:1000:",
+        "user:x:1001:",
+    ]
+    shadow = init.render_shadow(passwd)
+    assert all(line.split(":")[1] == "*" for line in shadow.splitlines())
+    assert "alice" not in passwd + group + shadow + init.render_gshadow(group)
+    assert "127.0.1.1\tbox1" in init.render_hosts("box1")
+
+
+def test_python_bind_paths_are_minimal_and_cover_the_interpreter() -> None:
+    paths = runtime.python_bind_paths()
+    for p in paths:
+        assert os.path.isabs(p) and p != "/"
+        assert not any(p == "/" + d or p.startswith(f"/{d}/") for d in runtime.OVERLAY_DIRS)
+        assert not any(p != q and p.startswith(q + "/") for q in paths)
+    exe = os.path.realpath(sys.executable)
+    pkg = os.path.realpath(os.path.dirname(os.path.dirname(runtime.__file__)))
+    for needed in (exe, pkg):
+        covered = any(needed == p or needed.startswith(p + "/") for p in paths)
+        assert covered or any(needed.startswith(f"/{d}/") for d in runtime.OVERLAY_DIRS)
+
+
+def test_mountinfo_parser_decodes_escapes() -> None:
+    text = (
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+        "37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer\n"
+        "50 27 0:40 /x /tmp/a\\040b rw shared:1 - tmpfs tmpfs rw\n"
+    )
+    mounts = _linux.parse_mountinfo(text)
+    assert [m.mount_point for m in mounts] == [
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup/freezer",
+        "/tmp/a b",
+    ]
+    assert mounts[1].super_options == ("rw", "freezer") and mounts[2].root == "/x"
+
+
+def test_check_isolation_explains_missing_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "_isolation_ok", False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(IsolationUnavailable, match="needs root") as info:
+        check_isolation()
+    assert isinstance(info.value, RuntimeError)
+
+
+# --- real sandboxes ---------------------------------------------------------------------
+
+
+def test_boot_answers_health_fast(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make()
+    assert not rt.running and rt.host_pids() == []
+    asyncio.run(rt.boot(timeout=20))
+    assert rt.running and not rt.frozen
+    assert request(rt, "GET", "/health")[0] == 204
+    assert rt.last_boot_seconds is not None
+    print(f"boot took {rt.last_boot_seconds * 1000:.0f} ms")
+    assert rt.last_boot_seconds < 5.0
+    pids = rt.host_pids()
+    assert rt.init_pid in pids and len(pids) >= 3  # unshare, PID 1, agent
+    with pytest.raises(SandboxRuntimeError, match="already running"):
+        asyncio.run(rt.boot())
+
+
+def test_users_hostname_and_capabilities(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make(hostname="box-one")
+    asyncio.run(rt.boot(timeout=20))
+    assert out(rt, "hostname") == "box-one"
+    assert out(rt, "cat /etc/hostname") == "box-one"
+    assert out(rt, "runuser -u sandbox -- id") == (
+        "uid=1000(sandbox) gid=1000(sandbox) groups=1000(sandbox)"
+    )
+    assert out(rt, "runuser -u user -- sh -c 'id -u; echo $HOME'") == "1001\n/home/user"
+    assert out(rt, "id -un") == "root"
+    dirs = "/workspace /home/sandbox /tmp /opt/capybara/upload /skills"
+    assert out(rt, f"stat -c '%U %a' {dirs}") == (
+        "sandbox 755\nsandbox 755\nroot 1777\nroot 755\nroot 755"
+    )
+    assert out(rt, "getent passwd 1000 | cut -d: -f1") == "sandbox"
+    # The plugin's scripts need these tools; all come from the host's /usr via the overlay.
+    tools = "sh bash setsid timeout pgrep pkill runuser head stat cat mkdir chmod rm sleep"
+    assert out(rt, f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done") == ""
+    # The bounding set is Docker-like: no mount, no mknod, but chown works.
+    assert sh(rt, "mount -t tmpfs x /mnt")["rc"] != 0
+    assert sh(rt, "mknod /tmp/vda b 254 0")["rc"] != 0
+    chown = "touch /workspace/f && chown user:user /workspace/f && stat -c %U /workspace/f"
+    assert out(rt, chown) == "user"
+    # Writes to the system dirs land in the sandbox's upper dir, not on the host.
+    marker = f"e2b-rt-{uuid.uuid4().hex}"
+    out(rt, f"touch /usr/local/{marker}")
+    assert not os.path.exists(f"/usr/local/{marker}")
+    assert os.path.exists(os.path.join(rt.state_dir, "upper", "usr", "local", marker))
+    assert sh(rt, f"runuser -u sandbox -- touch /usr/{marker}")["rc"] != 0
+
+
+def test_isolation_between_sandboxes_and_from_the_host(
+    make: Callable[..., SandboxRuntime], base_dir: str
+) -> None:
+    a, b = make(), make()
+
+    async def boot_both() -> None:
+        await asyncio.gather(a.boot(timeout=20), b.boot(timeout=20))
+
+    asyncio.run(boot_both())
+    out(a, "echo secret > /workspace/only-a; (setsid sleep 4242 >/dev/null 2>&1 &)")
+    assert sh(b, "test -e /workspace/only-a")["rc"] != 0
+    assert sh(b, "pgrep -f '^sleep 4242$'")["rc"] != 0
+    assert out(a, "pgrep -f '^sleep 4242$' | wc -l") == "1"
+    # Only this sandbox's processes, numbered from 1.
+    assert out(b, "ps -eo pid= | sort -n | head -1") == "1"
+    # The host's private places are invisible: /root, /tmp, the state dirs, /work, /home.
+    host_marker = os.path.join("/root", f".e2b-rt-{uuid.uuid4().hex}")
+    tmp_marker = os.path.join("/tmp", f"e2b-rt-{uuid.uuid4().hex}")
+    for path in (host_marker, tmp_marker):
+        with open(path, "w") as f:
+            f.write("host")
+    try:
+        for path in (host_marker, tmp_marker, base_dir, a.state_dir, os.path.abspath(__file__)):
+            assert sh(b, f"test -e '{path}'")["rc"] != 0, path
+    finally:
+        os.unlink(host_marker)
+        os.unlink(tmp_marker)
+    assert out(b, "ls /home") == "sandbox\nuser"
+    # Network: loopback only, up, and no route anywhere.
+    assert out(a, "ls /sys/class/net") == "lo"
+    assert "UP" in out(a, "ip -br link show lo")
+    assert out(a, "ip route; ip -6 route") == ""
+    assert sh(a, "ip route get 198.51.100.7")["rc"] != 0
+    assert a.host_pids() and not set(a.host_pids()) & set(b.host_pids())
+
+
+def test_freeze_stops_a_ticker_and_thaw_resumes_it(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    out(rt, "(setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.01; done' "
+            ">/dev/null 2>&1 &)")
+    tick = os.path.join(rt.state_dir, "root", "workspace", "tick")
+
+    def size() -> int:
+        try:
+            return os.path.getsize(tick)
+        except FileNotFoundError:
+            return 0
+
+    assert wait_for(lambda: size() > 10)
+    asyncio.run(rt.freeze())
+    assert rt.frozen and rt.running
+    frozen_at = size()
+    time.sleep(0.3)
+    assert size() == frozen_at
+    asyncio.run(rt.thaw())
+    assert not rt.frozen
+    assert wait_for(lambda: size() > frozen_at + 10)
+    assert request(rt, "GET", "/health")[0] == 204
+
+
+def test_halt_kills_escapees_and_boot_keeps_files(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    out(rt, "echo kept > /workspace/keep; echo home > /home/user/.x; echo t > /tmp/t; "
+            "echo etc >> /etc/motd; (setsid sleep 4243 >/dev/null 2>&1 &)")
+    before = rt.host_pids()
+    assert len(before) >= 4
+    asyncio.run(rt.halt())
+    assert not rt.running and rt.host_pids() == []
+    assert not any(alive(p) for p in before)
+    asyncio.run(rt.halt())  # idempotent
+    asyncio.run(rt.boot(timeout=20))
+    kept = out(rt, "cat /workspace/keep /home/user/.x /tmp/t; tail -1 /etc/motd")
+    assert kept == "kept\nhome\nt\netc"
+    assert sh(rt, "pgrep -f '^sleep 4243$'")["rc"] != 0
+    assert not set(before) & set(rt.host_pids()) - {os.getpid()}
+
+
+def test_halt_of_a_frozen_sandbox(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    asyncio.run(rt.freeze())
+    pids = rt.host_pids()
+    asyncio.run(rt.halt())
+    assert rt.host_pids() == [] and not any(alive(p) for p in pids)
+    assert not rt.frozen
+    asyncio.run(rt.boot(timeout=20))
+    assert out(rt, "echo ok") == "ok"
+
+
+def test_destroy_leaves_no_process_mount_file_or_cgroup(
+    make: Callable[..., SandboxRuntime],
+) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    out(rt, "(setsid sleep 4244 >/dev/null 2>&1 &); echo x > /workspace/x")
+    pids = rt.host_pids()
+    cgroup_dirs = [d for d in [rt._cgroups.control, *rt._cgroups.extra] if d]
+    assert cgroup_dirs and all(os.path.isdir(d) for d in cgroup_dirs)
+    asyncio.run(rt.destroy())
+    assert rt.host_pids() == [] and not any(alive(p) for p in pids)
+    assert not os.path.exists(rt.state_dir)
+    assert _linux.mounts_under(rt.state_dir) == []
+    with open("/proc/self/mountinfo") as f:
+        assert rt.state_dir not in f.read()
+    assert not any(os.path.exists(d) for d in cgroup_dirs)
+    asyncio.run(rt.destroy())  # idempotent
+
+
+def test_agent_is_restarted_and_pid1_ignores_signals_from_inside(
+    make: Callable[..., SandboxRuntime],
+) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    # $PPID is the stand-in agent; kill it once it has answered.
+    out(rt, "kill -TERM 1; (sleep 0.2; kill -9 $PPID) >/dev/null 2>&1 &")
+    assert wait_for(lambda: "agent killed by signal 9" in rt.log_tail())
+    assert wait_for(lambda: _healthy(rt))
+    assert rt.running
+    assert "restarting" in rt.log_tail() and "ignoring signal 15" in rt.log_tail()
+    init_pid = rt.init_pid
+    assert init_pid is not None
+    os.kill(init_pid, signal.SIGTERM)  # from outside: the sandbox shuts down
+    assert wait_for(lambda: not rt.running)
+    assert wait_for(lambda: rt.host_pids() == [])
+
+
+def _healthy(rt: SandboxRuntime) -> bool:
+    try:
+        return bool(request(rt, "GET", "/health")[0] == 204)
+    except OSError:
+        return False
+
+
+def test_boot_failure_is_reported_and_cleaned_up(make: Callable[..., SandboxRuntime]) -> None:
+    broken = "import sys; print('agent-broken'); sys.exit(3)"
+    rt = make(agent_argv=[sys.executable, "-S", "-c", broken])
+    t0 = time.monotonic()
+    with pytest.raises(SandboxRuntimeError, match="agent-broken"):
+        asyncio.run(rt.boot(timeout=1.0))
+    assert time.monotonic() - t0 < 5
+    assert not rt.running and rt.host_pids() == []
+
+
+def test_many_sandboxes_at_once(make: Callable[..., SandboxRuntime]) -> None:
+    rts = [make() for _ in range(6)]
+
+    async def boot_all() -> None:
+        await asyncio.gather(*(rt.boot(timeout=30) for rt in rts))
+
+    t0 = time.monotonic()
+    asyncio.run(boot_all())
+    print(f"6 sandboxes booted in {(time.monotonic() - t0) * 1000:.0f} ms")
+    for rt in rts:
+        assert out(rt, "hostname") == rt.spec.hostname
+
+    async def destroy_all() -> None:
+        await asyncio.gather(*(rt.destroy() for rt in rts))
+
+    asyncio.run(destroy_all())
+    assert all(rt.host_pids() == [] for rt in rts)
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from e2b_provider.emulator.runtime import SandboxRuntime, SandboxSpec
+    spec = SandboxSpec(sys.argv[1], sys.argv[1])
+    rt = SandboxRuntime(spec, sys.argv[2], agent_argv=json.loads(sys.argv[3]))
+    asyncio.run(rt.boot(timeout=20))
+    print(json.dumps({"pids": rt.host_pids(), "cgroup": rt._cgroups.control}), flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_sandboxes_die_with_the_server_process(base_dir: str) -> None:
+    sid = "t" + uuid.uuid4().hex[:12]
+    state = os.path.join(base_dir, sid)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, sid, state, json.dumps(STANDIN_ARGV)],
+        stdout=subprocess.PIPE,
+    )
+    cgroup = None
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        info = json.loads(line)
+        pids, cgroup = info["pids"], info["cgroup"]
+        assert len(pids) >= 3 and all(alive(p) for p in pids)
+        child.kill()  # SIGKILL: no cleanup code runs in the "server"
+        child.wait(timeout=10)
+        assert wait_for(lambda: not any(alive(p) for p in pids)), "sandbox outlived its server"
+        if cgroup:
+            assert wait_for(lambda: _read_procs(cgroup) == [])
+            parent = os.path.dirname(cgroup)
+            assert parent in runtime.remove_stale_cgroups()
+            assert not os.path.exists(parent)
+            assert not any(d.endswith(f"e2b-emulator-{child.pid}") for d in _all_parents())
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
+        if cgroup:
+            for d in (cgroup, os.path.dirname(cgroup)):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+
+
+def _all_parents() -> List[str]:
+    found = []
+    for hierarchy in runtime._hierarchy_dirs():
+        found += [os.path.join(hierarchy, n) for n in os.listdir(hierarchy) if "e2b-emulator" in n]
+    return found
+
+
+def _read_procs(cgroup: str) -> List[int]:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(os.path.dirname(runtime.__file__), "agent.py")),
+    reason="the real agent (e2b_provider/emulator/agent.py) is not there yet",
+)
+def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) -> None:
+    sid = "t" + uuid.uuid4().hex[:12]
+    rt = SandboxRuntime(SandboxSpec(sid, sid), os.path.join(base_dir, sid))
+    try:
+        asyncio.run(rt.boot(timeout=30))
+        print(f"real agent: boot took {rt.last_boot_seconds * 1000:.0f} ms")  # type: ignore[operator]
+        assert request(rt, "GET", "/health")[0] in (200, 204)
+        # One real command through the agent, as `sandbox`, to show the pieces fit together.
+        conn = _UnixHTTP(rt.envd_socket)
+        try:
+            cmd = "id -un; hostname; pwd; cat /proc/self/status | grep CapBnd"
+            body = encode_envelope({"process": {"cmd": "/bin/sh", "args": ["-c", cmd]}})
+            conn.request(
+                "POST",
+                "/process.Process/Start",
+                body=body,
+                headers={
+                    "Content-Type": "application/connect+json",
+                    "Connect-Protocol-Version": "1",
+                    "Authorization": "Basic " + base64.b64encode(b"sandbox:").decode(),
+                },
+            )
+            resp = conn.getresponse()
+            assert resp.status == 200
+            decoder = EnvelopeDecoder()
+            decoder.feed(resp.read())
+            stdout = b""
+            for item in decoder:
+                if isinstance(item, Message):
+                    data = item.data.get("event", {}).get("data", {})
+                    stdout += base64.b64decode(data.get("stdout", ""))
+        finally:
+            conn.close()
+        assert stdout.decode().split("\n")[:3] == ["sandbox", sid, "/home/sandbox"]
+        assert "00000000a00425fb" in stdout.decode()  # the bounding set init.py leaves
+    finally:
+        asyncio.run(rt.destroy())
+    assert rt.host_pids() == []
