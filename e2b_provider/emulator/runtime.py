@@ -190,7 +190,7 @@ def check_isolation() -> None:
         missing.append("the unshare command (Debian package util-linux)")
     if not _linux.cap_effective() >> _linux.CAP_SYS_ADMIN & 1:
         missing.append("CAP_SYS_ADMIN (run as real root or in a --privileged container)")
-    for kind in ("pid", "mnt", "uts", "ipc", "net"):
+    for kind in ("pid", "mnt", "uts", "ipc", "net", "cgroup"):
         if not os.path.exists(f"/proc/self/ns/{kind}"):
             missing.append(f"{kind} namespaces (kernel option)")
     try:
@@ -201,7 +201,7 @@ def check_isolation() -> None:
         missing.append("/proc/filesystems (is /proc mounted?)")
     if unshare is not None and not missing:
         err = _probe(
-            [unshare, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net",
+            [unshare, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--cgroup",
              "--propagation", "private", "--kill-child", "--", "/bin/true"]
         )
         if err is not None:
@@ -656,7 +656,7 @@ class SandboxRuntime:
         if unshare is None:
             raise IsolationUnavailable("the unshare command is missing (package util-linux)")
         argv = [
-            unshare, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net",
+            unshare, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--cgroup",
             "--propagation", "private", "--kill-child", "--",
             sys.executable, "-E", "-s", "-S", _INIT_PATH, boot_json,
         ]  # fmt: skip

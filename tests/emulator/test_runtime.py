@@ -393,6 +393,58 @@ def test_halt_kills_escapees_and_boot_keeps_files(make: Callable[..., SandboxRun
     assert not set(before) & set(rt.host_pids()) - {os.getpid()}
 
 
+@pytest.mark.parametrize("mode", ["v1", "none"])
+def test_freezer_fallbacks(
+    make: Callable[..., SandboxRuntime], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # Pretend the host lacks cgroup2 (v1 freezer) or every cgroup hierarchy (SIGSTOP).
+    monkeypatch.setattr(_linux, "cgroup2_mount", lambda: None)
+    if mode == "none":
+        monkeypatch.setattr(_linux, "cgroup1_mount", lambda controller: None)
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    assert rt._cgroups.mode == mode
+    out(rt, "(setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.01; done' "
+            ">/dev/null 2>&1 &)")
+    tick = os.path.join(rt.state_dir, "root", "workspace", "tick")
+    assert wait_for(lambda: os.path.exists(tick) and os.path.getsize(tick) > 10)
+    asyncio.run(rt.freeze())
+    frozen_at = os.path.getsize(tick)
+    time.sleep(0.3)
+    assert os.path.getsize(tick) == frozen_at
+    asyncio.run(rt.thaw())
+    assert wait_for(lambda: os.path.getsize(tick) > frozen_at + 10)
+    asyncio.run(rt.freeze())
+    pids = rt.host_pids()
+    asyncio.run(rt.halt())  # from frozen
+    assert rt.host_pids() == [] and not any(alive(p) for p in pids)
+    asyncio.run(rt.destroy())
+    assert not os.path.exists(rt.state_dir)
+
+
+def test_limits_and_cgroup_namespace(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make(memory_mb=300, cpu_count=1)
+    asyncio.run(rt.boot(timeout=20))
+    # Inside, the sandbox's own cgroup is the root: host cgroup paths do not show.
+    assert all(line.endswith(":/") for line in out(rt, "cat /proc/self/cgroup").splitlines())
+    expected = {
+        "memory.max": str(300 * 1024 * 1024),
+        "memory.limit_in_bytes": str(300 * 1024 * 1024),
+        "cpu.max": "100000 100000",
+        "cpu.cfs_quota_us": "100000",
+    }
+    seen = 0
+    for d in [rt._cgroups.control, *rt._cgroups.extra]:
+        for name, value in expected.items():
+            path = os.path.join(d or "", name)
+            if d and os.path.exists(path):
+                with open(path) as f:
+                    assert f.read().strip() == value, path
+                seen += 1
+    controllers = [c for c in ("memory", "cpu") if _linux.cgroup1_mount(c)]
+    assert seen >= len(controllers)
+
+
 def test_halt_of_a_frozen_sandbox(make: Callable[..., SandboxRuntime]) -> None:
     rt = make()
     asyncio.run(rt.boot(timeout=20))
