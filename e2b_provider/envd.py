@@ -1,0 +1,455 @@
+"""The envd client for one sandbox: process streams, signals, file upload/download, health.
+
+This module owns the requests made to a sandbox's envd (``process.Process/Start`` as a
+Connect server stream, ``process.Process/SendSignal`` as a unary Connect call, ``/files``
+and ``/health``) and :class:`ProcessStream`, the iterator of process events read from a
+``Start`` answer. Every request carries ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port: 49983`` and
+``X-Access-Token``; redirects are never followed (the transport refuses them). All I/O goes
+through :class:`~e2b_provider._http.Transport`; framing and event parsing are the sans-IO
+:mod:`._connect` and :mod:`._process`.
+
+No message built here contains the access token.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import posixpath
+from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
+
+from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
+from ._process import ProcessEvent, StartEvent, event_from_wire
+from .cancel import CancelToken
+from .errors import (
+    E2BProviderError,
+    InvalidArgument,
+    ProtocolError,
+    RemoteError,
+    register_secret,
+)
+from .models import Target
+
+__all__ = [
+    "ENVD_PORT",
+    "ERROR_BODY_BYTES",
+    "KEEPALIVE_SECONDS",
+    "SIGNALS",
+    "EnvdClient",
+    "ProcessStream",
+]
+
+ENVD_PORT = 49983
+KEEPALIVE_SECONDS = 50
+#: How much of an error answer is read to build the exception.
+ERROR_BODY_BYTES = 64 * 1024
+#: The signals envd's SendSignal accepts.
+SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
+_READ_SIZE = 64 * 1024
+_START_OP = "process start"
+
+
+def _basic(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode("ascii")
+
+
+def _check_user(user: object) -> str:
+    if (
+        not isinstance(user, str)
+        or not user
+        or len(user) > 255
+        or any(c in user for c in ": \t\r\n\x00")
+        or not user.isprintable()
+    ):
+        raise InvalidArgument("user must be a non-empty user name without ':' or whitespace")
+    return user
+
+
+def _check_path(path: object) -> str:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidArgument("path must be a non-empty string without NUL")
+    return path
+
+
+def _check_timeout(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgument(f"{what} must be a positive number of seconds")
+    return float(value)
+
+
+class ProcessStream:
+    """The events of one ``process.Process/Start`` answer, read as they arrive.
+
+    Iterate it to get :data:`~e2b_provider._process.ProcessEvent` values (start, data,
+    keepalive, end) in order; iteration stops after the Connect end-of-stream message.
+    Reads block the iterating thread; :meth:`abort` (any thread, any time) wakes it.
+
+    Raises (from iteration):
+        RemoteError: the stream ended with a Connect error (``code``, ``message``).
+        ProtocolError: a malformed frame or event, or the body ended without the
+            end-of-stream message (truncated).
+        TransportError: the connection broke, or the stream was aborted (then
+            :attr:`aborted` is True: tell "aborted by us" from "dropped by the peer" by it).
+        TransportTimeout: envd sent nothing (not even a keepalive) within the read timeout.
+
+    The stream is closed automatically when it ends or fails; use it as a context manager
+    (or call :meth:`close`) to release it early.
+    """
+
+    def __init__(self, stream: Stream, *, operation: str = _START_OP) -> None:
+        self._stream = stream
+        self._operation = operation
+        self._decoder = EnvelopeDecoder()
+        self._pending: Deque[ProcessEvent] = collections.deque()
+        self._end: Optional[EndStream] = None
+        self._done = False
+        self.pid: Optional[int] = None
+
+    @property
+    def aborted(self) -> bool:
+        """True once :meth:`abort` was called."""
+        return self._stream.aborted
+
+    def abort(self) -> None:
+        """Shut the stream down now (thread-safe, idempotent); a blocked read wakes up."""
+        self._stream.abort()
+
+    def close(self) -> None:
+        """Release the stream (idempotent)."""
+        self._stream.close()
+
+    def __enter__(self) -> ProcessStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[ProcessEvent]:
+        return self
+
+    def __next__(self) -> ProcessEvent:
+        try:
+            return self._next()
+        except StopIteration:
+            raise
+        except Exception:
+            # A failed stream is released at once; KeyboardInterrupt is left to the caller,
+            # which may still want to kill the command before it lets go of the stream.
+            self.close()
+            raise
+
+    def _next(self) -> ProcessEvent:
+        while True:
+            if self._pending:
+                return self._pending.popleft()
+            if self._end is not None:
+                end, self._end = self._end, None
+                self._done = True
+                self.close()
+                if end.error_code is not None:
+                    raise RemoteError(end.error_code, end.error_message,
+                                      operation=self._operation)
+            if self._done:
+                raise StopIteration
+            chunk = self._stream.read1(_READ_SIZE)
+            if not chunk:
+                self._decoder.close()  # raises: EOF before the end-of-stream message
+                raise ProtocolError("E2B process stream ended without an end-of-stream message")
+            self._decoder.feed(chunk)
+            for item in self._decoder:
+                if isinstance(item, Message):
+                    ev = event_from_wire(item.data)
+                    if ev is None:
+                        continue
+                    if isinstance(ev, StartEvent) and self.pid is None:
+                        self.pid = ev.pid
+                    self._pending.append(ev)
+                else:
+                    # Events decoded before the end-of-stream are delivered first.
+                    self._end = item
+
+
+class EnvdClient:
+    """A client for one sandbox's envd.
+
+    Args:
+        transport: the HTTP transport (shared).
+        target: where the sandbox's envd is, and its access token.
+    """
+
+    def __init__(self, transport: Transport, target: Target) -> None:
+        self._transport = transport
+        self._target = target
+        self._base = target.url.rstrip("/")
+        register_secret(target.access_token)
+
+    def __repr__(self) -> str:
+        return f"EnvdClient(sandbox_id={self._target.sandbox_id!r}, url={self._base!r})"
+
+    @property
+    def target(self) -> Target:
+        """The target this client talks to."""
+        return self._target
+
+    def _headers(self, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        h = {
+            "E2b-Sandbox-Id": self._target.sandbox_id,
+            "E2b-Sandbox-Port": str(ENVD_PORT),
+            "X-Access-Token": self._target.access_token,
+        }
+        if extra:
+            h.update(extra)
+        return h
+
+    def start(
+        self,
+        *,
+        user: str,
+        cmd: str,
+        args: Sequence[str],
+        envs: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        keepalive_seconds: int = KEEPALIVE_SECONDS,
+        token: Optional[CancelToken] = None,
+    ) -> ProcessStream:
+        """Start a process and return its event stream: ``POST /process.Process/Start``.
+
+        The request sends ``stdin: false`` (the process reads ``/dev/null``), asks envd for
+        a keepalive every ``keepalive_seconds`` and reads with a timeout of
+        ``2 * keepalive_seconds + 10`` seconds, so a silent peer ends in
+        :class:`~e2b_provider.errors.TransportTimeout`. Closing the stream does not stop the
+        process (envd never kills on disconnect).
+
+        Args:
+            user: the OS user to run as (``Authorization: Basic base64("user:")``).
+            cmd: the program.
+            args: its arguments.
+            envs: environment variables added for the process.
+            cwd: the working directory.
+            keepalive_seconds: the keepalive interval asked of envd (1-3600; never 0,
+                which would crash envd).
+            token: guards only the opening of the stream (until envd answers); once
+                returned, stop the stream with :meth:`ProcessStream.abort`.
+
+        Returns:
+            The event stream.
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            E2BHttpError: envd (or the edge) answered with a non-200 status.
+            ProtocolError: a 200 answer that is not a Connect stream.
+            Cancelled, TransportError, TransportTimeout.
+        """
+        _check_user(user)
+        if not isinstance(cmd, str) or not cmd:
+            raise InvalidArgument("cmd must be a non-empty string")
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise InvalidArgument("args must be a sequence of strings")
+        if (
+            isinstance(keepalive_seconds, bool)
+            or not isinstance(keepalive_seconds, int)
+            or not 1 <= keepalive_seconds <= 3600
+        ):
+            raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
+        process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
+        if envs is not None:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
+                raise InvalidArgument("envs must map strings to strings")
+            process["envs"] = dict(envs)
+        if cwd is not None:
+            if not isinstance(cwd, str):
+                raise InvalidArgument("cwd must be a string")
+            process["cwd"] = cwd
+        body = encode_envelope({"process": process, "stdin": False})
+        headers = self._headers(
+            {
+                "Content-Type": "application/connect+json",
+                "Connect-Protocol-Version": "1",
+                "Authorization": _basic(user),
+                "Keepalive-Ping-Interval": str(keepalive_seconds),
+            }
+        )
+        stream = self._transport.open_stream(
+            "POST",
+            self._base + "/process.Process/Start",
+            headers=headers,
+            data=body,
+            read_timeout=2.0 * keepalive_seconds + 10.0,
+            token=token,
+            operation=_START_OP,
+        )
+        try:
+            if stream.status != 200:
+                raw = stream.read_all(ERROR_BODY_BYTES, truncate=True)
+                raise error_from_response(
+                    HttpResponse(stream.status, stream.headers, raw), _START_OP
+                )
+            ctype = stream.headers.get("content-type", "")
+            if ctype and not ctype.lower().startswith("application/connect+json"):
+                raise ProtocolError(
+                    f"E2B {_START_OP} answered 200 with content type {ctype[:80]!r}, "
+                    "not a Connect stream"
+                )
+        except BaseException:
+            stream.abort()
+            stream.close()
+            raise
+        return ProcessStream(stream)
+
+    def send_signal(
+        self,
+        pid: int,
+        signal: str = "SIGNAL_SIGKILL",
+        *,
+        token: Optional[CancelToken] = None,
+        timeout: float = 15.0,
+    ) -> bool:
+        """Signal one process: ``POST /process.Process/SendSignal`` (that pid only).
+
+        Args:
+            pid: the process id (from the start event).
+            signal: ``"SIGNAL_SIGKILL"`` or ``"SIGNAL_SIGTERM"`` (all envd accepts).
+            token: cancels the call.
+            timeout: read timeout in seconds.
+
+        Returns:
+            True when the signal was sent; False when the process was already gone
+            (404 ``not_found``, or a 500 "process already finished" race at exit).
+
+        Raises:
+            E2BHttpError: any other error answer.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidArgument("pid must be a positive int")
+        if signal not in SIGNALS:
+            raise InvalidArgument(f"signal must be one of {sorted(SIGNALS)}")
+        op = "process signal"
+        resp = self._transport.request(
+            "POST",
+            self._base + "/process.Process/SendSignal",
+            headers=self._headers(
+                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+            ),
+            json={"process": {"pid": pid}, "signal": signal},
+            read_timeout=_check_timeout(timeout, "timeout"),
+            token=token,
+            operation=op,
+            max_body=ERROR_BODY_BYTES,
+        )
+        if resp.ok:
+            return True
+        message, code, _ = parse_error_body(resp.body)
+        if resp.status == 404 and code == "not_found":
+            return False
+        if resp.status == 500 and "process already finished" in message:
+            return False
+        raise error_from_response(resp, op)
+
+    def upload(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        user: str,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """Write a file: multipart ``POST /files?path=<path>&username=<user>``.
+
+        One part named ``file`` (file name = the path's base name) carries the bytes. envd
+        creates missing parent directories and owns the file to ``user``.
+
+        Raises:
+            E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("data must be bytes")
+        name = posixpath.basename(path) or "file"
+        op = "file upload"
+        resp = self._transport.request(
+            "POST",
+            self._base + "/files",
+            headers=self._headers(),
+            params={"path": path, "username": user},
+            files={"file": (name, bytes(data), "application/octet-stream")},
+            read_timeout=_check_timeout(timeout, "timeout"),
+            token=token,
+            operation=op,
+            max_body=ERROR_BODY_BYTES,
+        )
+        if not resp.ok:
+            raise error_from_response(resp, op)
+
+    def download(
+        self,
+        path: str,
+        *,
+        user: str,
+        max_bytes: int,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> Optional[bytes]:
+        """Read a whole file: ``GET /files?path=<path>&username=<user>``.
+
+        Note that envd reads as root whatever ``user`` says (``user`` only resolves
+        relative paths), so this is no permission check.
+
+        Args:
+            max_bytes: the largest file accepted; a longer one raises (nothing partial is
+                returned).
+
+        Returns:
+            The bytes, or None when the path does not exist (404).
+
+        Raises:
+            ProtocolError: the file is larger than ``max_bytes``.
+            E2BHttpError: another error answer (e.g. 400 for a directory).
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise InvalidArgument("max_bytes must be a non-negative int")
+        op = "file download"
+        resp = self._transport.request(
+            "GET",
+            self._base + "/files",
+            headers=self._headers({"Accept-Encoding": "identity"}),
+            params={"path": path, "username": user},
+            read_timeout=_check_timeout(timeout, "timeout"),
+            token=token,
+            operation=op,
+            max_body=max(max_bytes, ERROR_BODY_BYTES),
+        )
+        if resp.status == 404:
+            return None
+        if not resp.ok:
+            raise error_from_response(resp, op)
+        if len(resp.body) > max_bytes:
+            raise ProtocolError(f"E2B {op}: the file is larger than {max_bytes} bytes")
+        return resp.body
+
+    def health(self, *, timeout: float = 5.0) -> bool:
+        """Whether envd answers ``GET /health`` (200/204) within ``timeout`` seconds.
+
+        Never raises: any error, error status or timeout is False.
+        """
+        try:
+            t = _check_timeout(timeout, "timeout")
+            resp = self._transport.request(
+                "GET",
+                self._base + "/health",
+                headers=self._headers(),
+                read_timeout=t,
+                connect_timeout=t,
+                operation="health check",
+                max_body=ERROR_BODY_BYTES,
+            )
+        except E2BProviderError:
+            return False
+        return resp.status in (200, 204)
