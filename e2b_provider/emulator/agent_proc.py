@@ -1,0 +1,960 @@
+"""Process management of the emulator's envd look-alike agent (the ``process.Process`` service).
+
+This module owns the processes the agent starts for ``Start``: how they are launched (envd
+0.6.13's ``/bin/sh -c 'oom_score_adj … exec nice -n 0 "$@"' -- cmd args…`` wrapper, the
+target user's uid/gid and supplementary groups, envd's environment and working directory
+rules, no new process group or session), how their stdout/stderr (or PTY) output fans out to
+any number of subscribed streams with backpressure (a slow stream slows the process; a process
+without subscribers has its output read and discarded), when the ``end`` event is due (the
+process exited and both pipes reached EOF, or it was released by SIGKILL/SIGTERM from
+``SendSignal`` or by its ``Connect-Timeout-Ms`` timer), Go-style exit statuses, stdin
+(``SendInput``/``CloseStdin``), and the 30 s retention of exit records for late ``Connect``.
+
+Everything here runs on the agent's event loop thread; it uses asyncio file-descriptor
+readiness (and a pidfd per child) rather than threads. It imports no requests/urllib3/socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import termios
+import threading
+from collections import deque
+from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
+
+import attrs
+
+from .agent_rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
+
+__all__ = [
+    "DEFAULT_PATH",
+    "RETENTION_SECONDS",
+    "STD_CHUNK",
+    "ExitInfo",
+    "ExitRecord",
+    "ManagedProcess",
+    "ProcessManager",
+    "StartSpec",
+    "Subscriber",
+    "decode_input",
+    "exit_info_from_status",
+    "go_signal_name",
+    "parse_selector",
+    "parse_signal",
+    "parse_start_request",
+]
+
+log = logging.getLogger(__name__)
+
+#: The PATH every process gets (envd passes on its own PATH, which is this in E2B's VMs).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Largest raw chunk of one stdout/stderr data event (envd: 32 KiB).
+STD_CHUNK = 32 * 1024
+#: Largest raw chunk of one PTY data event (envd: 16 KiB).
+PTY_CHUNK = 16 * 1024
+#: Data events queued per subscriber before the process's reader waits for it.
+SUBSCRIBER_BUFFER = 16
+#: How long an exited process's end event stays available to ``Connect``.
+RETENTION_SECONDS = 30.0
+#: What is still read from a released process's pipes once it exited (bounded).
+_DRAIN_LIMIT = 1024 * 1024
+
+_OOM_SCORE = 100
+
+# Go's syscall signal table (linux): what ProcessState.String() prints after "signal: ".
+_GO_SIGNALS: Mapping[int, str] = {
+    1: "hangup",
+    2: "interrupt",
+    3: "quit",
+    4: "illegal instruction",
+    5: "trace/breakpoint trap",
+    6: "aborted",
+    7: "bus error",
+    8: "floating point exception",
+    9: "killed",
+    10: "user defined signal 1",
+    11: "segmentation fault",
+    12: "user defined signal 2",
+    13: "broken pipe",
+    14: "alarm clock",
+    15: "terminated",
+    16: "stack fault",
+    17: "child exited",
+    18: "continued",
+    19: "stopped (signal)",
+    20: "stopped",
+    21: "stopped (tty input)",
+    22: "stopped (tty output)",
+    23: "urgent I/O condition",
+    24: "CPU time limit exceeded",
+    25: "file size limit exceeded",
+    26: "virtual timer expired",
+    27: "profiling timer expired",
+    28: "window changed",
+    29: "I/O possible",
+    30: "power failure",
+    31: "bad system call",
+}
+
+_SIGNALS_BY_NAME: Mapping[str, int] = {
+    "SIGNAL_SIGKILL": int(signal.SIGKILL),
+    "SIGNAL_SIGTERM": int(signal.SIGTERM),
+}
+
+Item = Tuple[str, Dict[str, Any]]
+"""A subscriber item: ``("data", event)``, ``("end", event)`` or ``("closed", {})``."""
+
+
+def go_signal_name(sig: int) -> str:
+    """The name Go's ``syscall.Signal.String()`` gives a Linux signal number."""
+    return _GO_SIGNALS.get(sig, f"signal {sig}")
+
+
+@attrs.frozen
+class ExitInfo:
+    """How a process ended, in the terms of Go's ``os.ProcessState``."""
+
+    exit_code: int
+    exited: bool
+    status: str
+    error: Optional[str]
+
+    def end_event(self) -> Dict[str, Any]:
+        """The ``ProcessEvent`` ``{"end": …}`` with proto3 JSON omissions."""
+        end: Dict[str, Any] = {}
+        if self.exit_code:
+            end["exitCode"] = self.exit_code
+        if self.exited:
+            end["exited"] = True
+        if self.status:
+            end["status"] = self.status
+        if self.error is not None:
+            end["error"] = self.error
+        return {"end": end}
+
+
+def exit_info_from_status(status: int) -> ExitInfo:
+    """Translate a ``waitpid`` status like Go's ``ExitCode()``/``Exited()``/``String()``.
+
+    A non-zero exit or a signal death also carries ``error`` (the text of ``cmd.Wait()``'s
+    error, identical to the status text); a clean exit does not.
+    """
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        exited = True
+        text = f"exit status {code}"
+    elif os.WIFSIGNALED(status):
+        code = -1
+        exited = False
+        text = "signal: " + go_signal_name(os.WTERMSIG(status))
+    else:  # stopped/continued never reach us (no WUNTRACED), kept for completeness
+        code = -1
+        exited = False
+        text = "unknown status"
+    if os.WCOREDUMP(status):
+        text += " (core dumped)"
+    error = None if (exited and code == 0) else text
+    return ExitInfo(code, exited, text, error)
+
+
+@attrs.frozen
+class StartSpec:
+    """A validated ``StartRequest``: what to run, and the config echoed by ``List``."""
+
+    cmd: str
+    args: Tuple[str, ...] = ()
+    envs: Mapping[str, str] = attrs.field(factory=dict)
+    cwd: Optional[str] = None
+    tag: Optional[str] = None
+    stdin: bool = True
+    pty: Optional[Tuple[int, int]] = None  # (cols, rows)
+
+    def config_json(self) -> Dict[str, Any]:
+        """``ProcessConfig`` as envd echoes it: the request's own values, proto3 omissions."""
+        config: Dict[str, Any] = {}
+        if self.cmd:
+            config["cmd"] = self.cmd
+        if self.args:
+            config["args"] = list(self.args)
+        if self.envs:
+            config["envs"] = dict(self.envs)
+        if self.cwd is not None:
+            config["cwd"] = self.cwd
+        return config
+
+
+def _bad(message: str) -> RpcError:
+    return RpcError("invalid_argument", f"unmarshal message: {message}")
+
+
+def _uint(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise _bad(f"{what} is not an integer")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int) or value < 0 or value > 0xFFFFFFFF:
+        raise _bad(f"{what} is not an unsigned 32-bit integer")
+    return value
+
+
+def parse_start_request(obj: Mapping[str, Any]) -> StartSpec:
+    """Validate a ``StartRequest`` JSON object (unknown fields are ignored).
+
+    Raises:
+        RpcError: ``invalid_argument`` for fields of the wrong type.
+    """
+    process = obj.get("process")
+    if process is None:
+        process = {}
+    if not isinstance(process, dict):
+        raise _bad("process is not an object")
+    cmd = process.get("cmd", "")
+    if not isinstance(cmd, str):
+        raise _bad("process.cmd is not a string")
+    args = process.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise _bad("process.args is not a list of strings")
+    envs = process.get("envs") or {}
+    if not isinstance(envs, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in envs.items()
+    ):
+        raise _bad("process.envs is not a map of strings")
+    cwd = process.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise _bad("process.cwd is not a string")
+    tag = obj.get("tag")
+    if tag is not None and not isinstance(tag, str):
+        raise _bad("tag is not a string")
+    stdin = obj.get("stdin")
+    if stdin is not None and not isinstance(stdin, bool):
+        raise _bad("stdin is not a boolean")
+    pty_obj = obj.get("pty")
+    pty: Optional[Tuple[int, int]] = None
+    if pty_obj is not None:
+        if not isinstance(pty_obj, dict):
+            raise _bad("pty is not an object")
+        size = pty_obj.get("size") or {}
+        if not isinstance(size, dict):
+            raise _bad("pty.size is not an object")
+        pty = (
+            _uint(size.get("cols", 0), "pty.size.cols"),
+            _uint(size.get("rows", 0), "pty.size.rows"),
+        )
+    return StartSpec(
+        cmd=cmd,
+        args=tuple(args),
+        envs=dict(envs),
+        cwd=cwd,
+        tag=tag,
+        stdin=True if stdin is None else stdin,
+        pty=pty,
+    )
+
+
+Selector = Union[int, str]
+"""A ``ProcessSelector``: a pid (int) or a tag (str)."""
+
+
+def parse_selector(obj: Mapping[str, Any]) -> Selector:
+    """The ``process`` selector of a request: ``{"pid": N}`` or ``{"tag": "t"}``.
+
+    Raises:
+        RpcError: ``unimplemented`` when neither is set, ``invalid_argument`` for bad types.
+    """
+    sel = obj.get("process")
+    if not isinstance(sel, dict):
+        raise RpcError("unimplemented", "invalid process selector type: <nil>")
+    if "pid" in sel:
+        return _uint(sel["pid"], "process.pid")
+    if "tag" in sel:
+        tag = sel["tag"]
+        if not isinstance(tag, str):
+            raise _bad("process.tag is not a string")
+        return tag
+    raise RpcError("unimplemented", "invalid process selector type: <nil>")
+
+
+def parse_signal(value: Any) -> int:
+    """``SIGNAL_SIGKILL``/``SIGNAL_SIGTERM`` (name or number) as a signal number.
+
+    Raises:
+        RpcError: ``unimplemented`` ``invalid signal: …`` for anything else.
+    """
+    if isinstance(value, str) and value in _SIGNALS_BY_NAME:
+        return _SIGNALS_BY_NAME[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value in (9, 15):
+        return value
+    if isinstance(value, str) and value.strip() in ("9", "15"):
+        return int(value.strip())
+    raise RpcError("unimplemented", f"invalid signal: {value}")
+
+
+class Subscriber:
+    """One stream's view of a process: a bounded queue of items with blocking ``put``."""
+
+    def __init__(self, limit: int = SUBSCRIBER_BUFFER) -> None:
+        self._items: Deque[Item] = deque()
+        self._limit = max(1, limit)
+        self._closed = False
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    async def put(self, item: Item) -> None:
+        """Queue ``item``, waiting while the queue is full; dropped once closed."""
+        while not self._closed and len(self._items) >= self._limit:
+            self._writable.clear()
+            await self._writable.wait()
+        if self._closed:
+            return
+        self._items.append(item)
+        self._readable.set()
+
+    async def get(self, timeout: Optional[float]) -> Optional[Item]:
+        """The next item; ``None`` after ``timeout`` seconds; ``("closed", {})`` when closed."""
+        if not self._items and not self._closed:
+            self._readable.clear()
+            try:
+                await asyncio.wait_for(self._readable.wait(), timeout)
+            except asyncio.TimeoutError:
+                return None
+        if self._items:
+            item = self._items.popleft()
+            self._writable.set()
+            return item
+        return ("closed", {})
+
+    def close(self) -> None:
+        """Stop accepting items and wake any waiting ``put``/``get``."""
+        self._closed = True
+        self._writable.set()
+        self._readable.set()
+
+
+@attrs.frozen(eq=False)
+class ExitRecord:
+    """What is kept of a finished process for ``Connect`` during the retention period."""
+
+    pid: int
+    tag: Optional[str]
+    info: ExitInfo
+
+
+def _wait_fd(loop: asyncio.AbstractEventLoop, fd: int, write: bool) -> asyncio.Future[None]:
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    if write:
+        loop.add_writer(fd, ready)
+    else:
+        loop.add_reader(fd, ready)
+    return fut
+
+
+async def _wait_readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    fut = _wait_fd(loop, fd, False)
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _wait_writable(fd: int, timeout: Optional[float]) -> None:
+    loop = asyncio.get_running_loop()
+    fut = _wait_fd(loop, fd, True)
+    try:
+        await asyncio.wait_for(fut, timeout)
+    finally:
+        loop.remove_writer(fd)
+
+
+def _set_controlling_tty() -> None:  # pragma: no cover - runs in the forked child
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _set_winsize(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class ManagedProcess:
+    """A process started by ``Start``: its pipes, subscribers, stdin, timer and exit.
+
+    Create through :meth:`ProcessManager.start`.
+    """
+
+    def __init__(
+        self,
+        manager: ProcessManager,
+        popen: subprocess.Popen[bytes],
+        spec: StartSpec,
+        pty_master: Optional[int],
+    ) -> None:
+        self._manager = manager
+        self._popen = popen
+        self.pid: int = popen.pid
+        self.spec = spec
+        self.tag = spec.tag
+        self._loop = asyncio.get_running_loop()
+        self._subs: Set[Subscriber] = set()
+        self._pty_master = pty_master
+        self._outputs: List[Tuple[int, str, int]] = []  # (fd, event key, chunk size)
+        if pty_master is not None:
+            os.set_blocking(pty_master, False)
+            self._outputs.append((pty_master, "pty", PTY_CHUNK))
+        else:
+            for stream, key in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
+                if stream is not None:
+                    os.set_blocking(stream.fileno(), False)
+                    self._outputs.append((stream.fileno(), key, STD_CHUNK))
+        self._stdin = popen.stdin if pty_master is None else None
+        if self._stdin is not None:
+            os.set_blocking(self._stdin.fileno(), False)
+        self._stdin_lock = asyncio.Lock()
+        self._stdin_close_pending = False
+        self._pump_tasks: List[asyncio.Task[None]] = []
+        self._open_pumps = 0
+        self._exited = False
+        self._released = False
+        self._finishing = False
+        self._reaped = False
+        self._pidfd: Optional[int] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._finish_task: Optional[asyncio.Task[None]] = None
+        self.exit: Optional[ExitInfo] = None
+        self.done = asyncio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def begin(self, timeout: Optional[float]) -> None:
+        """Start reading output, watching for the exit, and the kill timer (if any)."""
+        for fd, key, size in self._outputs:
+            self._open_pumps += 1
+            self._pump_tasks.append(self._loop.create_task(self._pump(fd, key, size)))
+        self._watch_exit()
+        if timeout is not None:
+            self._timer = self._loop.call_later(timeout, self._on_timeout)
+
+    def _watch_exit(self) -> None:
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+        if self._pidfd is not None:
+            self._loop.add_reader(self._pidfd, self._on_exited)
+            return
+        # Fallback for kernels without pidfd: a thread that waits without reaping.
+        loop = self._loop
+
+        def wait() -> None:
+            try:
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                pass
+            try:
+                loop.call_soon_threadsafe(self._on_exited)
+            except RuntimeError:
+                pass
+
+        threading.Thread(target=wait, name=f"agent-wait-{self.pid}", daemon=True).start()
+
+    def _on_exited(self) -> None:
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+        if self._exited:
+            return
+        self._exited = True
+        self._check_finish()
+
+    def _on_timeout(self) -> None:
+        self._timer = None
+        if not self._reaped:
+            log.info("process %d: Connect-Timeout-Ms expired, sending SIGKILL", self.pid)
+            self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self._reaped:
+            return
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self._released = True
+            self._check_finish()
+
+    def send_signal(self, sig: int) -> None:
+        """Signal this pid only (not its group). SIGKILL/SIGTERM release the output wait.
+
+        Raises:
+            RpcError: ``internal`` when the process was already reaped (a race at exit).
+        """
+        if self._reaped:
+            raise RpcError("internal", "error sending signal: os: process already finished")
+        self._signal(sig)
+
+    def _check_finish(self) -> None:
+        if self._finishing or not self._exited:
+            return
+        if self._open_pumps == 0 or self._released:
+            self._finishing = True
+            self._finish_task = self._loop.create_task(self._finish())
+            self._finish_task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("process %d: finalising failed", self.pid, exc_info=task.exception())
+
+    async def _finish(self) -> None:
+        released_early = self._open_pumps > 0
+        for task in self._pump_tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*self._pump_tasks, return_exceptions=True)
+        if released_early:
+            await self._drain_leftovers()
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            info = exit_info_from_status(status)
+            self._popen.returncode = (
+                os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+            )
+        except ChildProcessError:
+            info = ExitInfo(-1, False, "unknown status", "wait: no child processes")
+            self._popen.returncode = -1
+        # From here on the pid may belong to someone else: never signal it again.
+        self._reaped = True
+        self.exit = info
+        self._close_fds()
+        log.info("process %d ended: %s", self.pid, info.status)
+        end: Item = ("end", info.end_event())
+        for sub in tuple(self._subs):
+            await sub.put(end)
+            sub.close()
+        self._subs.clear()
+        self._manager._retire(self)
+        self.done.set()
+
+    async def _drain_leftovers(self) -> None:
+        budget = _DRAIN_LIMIT
+        for fd, key, size in self._outputs:
+            while budget > 0:
+                try:
+                    data = os.read(fd, min(size, budget))
+                except OSError:  # EAGAIN: nothing more right now; EIO: pty closed
+                    break
+                if not data:
+                    break
+                budget -= len(data)
+                await self._dispatch(("data", {"data": {key: _b64(data)}}))
+
+    def _close_fds(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        for stream in (self._popen.stdout, self._popen.stderr):
+            if stream is not None:
+                stream.close()
+        if self._pty_master is not None:
+            os.close(self._pty_master)
+            self._pty_master = None
+            self._outputs = []
+        if self._stdin is not None:
+            if self._stdin_lock.locked():
+                self._stdin_close_pending = True
+            else:
+                self._stdin.close()
+                self._stdin = None
+
+    # ---- output ----------------------------------------------------------------------
+
+    async def _pump(self, fd: int, key: str, size: int) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(fd, size)
+                except BlockingIOError:
+                    await _wait_readable(fd)
+                    continue
+                except OSError as exc:
+                    if exc.errno != errno.EIO:  # EIO = the PTY's other side closed
+                        log.warning("process %d: reading %s failed: %s", self.pid, key, exc)
+                    break
+                if not data:
+                    break
+                await self._dispatch(("data", {"data": {key: _b64(data)}}))
+                # Give other tasks a turn even when the pipe is never empty.
+                await asyncio.sleep(0)
+        finally:
+            self._open_pumps -= 1
+            self._check_finish()
+
+    async def _dispatch(self, item: Item) -> None:
+        for sub in tuple(self._subs):
+            await sub.put(item)
+
+    def subscribe(self) -> Subscriber:
+        """A new subscriber for output from now on (plus the end event)."""
+        sub = Subscriber()
+        if self.exit is not None:
+            sub.close()
+        else:
+            self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        """Drop a subscriber (its client went away or its stream ended)."""
+        self._subs.discard(sub)
+        sub.close()
+
+    # ---- input -----------------------------------------------------------------------
+
+    async def write_input(self, data: bytes, *, pty: bool, timeout: Optional[float]) -> None:
+        """Write ``data`` to stdin (or the PTY), waiting at most ``timeout`` for room.
+
+        Raises:
+            RpcError: stdin not enabled/closed, the wrong input kind, a write error or timeout.
+        """
+        if pty:
+            if self._pty_master is None:
+                raise RpcError(
+                    "internal",
+                    "tty not assigned to process — input should be written to the stdin, "
+                    "not the tty",
+                )
+            await self._write_fd(self._pty_master, data, "tty", timeout)
+            return
+        if self.spec.pty is not None:
+            raise RpcError(
+                "internal",
+                "tty assigned to process — input should be written to the pty, not the stdin",
+            )
+        async with self._stdin_lock:
+            try:
+                stream = self._stdin
+                if stream is None:
+                    raise RpcError("internal", "stdin not enabled or closed")
+                await self._write_fd(stream.fileno(), data, "stdin", timeout)
+            finally:
+                if self._stdin_close_pending and self._stdin is not None:
+                    self._stdin.close()
+                    self._stdin = None
+
+    async def _write_fd(self, fd: int, data: bytes, what: str, timeout: Optional[float]) -> None:
+        view = memoryview(data)
+        deadline = None if timeout is None else self._loop.time() + timeout
+        while view:
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                remaining = None if deadline is None else deadline - self._loop.time()
+                if remaining is not None and remaining <= 0:
+                    raise RpcError("deadline_exceeded", "context deadline exceeded") from None
+                try:
+                    await _wait_writable(fd, remaining)
+                except asyncio.TimeoutError:
+                    raise RpcError("deadline_exceeded", "context deadline exceeded") from None
+                continue
+            except OSError as exc:
+                raise RpcError(
+                    "internal",
+                    f"error writing to {what} of process '{self.pid}': write: {errno_text(exc)}",
+                ) from None
+            view = view[written:]
+
+    async def close_stdin(self) -> None:
+        """Close stdin (EOF for the process); a no-op when it is already closed.
+
+        Raises:
+            RpcError: for a PTY process (send Ctrl-D instead).
+        """
+        if self.spec.pty is not None:
+            raise RpcError(
+                "internal", "cannot close stdin for PTY process — send Ctrl+D (0x04) instead"
+            )
+        async with self._stdin_lock:
+            if self._stdin is not None:
+                self._stdin.close()
+                self._stdin = None
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Resize the PTY.
+
+        Raises:
+            RpcError: the process has no PTY.
+        """
+        if self._pty_master is None:
+            raise RpcError("internal", "tty not assigned to process")
+        _set_winsize(self._pty_master, cols, rows)
+
+    def info_json(self) -> Dict[str, Any]:
+        """``ProcessInfo`` for ``List``."""
+        info: Dict[str, Any] = {"config": self.spec.config_json(), "pid": self.pid}
+        if self.tag is not None:
+            info["tag"] = self.tag
+        return info
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _find_nice() -> Optional[str]:
+    if os.access("/usr/bin/nice", os.X_OK):
+        return "/usr/bin/nice"
+    return shutil.which("nice", path=DEFAULT_PATH)
+
+
+class ProcessManager:
+    """All processes of one agent: live ones by pid, and recently finished exit records.
+
+    Args:
+        default_env: envd's default variables (``E2B_SANDBOX``, the sandbox's ``envVars``…),
+            applied after ``PATH``/``HOME``/``USER``/``LOGNAME`` and before request ``envs``.
+        default_workdir: the working directory used when a request gives none (else home).
+        retention: seconds an exit record stays available to ``Connect``.
+    """
+
+    def __init__(
+        self,
+        default_env: Optional[Mapping[str, str]] = None,
+        default_workdir: Optional[str] = None,
+        retention: float = RETENTION_SECONDS,
+    ) -> None:
+        self.default_env: Dict[str, str] = dict(default_env or {})
+        self.default_workdir = default_workdir
+        self._retention = retention
+        self._live: Dict[int, ManagedProcess] = {}
+        self._retained: Dict[int, ExitRecord] = {}
+        self._nice = _find_nice()
+        self._closed = False
+
+    # ---- start -----------------------------------------------------------------------
+
+    def _wrapper(self) -> str:
+        oom = f"{{ echo {_OOM_SCORE} > /proc/$$/oom_score_adj; }} 2>/dev/null"
+        if self._nice is None:
+            return f'{oom}; exec "$@"'
+        try:
+            delta = -os.getpriority(os.PRIO_PROCESS, 0)
+        except OSError:
+            delta = 0
+        return f'{oom}; exec {self._nice} -n {delta} "$@"'
+
+    def start(
+        self, spec: StartSpec, user: UserInfo, timeout: Optional[float]
+    ) -> Tuple[ManagedProcess, Subscriber]:
+        """Launch ``spec`` as ``user``; return it with a subscriber attached before any output.
+
+        Args:
+            spec: the validated request.
+            user: who runs it (uid, gid and all groups; ``HOME``/``USER``/``LOGNAME``).
+            timeout: seconds until SIGKILL (from ``Connect-Timeout-Ms``), or ``None``.
+
+        Raises:
+            RpcError: ``invalid_argument`` for a missing cwd or a spawn failure.
+        """
+        if self._closed:
+            raise RpcError("unavailable", "the agent is shutting down")
+        cwd = expand_and_resolve(spec.cwd or "", user, self.default_workdir)
+        try:
+            os.stat(cwd)
+        except FileNotFoundError:
+            raise RpcError("invalid_argument", f"cwd '{cwd}' does not exist") from None
+        except OSError:
+            pass  # let the spawn report it, as envd does
+        env: Dict[str, str] = {
+            "PATH": DEFAULT_PATH,
+            "HOME": user.home,
+            "USER": user.name,
+            "LOGNAME": user.name,
+        }
+        env.update(self.default_env)
+        env.update(spec.envs)
+        argv = ["/bin/sh", "-c", self._wrapper(), "--", spec.cmd, *spec.args]
+        kwargs: Dict[str, Any] = {}
+        if os.geteuid() == 0:
+            kwargs.update(user=user.uid, group=user.gid, extra_groups=list(user.groups))
+        elif user.uid != os.geteuid():
+            raise RpcError(
+                "invalid_argument",
+                f"error starting process '{_cmdline(spec)}': the agent does not run as root "
+                f"and cannot switch to user '{user.name}'",
+            )
+        master: Optional[int] = None
+        slave: Optional[int] = None
+        try:
+            if spec.pty is not None:
+                master, slave = os.openpty()
+                cols, rows = spec.pty
+                _set_winsize(slave, cols, rows)
+                if os.geteuid() == 0:
+                    os.fchown(slave, user.uid, -1)
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    cwd=cwd,
+                    env=env,
+                    close_fds=True,
+                    start_new_session=True,
+                    preexec_fn=_set_controlling_tty,
+                    **kwargs,
+                )
+            else:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=cwd,
+                    env=env,
+                    close_fds=True,
+                    bufsize=0,
+                    **kwargs,
+                )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            if master is not None:
+                os.close(master)
+            raise RpcError(
+                "invalid_argument",
+                f"error starting process '{_cmdline(spec)}': {_spawn_error(exc, cwd)}",
+            ) from None
+        finally:
+            if slave is not None:
+                os.close(slave)
+        proc = ManagedProcess(self, popen, spec, master)
+        sub = proc.subscribe()
+        self._live[proc.pid] = proc
+        self._retained.pop(proc.pid, None)
+        proc.begin(timeout)
+        log.info("process %d started as %s: %s", proc.pid, user.name, spec.cmd)
+        return proc, sub
+
+    def _retire(self, proc: ManagedProcess) -> None:
+        if self._live.get(proc.pid) is proc:
+            del self._live[proc.pid]
+        assert proc.exit is not None
+        record = ExitRecord(proc.pid, proc.tag, proc.exit)
+        self._retained[proc.pid] = record
+        try:
+            asyncio.get_running_loop().call_later(self._retention, self._forget, record)
+        except RuntimeError:
+            pass
+
+    def _forget(self, record: ExitRecord) -> None:
+        if self._retained.get(record.pid) is record:
+            del self._retained[record.pid]
+
+    # ---- lookup ----------------------------------------------------------------------
+
+    @staticmethod
+    def _not_found(selector: Selector) -> RpcError:
+        if isinstance(selector, int):
+            return RpcError("not_found", f"process with pid {selector} not found")
+        return RpcError("not_found", f"process with tag {selector} not found")
+
+    def get_live(self, selector: Selector) -> ManagedProcess:
+        """The live process for a pid or tag.
+
+        Raises:
+            RpcError: ``not_found`` ``process with pid N not found`` (or ``tag``).
+        """
+        if isinstance(selector, int):
+            proc = self._live.get(selector)
+            if proc is not None:
+                return proc
+        else:
+            for proc in sorted(self._live.values(), key=lambda p: p.pid):
+                if proc.tag == selector:
+                    return proc
+        raise self._not_found(selector)
+
+    def get_any(self, selector: Selector) -> Union[ManagedProcess, ExitRecord]:
+        """A live process, else a retained exit record, for ``Connect``.
+
+        Raises:
+            RpcError: ``not_found`` when neither exists.
+        """
+        try:
+            return self.get_live(selector)
+        except RpcError:
+            pass
+        if isinstance(selector, int):
+            record = self._retained.get(selector)
+            if record is not None:
+                return record
+        else:
+            for record in self._retained.values():
+                if record.tag == selector:
+                    return record
+        raise self._not_found(selector)
+
+    def live(self) -> List[ManagedProcess]:
+        """Live processes (started and not yet finalised), by pid."""
+        return sorted(self._live.values(), key=lambda p: p.pid)
+
+    # ---- shutdown --------------------------------------------------------------------
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """SIGKILL every live process (single pids, as envd would) and wait for them."""
+        self._closed = True
+        procs = list(self._live.values())
+        for proc in procs:
+            proc._signal(signal.SIGKILL)
+        if procs:
+            waits = [asyncio.ensure_future(p.done.wait()) for p in procs]
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for fut in pending:
+                fut.cancel()
+
+
+def _cmdline(spec: StartSpec) -> str:
+    return " ".join([spec.cmd, *spec.args])
+
+
+def _spawn_error(exc: BaseException, cwd: str) -> str:
+    if isinstance(exc, OSError):
+        reason = errno_text(exc)
+        if exc.filename is not None:
+            op = "chdir" if exc.filename == cwd else "fork/exec"
+            return f"{op} {exc.filename}: {reason}"
+        return reason
+    return str(exc)
+
+
+def decode_input(obj: Mapping[str, Any]) -> Tuple[bytes, bool]:
+    """The ``input`` of ``SendInput``: ``(data, is_pty)``.
+
+    Raises:
+        RpcError: ``unimplemented`` when neither ``stdin`` nor ``pty`` is set.
+    """
+    inp = obj.get("input")
+    if not isinstance(inp, dict):
+        raise RpcError("unimplemented", "invalid input type <nil>")
+    if "stdin" in inp:
+        return decode_b64(inp["stdin"], "input.stdin"), False
+    if "pty" in inp:
+        return decode_b64(inp["pty"], "input.pty"), True
+    raise RpcError("unimplemented", "invalid input type <nil>")

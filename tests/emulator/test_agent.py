@@ -1,0 +1,840 @@
+"""Tests of the emulator's envd look-alike agent, run directly on this host as root.
+
+One agent subprocess (``python -m e2b_provider.emulator.agent``) serves a temporary unix
+socket for the whole module; the tests talk to it with ``http.client`` over that socket and
+check what envd 0.6.13 does: Connect streams and proto3 shapes, users, env and cwd, stdin,
+keepalives, ``Connect-Timeout-Ms``, detaching, signals, ``List``/``Connect``, ``/files``,
+the filesystem RPCs, backpressure and concurrency. Only host users ``root`` and ``nobody``
+are used. Every process a test starts is ended by the test (or, at worst, by the agent's
+shutdown); the last test checks that the agent has no child left.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import gzip
+import hashlib
+import http.client
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+
+import pytest
+
+from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from e2b_provider.emulator.agent_files import part_filename
+from e2b_provider.emulator.agent_fs import go_mode_string, rfc3339
+from e2b_provider.emulator.agent_proc import DEFAULT_PATH, exit_info_from_status
+from e2b_provider.emulator.agent_rpc import basic_username
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0,
+    reason="the agent tests run the agent as root on Linux",
+)
+
+NOBODY = pwd.getpwnam("nobody")
+Body = Union[bytes, Iterable[bytes], None]
+
+
+# ---- client helpers -----------------------------------------------------------------
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix socket."""
+
+    def __init__(self, path: str, timeout: float = 20.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._unix_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def basic(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class Stream:
+    """An open Connect server stream; iterate events with :meth:`next_event`."""
+
+    def __init__(
+        self,
+        sock: str,
+        method: str,
+        msg: Dict[str, Any],
+        headers: Optional[Dict[str, str]] = None,
+        chunked: bool = False,
+    ) -> None:
+        self.conn = UnixConnection(sock)
+        env = encode_envelope(msg)
+        hdrs = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+        hdrs.update(headers or {})
+        body: Body = env
+        if chunked:
+            body = iter([env[:3], env[3:]])
+        self.conn.request("POST", f"/process.Process/{method}", body=body, headers=hdrs)
+        self.resp = self.conn.getresponse()
+        self.decoder = EnvelopeDecoder()
+        self.pending: List[Union[Message, EndStream]] = []
+        self.end: Optional[EndStream] = None
+
+    def next_item(self) -> Union[Message, EndStream]:
+        while not self.pending:
+            chunk = self.resp.read1(65536)
+            if not chunk:
+                raise AssertionError("stream ended without an end-of-stream frame")
+            self.decoder.feed(chunk)
+            self.pending.extend(self.decoder)
+        item = self.pending.pop(0)
+        if isinstance(item, EndStream):
+            self.end = item
+        return item
+
+    def next_event(self) -> Optional[Dict[str, Any]]:
+        """The next event, or ``None`` at the end-of-stream frame (see :attr:`end`)."""
+        item = self.next_item()
+        if isinstance(item, EndStream):
+            return None
+        event: Dict[str, Any] = item.data["event"]
+        return event
+
+    def collect(self) -> Tuple[List[Dict[str, Any]], EndStream]:
+        events: List[Dict[str, Any]] = []
+        while True:
+            ev = self.next_event()
+            if ev is None:
+                assert self.end is not None
+                return events, self.end
+            events.append(ev)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def run_stream(
+    sock: str, method: str, msg: Dict[str, Any], headers: Optional[Dict[str, str]] = None,
+    chunked: bool = False,
+) -> Tuple[List[Dict[str, Any]], EndStream, http.client.HTTPResponse]:
+    st = Stream(sock, method, msg, headers, chunked)
+    try:
+        events, end = st.collect()
+        return events, end, st.resp
+    finally:
+        st.close()
+
+
+def start(sock: str, cmd: str, *args: str, headers: Optional[Dict[str, str]] = None,
+          **fields: Any) -> Tuple[List[Dict[str, Any]], EndStream]:
+    process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
+    for key in ("envs", "cwd"):
+        if key in fields:
+            process[key] = fields.pop(key)
+    msg: Dict[str, Any] = {"process": process, "stdin": False}
+    msg.update(fields)
+    events, end, _ = run_stream(sock, "Start", msg, headers)
+    return events, end
+
+
+def output(events: List[Dict[str, Any]], key: str = "stdout") -> bytes:
+    return b"".join(
+        base64.b64decode(e["data"][key]) for e in events if key in e.get("data", {})
+    )
+
+
+def request(
+    sock: str, method: str, path: str, body: Body = None, headers: Optional[Dict[str, str]] = None,
+) -> Tuple[int, Dict[str, str], bytes]:
+    conn = UnixConnection(sock)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def unary(
+    sock: str, path: str, msg: Any, headers: Optional[Dict[str, str]] = None
+) -> Tuple[int, Any]:
+    hdrs = {"Content-Type": "application/json"}
+    hdrs.update(headers or {})
+    status, resp_headers, body = request(sock, "POST", path, json.dumps(msg).encode(), hdrs)
+    assert resp_headers.get("content-type", "").startswith("application/json"), resp_headers
+    return status, json.loads(body)
+
+
+def signal_pid(sock: str, pid: int, sig: str = "SIGNAL_SIGKILL") -> Tuple[int, Any]:
+    return unary(sock, "/process.Process/SendSignal", {"process": {"pid": pid}, "signal": sig})
+
+
+def list_pids(sock: str) -> List[int]:
+    status, body = unary(sock, "/process.Process/List", {})
+    assert status == 200
+    return [p["pid"] for p in body.get("processes", [])]
+
+
+def wait_until(pred: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def multipart(parts: List[Tuple[str, str, bytes]]) -> Tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    out = b""
+    for name, filename, data in parts:
+        out += (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; "
+            f"filename=\"{filename}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+        ).encode() + data + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return out, f"multipart/form-data; boundary={boundary}"
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+def agent_children(pid: int) -> List[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(x) for x in fh.read().split()]
+
+
+# ---- fixture --------------------------------------------------------------------------
+
+
+class Agent:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: str, log_path: str) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    base = tmp_path_factory.mktemp("agent")
+    sock = str(base / "envd.sock")
+    log_path = str(base / "agent.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "e2b_provider.emulator.agent", "--socket", sock,
+             "--default-user", "root", "--log-level", "WARNING"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError("agent exited: " + read_text(log_path))
+            try:
+                if request(sock, "GET", "/health")[0] == 204:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("agent not healthy: " + read_text(log_path))
+            time.sleep(0.05)
+        yield Agent(proc, sock, log_path)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    assert not os.path.exists(sock)
+
+
+@pytest.fixture
+def workdir(tmp_path: Any) -> str:
+    path = str(tmp_path / "w")
+    os.mkdir(path)
+    return path
+
+
+# ---- pure helpers ---------------------------------------------------------------------
+
+
+def test_exit_status_texts_follow_go() -> None:
+    assert exit_info_from_status(0).end_event() == {
+        "end": {"exited": True, "status": "exit status 0"}
+    }
+    assert exit_info_from_status(3 << 8).end_event() == {
+        "end": {"exitCode": 3, "exited": True, "status": "exit status 3", "error": "exit status 3"}
+    }
+    assert exit_info_from_status(9).end_event()["end"] == {
+        "exitCode": -1, "status": "signal: killed", "error": "signal: killed"
+    }
+    assert exit_info_from_status(6 | 0x80).status == "signal: aborted (core dumped)"
+    assert exit_info_from_status(2).status == "signal: interrupt"
+    assert exit_info_from_status(34).status == "signal: signal 34"
+
+
+def test_mode_time_and_header_helpers() -> None:
+    assert go_mode_string(stat.S_IFREG | 0o644) == "-rw-r--r--"
+    assert go_mode_string(stat.S_IFDIR | stat.S_ISVTX | 0o777) == "dtrwxrwxrwx"
+    assert go_mode_string(stat.S_IFLNK | 0o777) == "Lrwxrwxrwx"
+    assert go_mode_string(stat.S_IFCHR | 0o666) == "Dcrw-rw-rw-"
+    assert go_mode_string(stat.S_IFREG | stat.S_ISUID | 0o755) == "urwxr-xr-x"
+    assert rfc3339(0) == "1970-01-01T00:00:00Z"
+    assert rfc3339(1_500_000_000_123_000_000) == "2017-07-14T02:40:00.123Z"
+    assert rfc3339(1_500_000_000_000_000_001) == "2017-07-14T02:40:00.000000001Z"
+    assert part_filename('form-data; name="file"; filename="/tmp/a b/c.txt"') == "/tmp/a b/c.txt"
+    assert part_filename('form-data; name="file"; filename="x\\"y;z"') == 'x"y;z'
+    assert part_filename("form-data; name=file; filename*=utf-8''%2Ftmp%2F%C3%A9") == "/tmp/é"
+    assert part_filename('form-data; name="file"') is None
+    assert basic_username(basic("nobody")) == "nobody"
+    assert basic_username("Bearer xyz") is None
+
+
+# ---- process.Process/Start ------------------------------------------------------------
+
+
+def test_health(agent: Agent) -> None:
+    status, _, body = request(agent.sock, "GET", "/health")
+    assert (status, body) == (204, b"")
+
+
+def test_start_exit_zero_proto3_shapes(agent: Agent) -> None:
+    events, end, resp = run_stream(
+        agent.sock, "Start",
+        {"process": {"cmd": "sh", "args": ["-c", "printf out; printf err >&2"]}, "stdin": False},
+        chunked=True,
+    )
+    assert resp.status == 200
+    assert resp.getheader("Content-Type") == "application/connect+json"
+    assert end.ok and end.metadata == {}
+    assert set(events[0]) == {"start"} and isinstance(events[0]["start"]["pid"], int)
+    assert output(events) == b"out" and output(events, "stderr") == b"err"
+    assert events[-1] == {"end": {"exited": True, "status": "exit status 0"}}
+    assert all(set(e) == {"data"} for e in events[1:-1])
+
+
+def test_start_nonzero_exit_and_signal_death(agent: Agent) -> None:
+    events, end = start(agent.sock, "sh", "-c", "exit 3")
+    assert end.ok
+    assert events[-1] == {
+        "end": {"exitCode": 3, "exited": True, "status": "exit status 3", "error": "exit status 3"}
+    }
+    events, end = start(agent.sock, "sh", "-c", "kill -TERM $$")
+    assert events[-1] == {
+        "end": {"exitCode": -1, "status": "signal: terminated", "error": "signal: terminated"}
+    }
+    events, _ = start(agent.sock, "/definitely/not/here")
+    assert events[-1]["end"]["exitCode"] == 127
+    assert b"not" in output(events, "stderr")
+
+
+def test_launch_like_envd(agent: Agent) -> None:
+    script = (
+        "import os\n"
+        "print(os.getpid(), os.getpgid(0), os.getsid(0), os.nice(0),"
+        " open('/proc/self/oom_score_adj').read().strip())"
+    )
+    events, end = start(agent.sock, sys.executable, "-c", script)
+    assert end.ok, end
+    pid, pgid, sid, nice, oom = output(events).split()
+    assert int(pid) == events[0]["start"]["pid"]  # exec chain: the pid is the program's
+    assert int(pgid) == os.getpgid(agent.pid) and int(sid) == os.getsid(agent.pid)
+    assert (nice, oom) == (b"0", b"100")
+
+
+def test_env_cwd_and_user(agent: Agent) -> None:
+    script = 'id -u; id -g; id -G; pwd; echo "$HOME|$USER|$LOGNAME|$PATH|$FOO|$E2B_SANDBOX"; env'
+    events, end = start(
+        agent.sock, "sh", "-c", script, cwd="/tmp", envs={"FOO": "bar", "LOGNAME": "over"},
+        headers={"Authorization": basic("nobody")},
+    )
+    assert end.ok, end
+    lines = output(events).decode().splitlines()
+    uid, gid = str(NOBODY.pw_uid), str(NOBODY.pw_gid)
+    assert lines[:4] == [uid, gid, gid, "/tmp"]
+    assert lines[4] == f"{NOBODY.pw_dir}|nobody|over|{DEFAULT_PATH}|bar|true"
+    names = {line.split("=", 1)[0] for line in lines[5:]}
+    assert names <= {"PATH", "HOME", "USER", "LOGNAME", "FOO", "E2B_SANDBOX", "PWD"}, names
+    # default user (root, from --default-user) and default cwd = home; "~/" expands there too
+    events, _ = start(agent.sock, "sh", "-c", "id -un; pwd")
+    assert output(events) == b"root\n/root\n"
+    events, _ = start(agent.sock, "pwd", cwd="~/")
+    assert output(events) == b"/root\n"
+
+
+def test_start_errors_arrive_in_the_end_stream_frame(agent: Agent) -> None:
+    events, end = start(agent.sock, "true", headers={"Authorization": basic("nobody")})
+    assert events == []
+    assert end.error_code == "invalid_argument"
+    assert end.error_message == f"cwd '{NOBODY.pw_dir}' does not exist"
+    events, end, resp = run_stream(
+        agent.sock, "Start", {"process": {"cmd": "true"}},
+        headers={"Authorization": basic("no-such-user-xyz")},
+    )
+    assert resp.status == 200 and events == []
+    assert (end.error_code, end.error_message) == (
+        "unauthenticated", "invalid username: 'no-such-user-xyz'"
+    )
+    _, end = start(agent.sock, "true", headers={"Connect-Timeout-Ms": "soon"})
+    assert end.error_code == "invalid_argument"
+    status, _, _ = request(agent.sock, "POST", "/process.Process/Start", b"{}",
+                           {"Content-Type": "text/plain"})
+    assert status == 415
+    # an un-enveloped application/json body is accepted too (robustness)
+    status, headers, raw = request(
+        agent.sock, "POST", "/process.Process/Start",
+        json.dumps({"process": {"cmd": "echo", "args": ["plain"]}, "stdin": False}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    decoder = EnvelopeDecoder()
+    decoder.feed(raw)
+    items = list(decoder)
+    assert status == 200 and headers["content-type"] == "application/connect+json"
+    assert isinstance(items[-1], EndStream) and items[-1].ok
+    assert output([i.data["event"] for i in items if isinstance(i, Message)]) == b"plain\n"
+
+
+def test_stdin_pipe_when_absent_devnull_when_false(agent: Agent) -> None:
+    events, end = start(agent.sock, "cat")  # stdin false: /dev/null, exits at once
+    assert output(events) == b"" and events[-1]["end"]["exited"] is True
+    st = Stream(agent.sock, "Start", {"process": {"cmd": "cat"}})  # stdin absent: a pipe
+    try:
+        pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+        status, body = unary(agent.sock, "/process.Process/SendInput",
+                             {"process": {"pid": pid}, "input": {"stdin": b64(b"hello\n")}})
+        assert (status, body) == (200, {})
+        assert st.next_event() == {"data": {"stdout": b64(b"hello\n")}}
+        assert unary(agent.sock, "/process.Process/CloseStdin", {"process": {"pid": pid}}) == (
+            200, {}
+        )
+        events, end = st.collect()
+        assert end.ok and events == [{"end": {"exited": True, "status": "exit status 0"}}]
+    finally:
+        st.close()
+    st = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["30"]}, "stdin": False})
+    try:
+        pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+        status, body = unary(agent.sock, "/process.Process/SendInput",
+                             {"process": {"pid": pid}, "input": {"stdin": b64(b"x")}})
+        assert (status, body) == (
+            500, {"code": "internal", "message": "stdin not enabled or closed"}
+        )
+        assert signal_pid(agent.sock, pid) == (200, {})
+        assert st.collect()[0][-1]["end"]["status"] == "signal: killed"
+    finally:
+        st.close()
+
+
+def test_keepalive_follows_the_header(agent: Agent) -> None:
+    t0 = time.monotonic()
+    st = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["2.3"]}, "stdin": False},
+                {"Keepalive-Ping-Interval": "1"})
+    try:
+        times = []
+        while True:
+            ev = st.next_event()
+            if ev is None:
+                break
+            if "keepalive" in ev:
+                assert ev == {"keepalive": {}}
+                times.append(time.monotonic() - t0)
+    finally:
+        st.close()
+    assert len(times) == 2, times
+    assert 0.8 < times[0] < 1.6 and 1.8 < times[1] < 2.6, times
+    events, _ = start(agent.sock, "sleep", "0.3")  # default interval is 90 s
+    assert not any("keepalive" in e for e in events)
+
+
+def test_connect_timeout_kills_the_process(agent: Agent) -> None:
+    t0 = time.monotonic()
+    events, end = start(agent.sock, "sleep", "30", headers={"Connect-Timeout-Ms": "600"})
+    elapsed = time.monotonic() - t0
+    assert end.error_code == "deadline_exceeded" and 0.5 < elapsed < 3, (end, elapsed)
+    pid = events[0]["start"]["pid"]
+    wait_until(lambda: pid not in list_pids(agent.sock), what="timed-out process to go")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    # its exit stays available to Connect for a while
+    events, end, _ = run_stream(agent.sock, "Connect", {"process": {"pid": pid}})
+    assert end.ok
+    assert events == [
+        {"start": {"pid": pid}},
+        {"end": {"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}},
+    ]
+
+
+def test_disconnect_keeps_the_process_and_drops_output(agent: Agent) -> None:
+    st = Stream(agent.sock, "Start", {"process": {"cmd": "yes"}, "stdin": False})
+    pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+    st.close()
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert request(agent.sock, "GET", "/health")[0] == 204
+        assert time.monotonic() - t0 < 1.0  # unread output does not starve the agent
+        assert pid in list_pids(agent.sock)
+        os.kill(pid, 0)
+        st2 = Stream(agent.sock, "Connect", {"process": {"pid": pid}})
+        try:
+            assert st2.next_event() == {"start": {"pid": pid}}
+            assert output([st2.next_event()]).startswith(b"y\n")  # type: ignore[list-item]
+        finally:
+            st2.close()
+    finally:
+        assert signal_pid(agent.sock, pid) == (200, {})
+    wait_until(lambda: pid not in list_pids(agent.sock), what="killed process to go")
+    assert signal_pid(agent.sock, pid) == (
+        404, {"code": "not_found", "message": f"process with pid {pid} not found"}
+    )
+
+
+def test_send_signal_errors_and_tags(agent: Agent) -> None:
+    assert signal_pid(agent.sock, 999_999) == (
+        404, {"code": "not_found", "message": "process with pid 999999 not found"}
+    )
+    status, body = unary(agent.sock, "/process.Process/SendSignal",
+                         {"process": {"tag": "nope"}, "signal": "SIGNAL_SIGKILL"})
+    assert (status, body["code"]) == (404, "not_found")
+    st = Stream(agent.sock, "Start",
+                {"process": {"cmd": "sleep", "args": ["30"]}, "tag": "t-sig", "stdin": False})
+    try:
+        pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+        status, body = unary(agent.sock, "/process.Process/SendSignal",
+                             {"process": {"pid": pid}, "signal": "SIGNAL_SIGHUP"})
+        assert (status, body["code"]) == (501, "unimplemented")
+        assert unary(agent.sock, "/process.Process/SendSignal",
+                     {"process": {"tag": "t-sig"}, "signal": "SIGNAL_SIGTERM"}) == (200, {})
+        events, end = st.collect()
+        assert end.ok and events[-1]["end"]["status"] == "signal: terminated"
+    finally:
+        st.close()
+
+
+def test_list_and_connect(agent: Agent) -> None:
+    a = Stream(agent.sock, "Start", {"process": {"cmd": "sh", "args": ["-c", "read x; echo got $x"],
+                                                 "envs": {"K": "v"}, "cwd": "/tmp"}, "tag": "t-a"})
+    b = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["30"]}, "stdin": False})
+    try:
+        pid_a = a.next_event()["start"]["pid"]  # type: ignore[index]
+        pid_b = b.next_event()["start"]["pid"]  # type: ignore[index]
+        _, body = unary(agent.sock, "/process.Process/List", {})
+        infos = {p["pid"]: p for p in body["processes"]}
+        assert infos[pid_a] == {
+            "pid": pid_a, "tag": "t-a",
+            "config": {"cmd": "sh", "args": ["-c", "read x; echo got $x"], "envs": {"K": "v"},
+                       "cwd": "/tmp"},
+        }
+        assert infos[pid_b] == {"pid": pid_b, "config": {"cmd": "sleep", "args": ["30"]}}
+        c = Stream(agent.sock, "Connect", {"process": {"tag": "t-a"}})
+        d = Stream(agent.sock, "Connect", {"process": {"pid": pid_a}}, chunked=True)
+        try:
+            assert c.next_event() == {"start": {"pid": pid_a}}
+            assert d.next_event() == {"start": {"pid": pid_a}}
+            unary(agent.sock, "/process.Process/SendInput",
+                  {"process": {"pid": pid_a}, "input": {"stdin": b64(b"abc\n")}})
+            for s in (a, c, d):
+                events, end = s.collect()
+                assert end.ok and output(events) == b"got abc\n"
+                assert events[-1]["end"]["status"] == "exit status 0"
+        finally:
+            c.close()
+            d.close()
+        assert signal_pid(agent.sock, pid_b) == (200, {})
+        assert b.collect()[0][-1]["end"]["status"] == "signal: killed"
+    finally:
+        a.close()
+        b.close()
+    _, end, _ = run_stream(agent.sock, "Connect", {"process": {"pid": 999_999}})
+    assert (end.error_code, end.error_message) == ("not_found", "process with pid 999999 not found")
+
+
+def test_init_sets_default_env(agent: Agent) -> None:
+    status, _, _ = request(agent.sock, "POST", "/init", json.dumps(
+        {"envVars": {"FROM_INIT": "1"}}).encode(), {"Content-Type": "application/json"})
+    assert status == 204
+    events, _ = start(agent.sock, "sh", "-c", 'echo "$FROM_INIT"')
+    assert output(events) == b"1\n"
+
+
+def test_pty(agent: Agent) -> None:
+    st = Stream(agent.sock, "Start", {
+        "process": {"cmd": "sh", "args": ["-c", "stty size; read x; echo got:$x"]},
+        "pty": {"size": {"cols": 80, "rows": 24}},
+    })
+    try:
+        pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+        seen = b""
+        while b"24 80" not in seen:
+            ev = st.next_event()
+            assert ev is not None and "pty" in ev["data"]
+            seen += base64.b64decode(ev["data"]["pty"])
+        unary(agent.sock, "/process.Process/SendInput",
+              {"process": {"pid": pid}, "input": {"pty": b64(b"hi\n")}})
+        events, end = st.collect()
+        assert end.ok and b"got:hi" in output(events, "pty")
+        assert events[-1]["end"]["exited"] is True
+    finally:
+        st.close()
+
+
+# ---- robustness -----------------------------------------------------------------------
+
+
+def test_concurrent_streams(agent: Agent) -> None:
+    def one(i: int) -> bytes:
+        events, end = start(agent.sock, "sh", "-c", "sleep 0.2; echo $0", str(i))
+        assert end.ok and events[-1]["end"]["status"] == "exit status 0"
+        return output(events)
+
+    with concurrent.futures.ThreadPoolExecutor(100) as pool:
+        results = list(pool.map(one, range(100)))
+    assert results == [f"{i}\n".encode() for i in range(100)]
+
+
+def test_large_output_is_streamed_with_backpressure(agent: Agent) -> None:
+    total = 50_000_000
+    before = rss_kib(agent.pid)
+    cmd = {"cmd": "head", "args": ["-c", str(total), "/dev/zero"]}
+    st = Stream(agent.sock, "Start", {"process": cmd, "stdin": False})
+    try:
+        time.sleep(1.0)  # do not read: the agent must stop reading the process's pipe
+        assert rss_kib(agent.pid) - before < 20_000
+        received, biggest = 0, 0
+        while True:
+            ev = st.next_event()
+            if ev is None:
+                break
+            if "data" in ev:
+                n = len(base64.b64decode(ev["data"]["stdout"]))
+                received += n
+                biggest = max(biggest, n)
+        assert st.end is not None and st.end.ok
+        assert received == total and biggest <= 32 * 1024
+    finally:
+        st.close()
+
+
+# ---- /files ---------------------------------------------------------------------------
+
+
+def test_multipart_upload_creates_parents_owned_by_the_user(agent: Agent, workdir: str) -> None:
+    body, ctype = multipart([
+        ("file", f"{workdir}/new/sub/a.txt", b"alpha"),
+        ("other", "ignored.txt", b"zzz"),
+        ("file", f"{workdir}/b.txt", b"beta"),
+    ])
+    status, headers, raw = request(agent.sock, "POST", "/files?username=nobody", body,
+                                   {"Content-Type": ctype})
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    assert json.loads(raw) == [
+        {"name": "a.txt", "type": "file", "path": f"{workdir}/new/sub/a.txt"},
+        {"name": "b.txt", "type": "file", "path": f"{workdir}/b.txt"},
+    ]
+    assert not os.path.exists(f"{workdir}/ignored.txt")
+    for path, mode in ((f"{workdir}/new", 0o755), (f"{workdir}/new/sub", 0o755),
+                       (f"{workdir}/new/sub/a.txt", 0o644), (f"{workdir}/b.txt", 0o644)):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (
+            NOBODY.pw_uid, NOBODY.pw_gid, mode), path
+    assert os.stat(workdir).st_uid == 0  # existing parents are left alone
+    with open(f"{workdir}/new/sub/a.txt", "rb") as fh:
+        assert fh.read() == b"alpha"
+    # same path twice in one request
+    body, ctype = multipart([("file", "x", b"1"), ("file", "y", b"2")])
+    status, _, raw = request(agent.sock, "POST", f"/files?path={workdir}/same", body,
+                             {"Content-Type": ctype})
+    assert status == 400 and json.loads(raw)["code"] == 400
+
+
+def test_octet_stream_upload_relative_path_and_overwrite(agent: Agent, workdir: str) -> None:
+    rel = f".e2b-agent-test-{uuid.uuid4().hex}"
+    try:
+        status, _, raw = request(agent.sock, "POST", f"/files?path={rel}/x.bin", b"raw!",
+                                 {"Content-Type": "application/octet-stream"})
+        assert status == 200
+        assert json.loads(raw) == [{"name": "x.bin", "type": "file", "path": f"/root/{rel}/x.bin"}]
+        with open(f"/root/{rel}/x.bin", "rb") as fh:
+            assert fh.read() == b"raw!"
+    finally:
+        shutil.rmtree(f"/root/{rel}", ignore_errors=True)
+    target = f"{workdir}/keep.txt"
+    with open(target, "w") as fh:
+        fh.write("old content that is longer")
+    os.chmod(target, 0o600)
+    status, _, _ = request(agent.sock, "POST", f"/files?path={target}&username=nobody", b"new",
+                           {"Content-Type": "application/octet-stream"})
+    assert status == 200
+    st = os.stat(target)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, NOBODY.pw_uid)
+    with open(target, "rb") as fh:
+        assert fh.read() == b"new"
+    status, _, raw = request(agent.sock, "POST", "/files", b"x",
+                             {"Content-Type": "application/octet-stream"})
+    assert status == 400
+    status, _, raw = request(agent.sock, "POST", f"/files?path={workdir}", b"x",
+                             {"Content-Type": "application/octet-stream"})
+    assert (status, json.loads(raw)["message"]) == (400, f"path is a directory: {workdir}")
+    status, _, raw = request(agent.sock, "POST", f"/files?path={target}", b"x",
+                             {"Content-Type": "text/plain"})
+    assert status == 400
+    status, _, raw = request(agent.sock, "POST", f"/files?path={target}&username=nosuchuserxyz",
+                             b"x", {"Content-Type": "application/octet-stream"})
+    assert (status, json.loads(raw)["code"]) == (401, 401)
+
+
+def test_large_upload_and_download_stream(agent: Agent, workdir: str) -> None:
+    size = 20 * 1024 * 1024
+    block = hashlib.sha256(b"seed").digest() * 2048  # 64 KiB
+    expected = hashlib.sha256(block * (size // len(block))).hexdigest()
+    before = rss_kib(agent.pid)
+    path = f"{workdir}/big.bin"
+    status, _, _ = request(agent.sock, "POST", f"/files?path={path}",
+                           (block for _ in range(size // len(block))),
+                           {"Content-Type": "application/octet-stream"})
+    assert status == 200 and os.path.getsize(path) == size
+    conn = UnixConnection(agent.sock)
+    try:
+        conn.request("GET", f"/files?path={path}")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Length") == str(size)
+        digest = hashlib.sha256()
+        while True:
+            chunk = resp.read(1 << 20)
+            if not chunk:
+                break
+            digest.update(chunk)
+    finally:
+        conn.close()
+    assert digest.hexdigest() == expected
+    assert rss_kib(agent.pid) - before < 15_000
+
+
+def test_download(agent: Agent, workdir: str) -> None:
+    path = f"{workdir}/d.txt"
+    with open(path, "wb") as fh:
+        fh.write(b"0123456789")
+    status, headers, body = request(agent.sock, "GET", f"/files?path={path}")
+    assert (status, body) == (200, b"0123456789")
+    assert headers["content-length"] == "10"
+    assert headers["content-type"] == "text/plain; charset=utf-8"
+    assert headers["content-disposition"] == 'inline; filename="d.txt"'
+    status, headers, body = request(agent.sock, "GET", f"/files?path={path}",
+                                    headers={"Range": "bytes=2-4"})
+    assert (status, body, headers["content-range"]) == (206, b"234", "bytes 2-4/10")
+    status, headers, body = request(agent.sock, "GET", f"/files?path={path}",
+                                    headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["content-encoding"] == "gzip"
+    assert gzip.decompress(body) == b"0123456789"
+    status, _, body = request(agent.sock, "GET", f"/files?path={workdir}/missing")
+    assert status == 404 and json.loads(body) == {
+        "code": 404, "message": f"path '{workdir}/missing' does not exist"
+    }
+    status, _, body = request(agent.sock, "GET", f"/files?path={workdir}")
+    assert status == 400 and json.loads(body)["code"] == 400
+
+
+# ---- filesystem.Filesystem ------------------------------------------------------------
+
+
+def fs(agent: Agent, method: str, msg: Dict[str, Any], user: Optional[str] = None
+       ) -> Tuple[int, Any]:
+    headers = {"Authorization": basic(user)} if user else None
+    return unary(agent.sock, f"/filesystem.Filesystem/{method}", msg, headers)
+
+
+def test_filesystem_rpcs(agent: Agent, workdir: str) -> None:
+    status, body = fs(agent, "MakeDir", {"path": f"{workdir}/m/n"}, "nobody")
+    assert (status, body) == (200, {"entry": {
+        "name": "n", "type": "FILE_TYPE_DIRECTORY", "path": f"{workdir}/m/n"}})
+    assert os.stat(f"{workdir}/m").st_uid == NOBODY.pw_uid
+    assert fs(agent, "MakeDir", {"path": f"{workdir}/m/n"})[1]["code"] == "already_exists"
+    assert fs(agent, "MakeDir", {"path": f"{workdir}/m/n"})[0] == 409
+    with open(f"{workdir}/m/f.txt", "w") as fh:
+        fh.write("hello")
+    status, body = fs(agent, "MakeDir", {"path": f"{workdir}/m/f.txt"})
+    assert (status, body["code"]) == (400, "invalid_argument")
+
+    status, body = fs(agent, "Stat", {"path": f"{workdir}/m/f.txt"})
+    entry = body["entry"]
+    assert status == 200 and entry.pop("modifiedTime").endswith("Z")
+    assert entry == {"name": "f.txt", "type": "FILE_TYPE_FILE", "path": f"{workdir}/m/f.txt",
+                     "size": "5", "mode": 0o644, "permissions": "-rw-r--r--",
+                     "owner": "root", "group": "root"}
+    os.symlink(f"{workdir}/m", f"{workdir}/link")
+    entry = fs(agent, "Stat", {"path": f"{workdir}/link"})[1]["entry"]
+    assert entry["type"] == "FILE_TYPE_DIRECTORY" and entry["isSymlink"] is True
+    assert entry["symlinkTarget"] == f"{workdir}/m" and entry["permissions"] == "Lrwxrwxrwx"
+    assert fs(agent, "Stat", {"path": f"{workdir}/nope"}) == (404, {
+        "code": "not_found",
+        "message": f"file not found: lstat {workdir}/nope: no such file or directory"})
+
+    names = [e["path"] for e in fs(agent, "ListDir", {"path": workdir})[1]["entries"]]
+    assert names == [f"{workdir}/link", f"{workdir}/m"]
+    names = [e["path"] for e in fs(agent, "ListDir", {"path": workdir, "depth": 2})[1]["entries"]]
+    assert names == [f"{workdir}/link", f"{workdir}/m", f"{workdir}/m/f.txt", f"{workdir}/m/n"]
+    names = [e["name"] for e in fs(agent, "ListDir", {"path": f"{workdir}/link"})[1]["entries"]]
+    assert names == ["f.txt", "n"]
+    assert fs(agent, "ListDir", {"path": f"{workdir}/m/n"}) == (200, {})
+    assert fs(agent, "ListDir", {"path": f"{workdir}/m/f.txt"})[1]["code"] == "invalid_argument"
+    assert fs(agent, "ListDir", {"path": f"{workdir}/nope"})[0] == 404
+
+    status, body = fs(agent, "Move", {"source": f"{workdir}/m/f.txt",
+                                      "destination": f"{workdir}/o/g.txt"}, "nobody")
+    assert status == 200 and body["entry"]["path"] == f"{workdir}/o/g.txt"
+    assert os.stat(f"{workdir}/o").st_uid == NOBODY.pw_uid
+    assert fs(agent, "Move", {"source": f"{workdir}/nope", "destination": f"{workdir}/x"}
+              )[1]["code"] == "not_found"
+
+    assert fs(agent, "Remove", {"path": f"{workdir}/link"}) == (200, {})
+    assert os.path.isdir(f"{workdir}/m")  # a symlink is removed, not its target
+    assert fs(agent, "Remove", {"path": f"{workdir}/m"}) == (200, {})
+    assert fs(agent, "Remove", {"path": f"{workdir}/m"}) == (200, {})
+    assert not os.path.exists(f"{workdir}/m")
+
+    status, body = fs(agent, "Stat", {"path": workdir}, "no-such-user-xyz")
+    assert (status, body["code"]) == (401, "unauthenticated")
+    status, _, raw = request(agent.sock, "POST", "/filesystem.Filesystem/Stat", b"",
+                             {"Content-Type": "application/json"})
+    assert (status, json.loads(raw)["code"]) == (400, "invalid_argument")
+
+
+def test_no_child_left_behind(agent: Agent) -> None:
+    """Every process started above has been reaped (no zombies, nothing running)."""
+    wait_until(lambda: agent_children(agent.pid) == [], what="agent children to be reaped")
+    assert list_pids(agent.sock) == []
+    assert re.search(r"Traceback", read_text(agent.log_path)) is None
