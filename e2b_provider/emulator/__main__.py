@@ -1,0 +1,151 @@
+"""Command line of the local E2B emulator: ``python -m e2b_provider.emulator``.
+
+This module owns argument parsing, the isolation pre-check (exit status 2 with one clear
+message when namespaces/cgroups are unavailable), the state directory (a fresh temporary one
+unless ``--state-dir`` is given; removed at exit), the single ready line on stdout, and signal
+handling (SIGINT/SIGTERM: every sandbox is destroyed, then exit 0).
+
+Usage::
+
+    python -m e2b_provider.emulator [--host 127.0.0.1] [--port 0] [--api-key KEY]
+                                    [--state-dir DIR] [--log-level warning]
+
+The ready line (exactly one, flushed)::
+
+    e2b-emulator ready api_url=http://127.0.0.1:PORT sandbox_url=http://127.0.0.1:PORT api_key=KEY
+
+The API key is printed on purpose: it is a local throwaway key (random ``e2b_`` + 40 hex unless
+``--api-key`` or ``$E2B_EMULATOR_API_KEY`` gives one) that clients need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+from typing import List, Optional
+
+from .handle import remove_state_dir
+
+__all__ = ["main"]
+
+EXIT_UNAVAILABLE = 2
+log = logging.getLogger("e2b_provider.emulator")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m e2b_provider.emulator",
+        description="A local E2B: control plane + envd on one port, real namespaced sandboxes.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to bind (0 = a free port)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="the API key clients must send (default: $E2B_EMULATOR_API_KEY or a random one)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="where sandboxes keep their files (default: a temporary directory removed at exit)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error"),
+        help="log level of the messages written to stderr (default warning)",
+    )
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="shut down cleanly when the parent process exits (used by the Emulator handle)",
+    )
+    return p
+
+
+def _url(host: str, port: int) -> str:
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None:
+    from .server import EmulatorServer
+
+    server = EmulatorServer(api_key=api_key, state_dir=state_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    watcher: Optional[asyncio.Task[None]] = None
+    try:
+        host, port = await server.start(args.host, args.port)
+        url = _url(host, port)
+        print(f"e2b-emulator ready api_url={url} sandbox_url={url} api_key={api_key}", flush=True)
+        if args.exit_with_parent:
+            watcher = asyncio.ensure_future(_watch_parent(stop))
+        await stop.wait()
+        log.info("stopping: destroying %d sandbox(es)", len(server.records))
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await server.close()
+
+
+async def _watch_parent(stop: asyncio.Event) -> None:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    log.warning("parent process %d went away: stopping", parent)
+    stop.set()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the emulator until SIGINT/SIGTERM; returns the exit status (2 = unavailable)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        import aiohttp  # noqa: F401
+
+        from . import runtime
+    except ImportError as exc:
+        print(
+            f"e2b-emulator: cannot start: {exc}. Install the emulator extra: "
+            "pip install 'e2b-provider[emulator]'",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_UNAVAILABLE
+    try:
+        runtime.check_isolation()
+    except runtime.IsolationUnavailable as exc:
+        print(f"e2b-emulator: sandbox isolation unavailable: {exc}", file=sys.stderr, flush=True)
+        return EXIT_UNAVAILABLE
+    api_key = (
+        args.api_key or os.environ.get("E2B_EMULATOR_API_KEY") or ("e2b_" + secrets.token_hex(20))
+    )
+    temporary = args.state_dir is None
+    state_dir = tempfile.mkdtemp(prefix="e2b-emulator-") if temporary else args.state_dir
+    try:
+        asyncio.run(_serve(args, api_key, state_dir))
+    except (OSError, ValueError) as exc:
+        print(f"e2b-emulator: cannot serve: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if temporary:
+            remove_state_dir(state_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

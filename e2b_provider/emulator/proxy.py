@@ -1,0 +1,333 @@
+"""The emulator's envd front: routes envd traffic to the agent inside each sandbox.
+
+A request is envd traffic when it carries ``E2b-Sandbox-Id`` (port from ``E2b-Sandbox-Port``,
+default 49983) or its Host is ``<port>-<sandboxID>.<anything>``. This module owns, for such a
+request: the edge answers E2B gives itself (502 "The sandbox was not found" for an unknown or
+paused sandbox, 502 "…port is not open" for another port or a dead agent, 401 for a missing or
+wrong ``X-Access-Token`` on everything but ``GET /health``), the ``envd_unresponsive`` hang,
+and a byte-level streaming proxy to the agent's unix socket (an aiohttp client with a
+``UnixConnector`` per sandbox): request and response bodies flow chunk by chunk as they are
+produced, nothing is buffered, and a client that goes away closes the upstream request (the
+agent keeps the process running). The Start-stream faults (``stream_cut``, ``stream_stall``,
+``bad_envelope``) are applied here. Secrets (the access token) are never forwarded to the
+agent, logged or echoed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import logging
+import re
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, Tuple
+
+import aiohttp
+import yarl
+from aiohttp import web
+
+from .faults import Fault, bad_frame
+from .state import ENVD_PORT, SandboxRecord
+
+if TYPE_CHECKING:
+    from .server import EmulatorServer
+
+__all__ = ["EnvdProxy", "envd_route", "json_error"]
+
+log = logging.getLogger("e2b_provider.emulator.proxy")
+
+_HOST_RE = re.compile(r"^(\d+)-([a-z0-9]+)(?:-[^.]*)?\.")
+_SANDBOX_ID_RE = re.compile(r"^[a-z0-9]+$")
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED = _HOP_BY_HOP | {"host", "x-access-token", "x-api-key", "content-length"}
+_NOT_RETURNED = _HOP_BY_HOP | {"content-length", "date", "server"}
+#: Unary envd calls whose (small) JSON bodies are kept in the request log.
+_LOGGED_BODIES = (
+    "/process.Process/SendSignal",
+    "/process.Process/List",
+    "/process.Process/CloseStdin",
+    "/filesystem.Filesystem/",
+)
+_MAX_LOGGED_BODY = 16 * 1024
+_START_PATH = "/process.Process/Start"
+_UNAUTHORIZED = (
+    "unauthorized access, please provide a valid access token or method signing if supported"
+)
+
+
+def json_error(status: int, body: Dict[str, Any]) -> web.Response:
+    """A JSON answer with the given status (no caching, explicit charset)."""
+    return web.json_response(body, status=status, content_type="application/json")
+
+
+def envd_route(request: web.BaseRequest) -> Optional[Tuple[str, int]]:
+    """Return ``(sandbox_id, port)`` when ``request`` is envd traffic, else None.
+
+    ``E2b-Sandbox-Id`` wins; otherwise a Host of the form ``<port>-<id>.<anything>``.
+    A malformed id still counts as envd traffic (it is simply never found).
+    """
+    sid = request.headers.get("E2b-Sandbox-Id")
+    if sid is not None:
+        raw_port = request.headers.get("E2b-Sandbox-Port", str(ENVD_PORT))
+        try:
+            port = int(raw_port)
+        except ValueError:
+            port = -1
+        return sid.strip(), port
+    host = (request.headers.get("Host") or "").lower()
+    match = _HOST_RE.match(host)
+    if match:
+        return match.group(2), int(match.group(1))
+    return None
+
+
+def basic_user(header: Optional[str]) -> Optional[str]:
+    """The user name of an ``Authorization: Basic base64("<user>:")`` header, if any."""
+    if not header or not header.lower().startswith("basic "):
+        return None
+    try:
+        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return decoded.split(":", 1)[0]
+
+
+class EnvdProxy:
+    """Serves envd traffic for every sandbox of one :class:`EmulatorServer`."""
+
+    def __init__(self, server: EmulatorServer) -> None:
+        self._server = server
+        self._sessions: Dict[str, aiohttp.ClientSession] = {}
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def session(self, rec: SandboxRecord) -> aiohttp.ClientSession:
+        """The client session (unix socket, no connection limit) for a sandbox's agent."""
+        sess = self._sessions.get(rec.sandbox_id)
+        if sess is None or sess.closed:
+            connector = aiohttp.UnixConnector(path=rec.runtime.envd_socket, limit=0)
+            sess = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            )
+            self._sessions[rec.sandbox_id] = sess
+        return sess
+
+    async def drop_session(self, sandbox_id: str) -> None:
+        """Close a sandbox's pooled agent connections (after a halt, reboot or kill)."""
+        sess = self._sessions.pop(sandbox_id, None)
+        if sess is not None:
+            await sess.close()
+
+    async def close(self) -> None:
+        """Close every session."""
+        for sid in list(self._sessions):
+            await self.drop_session(sid)
+
+    async def health(self, rec: SandboxRecord, timeout: float) -> bool:
+        """True when the sandbox's agent answers ``GET /health`` within ``timeout`` seconds."""
+        try:
+            async with self.session(rec).get(
+                "http://envd/health", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                await resp.read()
+                return resp.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def init(self, rec: SandboxRecord, timeout: float = 10.0) -> None:
+        """Send envd's ``POST /init`` with the sandbox's ``envVars`` (as E2B's orchestrator
+        does after every boot), so every process gets them.
+
+        Raises:
+            RuntimeError: the agent did not accept it.
+        """
+        try:
+            async with self.session(rec).post(
+                "http://envd/init",
+                json={"envVars": dict(rec.env_vars)},
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                await resp.read()
+                if resp.status >= 300:
+                    raise RuntimeError(f"envd /init answered {resp.status}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise RuntimeError(f"envd /init failed: {exc!r}") from None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, sandbox_id: str, port: int) -> web.StreamResponse:
+        """Answer one envd request (see the module docstring)."""
+        server = self._server
+        entry = server.log_request(request, kind="envd", sandbox_id=sandbox_id)
+        entry["user"] = basic_user(request.headers.get("Authorization"))
+        task = asyncio.current_task()
+        rec: Optional[SandboxRecord] = None
+        try:
+            while True:
+                rec = server.records.get(sandbox_id) if _SANDBOX_ID_RE.match(sandbox_id) else None
+                if rec is None or rec.state != "running":
+                    entry["status"] = 502
+                    return json_error(
+                        502,
+                        {
+                            "sandboxId": sandbox_id,
+                            "message": "The sandbox was not found",
+                            "code": 502,
+                        },
+                    )
+                if port != ENVD_PORT:
+                    entry["status"] = 502
+                    return self._port_closed(sandbox_id)
+                if not (request.method == "GET" and request.path == "/health"):
+                    token = request.headers.get("X-Access-Token")
+                    entry["token"] = "missing" if token is None else "present"
+                    if token is None or not hmac.compare_digest(
+                        token.encode("utf-8", "surrogateescape"),
+                        rec.access_token.encode(),
+                    ):
+                        entry["status"] = 401
+                        if token is not None:
+                            entry["token"] = "invalid"
+                        return json_error(401, {"code": 401, "message": _UNAUTHORIZED})
+                if task is not None:
+                    rec.streams.add(task)
+                if not server.faults.is_unresponsive(sandbox_id):
+                    break
+                entry["hung"] = True
+                await server.faults.wait_changed()
+                if task is not None:
+                    rec.streams.discard(task)
+            return await self._forward(request, rec, entry)
+        finally:
+            if rec is not None and task is not None:
+                rec.streams.discard(task)
+
+    def _port_closed(self, sandbox_id: str) -> web.Response:
+        return json_error(
+            502,
+            {
+                "sandboxId": sandbox_id,
+                "message": "The sandbox is running but port is not open",
+                "code": 502,
+            },
+        )
+
+    async def _forward(
+        self, request: web.Request, rec: SandboxRecord, entry: Dict[str, Any]
+    ) -> web.StreamResponse:
+        server = self._server
+        faults = server.faults
+        bad: Optional[Fault] = None
+        cut: Optional[Fault] = None
+        stall: Optional[Fault] = None
+        if request.method == "POST" and request.path == _START_PATH:
+            sid = rec.sandbox_id
+            bad = faults.take("bad_envelope", sandbox_id=sid)
+            if bad is None:
+                cut = faults.take("stream_cut", sandbox_id=sid)
+            if bad is None and cut is None:
+                stall = faults.take("stream_stall", sandbox_id=sid)
+            for fault in (bad, cut, stall):
+                if fault is not None:
+                    entry["fault"] = fault.kind
+
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        data: Any = None
+        if request.path.startswith(_LOGGED_BODIES) and (
+            request.content_length is not None and request.content_length <= _MAX_LOGGED_BODY
+        ):
+            data = await request.read()
+            entry["body"] = data.decode("utf-8", "replace")
+        elif request.content_length is not None:
+            headers["Content-Length"] = str(request.content_length)
+            data = _body(request) if request.content_length else b""
+        elif request.body_exists:
+            data = _body(request)
+
+        url = yarl.URL("http://envd" + request.raw_path, encoded=True)
+        try:
+            upstream = await self.session(rec).request(
+                request.method, url, headers=headers, data=data, allow_redirects=False
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            log.info("envd of %s did not accept a connection: %s", rec.sandbox_id, exc)
+            entry["status"] = 502
+            return self._port_closed(rec.sandbox_id)
+
+        finished = False
+        try:
+            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for key, value in upstream.headers.items():
+                if key.lower() not in _NOT_RETURNED:
+                    resp.headers.add(key, value)
+            faulty = bad is not None or cut is not None or stall is not None
+            if upstream.content_length is not None and not faulty:
+                resp.content_length = upstream.content_length
+            entry["status"] = upstream.status
+            await resp.prepare(request)
+            if bad is not None:
+                await resp.write(bad_frame(str(bad.params["mode"])))
+            limit: Optional[int] = None
+            if cut is not None:
+                limit = int(cut.params["after_bytes"])
+            elif stall is not None:
+                limit = int(stall.params["after_bytes"])
+            sent = 0
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if limit is not None and sent + len(chunk) >= limit:
+                        if limit > sent:
+                            await resp.write(chunk[: limit - sent])
+                        sent = limit
+                        break
+                    await resp.write(chunk)
+                    sent += len(chunk)
+                else:
+                    finished = True
+            except ConnectionError:
+                # the client went away while we wrote: nothing more to do
+                return resp
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                log.info("envd stream of %s broke: %s", rec.sandbox_id, exc)
+                self._abort(request)
+                return resp
+            if stall is not None and not finished:
+                entry["stalled"] = True
+                await faults.wait_changed()
+            if not finished:
+                entry["cut"] = True
+                self._abort(request)
+            return resp
+        finally:
+            if not finished:
+                upstream.close()
+            else:
+                upstream.release()
+
+    @staticmethod
+    def _abort(request: web.Request) -> None:
+        """Close the client connection after what was written is flushed (no end of stream)."""
+        transport = request.transport
+        if transport is not None:
+            transport.close()
+
+
+async def _body(request: web.Request) -> AsyncIterator[bytes]:
+    async for chunk in request.content.iter_any():
+        yield chunk

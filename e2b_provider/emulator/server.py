@@ -1,0 +1,580 @@
+"""The emulator's host server: one aiohttp app on one TCP port, and the sandbox lifecycle.
+
+This module owns :class:`EmulatorServer`: the table of sandboxes, their lifecycle (create =
+boot a real namespaced sandbox through :mod:`e2b_provider.emulator.runtime`; full pause =
+freeze; filesystem-only pause = halt; connect/resume = thaw or cold boot; kill = destroy;
+expiry = auto-pause or kill when a sandbox's end time passes), the request dispatch (envd
+traffic → :class:`~e2b_provider.emulator.proxy.EnvdProxy`, everything else → API-key check →
+:class:`~e2b_provider.emulator.control.ControlPlane` or the admin routes), the admin routes
+under ``/_emulator/`` (faults, request log, sandbox pids, sandbox list — API key required), the
+bounded request log, and shutdown (every sandbox destroyed).
+
+All runtime coroutines are called from the event-loop thread that runs this server, as the
+runtime requires (its sandboxes die with that thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import importlib
+import logging
+import os
+import time
+from typing import Any, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple
+
+from aiohttp import web
+
+from .control import ControlPlane, api_error
+from .faults import FaultError, FaultRegistry
+from .proxy import EnvdProxy, envd_route
+from .state import (
+    DEFAULT_DOMAIN,
+    BadRequest,
+    CreateRequest,
+    SandboxRecord,
+    new_access_token,
+    new_sandbox_id,
+)
+
+__all__ = ["EmulatorServer"]
+
+log = logging.getLogger("e2b_provider.emulator.server")
+
+#: How many recent requests ``GET /_emulator/requests`` keeps.
+REQUEST_LOG_SIZE = 2000
+#: How many idempotency keys are remembered.
+IDEMPOTENCY_KEYS = 1000
+#: How many destroyed sandboxes stay queryable through ``/_emulator/sandboxes/{id}/pids``.
+GRAVEYARD_SIZE = 512
+#: How long a pause waits for the agent's ``GET /health`` before calling it unresponsive.
+HEALTH_PROBE_SECONDS = 3.0
+#: Bound on destroying one sandbox during shutdown.
+DESTROY_TIMEOUT = 30.0
+#: Longest unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
+MAX_SOCKET_PATH = 107
+_LOGGED_HEADERS = (
+    "Content-Type",
+    "Content-Length",
+    "Transfer-Encoding",
+    "Connect-Protocol-Version",
+    "Connect-Timeout-Ms",
+    "Keepalive-Ping-Interval",
+    "E2b-Sandbox-Id",
+    "E2b-Sandbox-Port",
+    "Idempotency-Key",
+    "User-Agent",
+)
+_SECRET_QUERY_KEYS = frozenset({"signature", "signature_expiration", "access_token"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class EmulatorServer:
+    """A local E2B: control plane, envd front and sandbox lifecycle on one aiohttp app.
+
+    Args:
+        api_key: the key every control-plane and admin request must carry in ``X-API-KEY``.
+        state_dir: where each sandbox gets its own directory (``<state_dir>/<sandbox id>``).
+        runtime_module: the module providing ``SandboxSpec`` and ``SandboxRuntime``; defaults
+            to :mod:`e2b_provider.emulator.runtime`.
+        domain: the ``domain`` reported to clients.
+        boot_timeout: seconds a sandbox may take to boot.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        state_dir: str,
+        runtime_module: Any = None,
+        domain: str = DEFAULT_DOMAIN,
+        boot_timeout: float = 30.0,
+    ) -> None:
+        if runtime_module is None:
+            runtime_module = importlib.import_module(".runtime", __package__)
+        self._runtime_module = runtime_module
+        self._api_key = api_key.encode()
+        self.state_dir = state_dir
+        self.domain = domain
+        self.boot_timeout = boot_timeout
+        self.records: Dict[str, SandboxRecord] = {}
+        self.faults = FaultRegistry()
+        self.idempotency: collections.OrderedDict[str, Tuple[str, asyncio.Future[Any]]] = (
+            collections.OrderedDict()
+        )
+        self.request_log: Deque[Dict[str, Any]] = collections.deque(maxlen=REQUEST_LOG_SIZE)
+        self._request_seq = 0
+        self._graveyard: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._booting: Set[Any] = set()
+        self._destroying: Dict[int, asyncio.Future[None]] = {}
+        self._expiring: Set[str] = set()
+        self._bg: Set[asyncio.Task[Any]] = set()
+        self.proxy = EnvdProxy(self)
+        self.control = ControlPlane(self)
+        self._runner: Optional[web.AppRunner] = None
+        self._expiry_task: Optional[asyncio.Task[None]] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._closed = False
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this server runs on (set by :meth:`start`)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    # -- app --------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        """Build the aiohttp application (routes + dispatch middleware)."""
+        app = web.Application(middlewares=[self._dispatch], client_max_size=1024**3)
+        self.control.add_routes(app)
+        r = app.router
+        r.add_get("/_emulator/faults", self._admin_faults_list, allow_head=False)
+        r.add_post("/_emulator/faults", self._admin_faults_arm)
+        r.add_delete("/_emulator/faults", self._admin_faults_clear)
+        r.add_get("/_emulator/requests", self._admin_requests, allow_head=False)
+        r.add_delete("/_emulator/requests", self._admin_requests_clear)
+        r.add_get("/_emulator/sandboxes", self._admin_sandboxes, allow_head=False)
+        r.add_get("/_emulator/sandboxes/{sid}/pids", self._admin_pids, allow_head=False)
+        r.add_route("*", "/_emulator/redirect-target", self._admin_redirect_target)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> Tuple[str, int]:
+        """Start serving on ``host:port`` (0 = a free port); returns the bound address."""
+        self._loop = asyncio.get_running_loop()
+        self.state_dir = os.path.abspath(self.state_dir)
+        socket_path = os.path.join(self.state_dir, "i" + "x" * 20, "e2b", "envd.sock")
+        if len(socket_path.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"state dir {self.state_dir!r} is too long: sandbox sockets would exceed the "
+                f"{MAX_SOCKET_PATH}-byte unix socket path limit; use a shorter --state-dir"
+            )
+        os.makedirs(self.state_dir, exist_ok=True)
+        runner = web.AppRunner(
+            self.build_app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=2.0,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        self._expiry_task = asyncio.ensure_future(self._expiry_loop())
+        bound = runner.addresses[0]
+        return str(bound[0]), int(bound[1])
+
+    async def close(self) -> None:
+        """Stop serving, cut every stream and destroy every sandbox (bounded)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+        for rec in list(self.records.values()):
+            self._cut_streams(rec)
+        self.faults.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for task in list(self._bg):
+            task.cancel()
+        runtimes = [rec.runtime for rec in self.records.values()] + list(self._booting)
+        self.records.clear()
+        await asyncio.gather(
+            *(self._destroy_runtime(rt) for rt in runtimes), return_exceptions=True
+        )
+        await self.proxy.close()
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _dispatch(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = envd_route(request)
+        if route is not None:
+            return await self.proxy.handle(request, route[0], route[1])
+        is_admin = request.path.startswith("/_emulator/")
+        entry = self.log_request(request, kind="admin" if is_admin else "control")
+        request["log_entry"] = entry
+        key = request.headers.get("X-API-KEY")
+        entry["api_key"] = "missing" if key is None else "present"
+        if request.path != "/_emulator/redirect-target" and (
+            key is None
+            or not hmac.compare_digest(key.encode("utf-8", "surrogateescape"), self._api_key)
+        ):
+            if key is not None:
+                entry["api_key"] = "invalid"
+            entry["status"] = 401
+            return api_error(401, "Invalid API key")
+        match_info = request.match_info
+        if "sid" in match_info:
+            entry["sandbox_id"] = match_info["sid"]
+        if match_info.http_exception is not None:
+            exc = match_info.http_exception
+            status = 404 if exc.status == 404 else exc.status
+            entry["status"] = status
+            message = (
+                "validation error: no matching operation was found"
+                if status == 404
+                else "validation error: method not allowed"
+            )
+            return api_error(status, message)
+        try:
+            resp = await handler(request)
+        except Exception:
+            log.exception("control-plane handler failed")
+            entry["status"] = 500
+            return api_error(500, "internal server error", "internal_server_error")
+        entry["status"] = resp.status
+        return resp
+
+    def log_request(
+        self, request: web.BaseRequest, *, kind: str, sandbox_id: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Append a request to the bounded log (selected headers only, never secrets)."""
+        self._request_seq += 1
+        query = {k: v for k, v in request.query.items() if k.lower() not in _SECRET_QUERY_KEYS}
+        entry: Dict[str, Any] = {
+            "seq": self._request_seq,
+            "time": time.time(),
+            "kind": kind,
+            "method": request.method,
+            "path": request.path,
+            "query": query,
+            "sandbox_id": sandbox_id,
+            "headers": {h: request.headers[h] for h in _LOGGED_HEADERS if h in request.headers},
+            "status": None,
+        }
+        self.request_log.append(entry)
+        return entry
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def remember_idempotency(self, key: str, fingerprint: str, fut: asyncio.Future[Any]) -> None:
+        """Remember an ``Idempotency-Key`` (bounded, oldest forgotten first)."""
+        self.idempotency[key] = (fingerprint, fut)
+        while len(self.idempotency) > IDEMPOTENCY_KEYS:
+            self.idempotency.popitem(last=False)
+
+    async def create_sandbox(self, req: CreateRequest) -> SandboxRecord:
+        """Boot a new sandbox and register it.
+
+        Raises:
+            BadRequest: 500 ``sandbox_create_failed`` with the runtime's message when the boot
+                failed (everything it started is destroyed again).
+        """
+        rt_mod = self._runtime_module
+        sandbox_id = new_sandbox_id()
+        while sandbox_id in self.records:
+            sandbox_id = new_sandbox_id()
+        cpu_count, memory_mb = 2, 512
+        spec = rt_mod.SandboxSpec(
+            sandbox_id=sandbox_id,
+            hostname=sandbox_id,
+            egress=req.egress,
+            allow_hosts=tuple(req.allow_hosts),
+            env_vars=dict(req.env_vars),
+            cpu_count=cpu_count,
+            memory_mb=memory_mb,
+        )
+        try:
+            runtime = rt_mod.SandboxRuntime(spec, os.path.join(self.state_dir, sandbox_id))
+        except ValueError as exc:
+            raise BadRequest(
+                f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed"
+            ) from None
+        self._booting.add(runtime)
+        try:
+            await runtime.boot(timeout=self.boot_timeout)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._destroy_runtime(runtime))
+            raise
+        except Exception as exc:
+            log.warning("boot of %s failed: %s", sandbox_id, exc)
+            await self._destroy_runtime(runtime)
+            raise BadRequest(
+                f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed"
+            ) from None
+        finally:
+            self._booting.discard(runtime)
+        now = time.time()
+        rec = SandboxRecord(
+            sandbox_id=sandbox_id,
+            template_id=req.template,
+            access_token=new_access_token(),
+            runtime=runtime,
+            metadata=dict(req.metadata),
+            env_vars=dict(req.env_vars),
+            started_at=now,
+            end_at=now + req.timeout,
+            auto_pause=req.auto_pause,
+            auto_pause_memory=req.auto_pause_memory,
+            egress=req.egress,
+            allow_hosts=tuple(req.allow_hosts),
+            allow_internet_access=req.allow_internet_access,
+            network=dict(req.network) if req.network else None,
+            cpu_count=cpu_count,
+            memory_mb=memory_mb,
+        )
+        try:
+            if self._closed:
+                raise RuntimeError("the emulator is shutting down")
+            await self.proxy.init(rec)
+        except BaseException as exc:
+            await self.proxy.drop_session(sandbox_id)
+            await asyncio.shield(self._destroy_runtime(runtime))
+            if isinstance(exc, Exception):
+                raise BadRequest(
+                    f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed"
+                ) from None
+            raise
+        self.records[sandbox_id] = rec
+        return rec
+
+    async def envd_responsive(self, rec: SandboxRecord) -> bool:
+        """False when the sandbox's envd is marked unresponsive or does not answer /health."""
+        if self.faults.is_unresponsive(rec.sandbox_id):
+            return False
+        return await self.proxy.health(rec, HEALTH_PROBE_SECONDS)
+
+    def _cut_streams(self, rec: SandboxRecord) -> None:
+        """End every envd request in flight for this sandbox (the client sees a dropped
+        connection, as in-flight requests end when E2B pauses or kills a sandbox)."""
+        for task in list(rec.streams):
+            task.cancel()
+        rec.streams.clear()
+
+    async def pause_sandbox(
+        self, rec: SandboxRecord, *, memory: bool, require_healthy_guest: bool = False
+    ) -> None:
+        """Pause a running sandbox: ``memory`` → freeze, else halt (filesystem only).
+
+        Raises:
+            BadRequest: 404 gone, 409 already paused, 503 refused because envd does not
+                answer (filesystem-only, or ``require_healthy_guest``).
+        """
+        async with rec.lock:
+            if self.records.get(rec.sandbox_id) is not rec:
+                raise BadRequest(
+                    f"Sandbox \"{rec.sandbox_id}\" doesn't exist or you don't have access to it",
+                    status=404,
+                )
+            if rec.state == "paused":
+                raise BadRequest(
+                    f"Error pausing sandbox - sandbox '{rec.sandbox_id}' is already paused",
+                    status=409,
+                )
+            await self._pause_locked(
+                rec, memory=memory, require_healthy_guest=require_healthy_guest, fallback=False
+            )
+
+    async def _pause_locked(
+        self, rec: SandboxRecord, *, memory: bool, require_healthy_guest: bool, fallback: bool
+    ) -> None:
+        responsive = await self.envd_responsive(rec)
+        if not responsive and (not memory or require_healthy_guest):
+            if not fallback:
+                raise BadRequest(
+                    "The sandbox guest agent is not responding; the sandbox was not paused "
+                    "and keeps running, retry later",
+                    status=503,
+                )
+            memory = True
+        self._cut_streams(rec)
+        if memory:
+            await rec.runtime.freeze()
+            rec.pause_mode = "full"
+            rec.envd_unresponsive_at_pause = not responsive
+        else:
+            await self.proxy.drop_session(rec.sandbox_id)
+            await rec.runtime.halt()
+            rec.pause_mode = "filesystem"
+            rec.envd_unresponsive_at_pause = False
+        rec.state = "paused"
+        rec.paused_at = time.time()
+
+    async def connect_sandbox(
+        self, rec: SandboxRecord, *, timeout: int, memory: Optional[bool]
+    ) -> bool:
+        """Connect to a sandbox: extend a running one, resume a paused one.
+
+        Returns:
+            True when the sandbox was resumed (201), False when it was running (200).
+
+        Raises:
+            BadRequest: 404 gone; 409 ``sandbox_snapshot_guest_agent_unresponsive`` for a
+                marked snapshot without ``memory: false``; 500 when a cold boot failed.
+        """
+        async with rec.lock:
+            if self.records.get(rec.sandbox_id) is not rec:
+                raise BadRequest(
+                    f"Sandbox \"{rec.sandbox_id}\" doesn't exist or you don't have access to it",
+                    status=404,
+                )
+            now = time.time()
+            if rec.state == "running":
+                rec.extend_to(now + timeout)
+                return False
+            if rec.envd_unresponsive_at_pause and memory is not False:
+                raise BadRequest(
+                    "The sandbox was paused while its guest agent was not responding; "
+                    "resume it with memory: false",
+                    status=409,
+                    error_code="sandbox_snapshot_guest_agent_unresponsive",
+                )
+            if rec.pause_mode == "filesystem" or memory is False:
+                await self._cold_boot(rec)
+            else:
+                await rec.runtime.thaw()
+            now = time.time()
+            rec.state = "running"
+            rec.pause_mode = None
+            rec.paused_at = None
+            rec.envd_unresponsive_at_pause = False
+            rec.started_at = now
+            rec.end_at = now + timeout
+            return True
+
+    async def _cold_boot(self, rec: SandboxRecord) -> None:
+        runtime = rec.runtime
+        await self.proxy.drop_session(rec.sandbox_id)
+        if runtime.running or runtime.frozen:
+            await runtime.halt()
+        self.faults.clear_sandbox(rec.sandbox_id)
+        try:
+            await runtime.boot(timeout=self.boot_timeout)
+            await self.proxy.init(rec)
+        except Exception as exc:
+            log.warning("cold boot of %s failed: %s", rec.sandbox_id, exc)
+            try:
+                await runtime.halt()
+            except Exception as exc2:
+                log.warning("halt after a failed boot of %s failed: %s", rec.sandbox_id, exc2)
+            rec.pause_mode = "filesystem"
+            raise BadRequest(f"sandbox boot failed: {exc}", status=500) from None
+
+    async def kill_sandbox(self, rec: SandboxRecord) -> bool:
+        """Kill a sandbox and remove its files. Returns False when it was already gone."""
+        if self.records.get(rec.sandbox_id) is not rec:
+            return False
+        del self.records[rec.sandbox_id]
+        self._cut_streams(rec)
+        self.faults.clear_sandbox(rec.sandbox_id)
+        async with rec.lock:
+            await self.proxy.drop_session(rec.sandbox_id)
+            self._graveyard[rec.sandbox_id] = rec.runtime
+            while len(self._graveyard) > GRAVEYARD_SIZE:
+                self._graveyard.popitem(last=False)
+            await self._destroy_runtime(rec.runtime)
+        return True
+
+    async def _destroy_runtime(self, runtime: Any) -> None:
+        """Destroy a runtime once, however many callers ask (bounded)."""
+        key = id(runtime)
+        fut = self._destroying.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(
+                asyncio.wait_for(runtime.destroy(), timeout=DESTROY_TIMEOUT)
+            )
+            self._destroying[key] = fut
+            fut.add_done_callback(lambda _f: self._destroying.pop(key, None))
+        try:
+            await asyncio.shield(fut)
+        except Exception as exc:
+            log.warning("destroying a sandbox failed: %s", exc)
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            now = time.time()
+            for rec in list(self.records.values()):
+                if rec.expired(now) and rec.sandbox_id not in self._expiring:
+                    self._expiring.add(rec.sandbox_id)
+                    task = asyncio.ensure_future(self._expire(rec))
+                    self._bg.add(task)
+                    task.add_done_callback(self._bg.discard)
+
+    async def _expire(self, rec: SandboxRecord) -> None:
+        try:
+            if not rec.auto_pause:
+                log.info("sandbox %s timed out: killing it", rec.sandbox_id)
+                await self.kill_sandbox(rec)
+                return
+            async with rec.lock:
+                if self.records.get(rec.sandbox_id) is not rec or not rec.expired():
+                    return
+                log.info("sandbox %s timed out: pausing it", rec.sandbox_id)
+                await self._pause_locked(
+                    rec, memory=rec.auto_pause_memory, require_healthy_guest=False, fallback=True
+                )
+        except Exception:
+            log.exception("expiry of %s failed", rec.sandbox_id)
+        finally:
+            self._expiring.discard(rec.sandbox_id)
+
+    # -- admin ------------------------------------------------------------------------------
+
+    async def _admin_faults_list(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response([f.to_json() for f in self.faults.list()])
+
+    async def _admin_faults_arm(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return api_error(400, "body must be JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+            return api_error(400, 'body must be {"kind": …, …}')
+        params = {k: v for k, v in body.items() if k != "kind"}
+        try:
+            fault = self.faults.arm(body["kind"], params)
+        except FaultError as exc:
+            return api_error(400, str(exc))
+        return web.json_response(fault.to_json(), status=201)
+
+    async def _admin_faults_clear(self, request: web.Request) -> web.StreamResponse:
+        self.faults.clear()
+        return web.Response(status=204)
+
+    async def _admin_requests(self, request: web.Request) -> web.StreamResponse:
+        entries: List[Dict[str, Any]] = [
+            e
+            for e in self.request_log
+            if not str(e["path"]).startswith("/_emulator/")
+            or e["path"] == "/_emulator/redirect-target"
+        ]
+        sid = request.query.get("sandbox_id")
+        if sid:
+            entries = [e for e in entries if e.get("sandbox_id") == sid]
+        path = request.query.get("path")
+        if path:
+            entries = [e for e in entries if path in str(e["path"])]
+        return web.json_response(entries)
+
+    async def _admin_requests_clear(self, request: web.Request) -> web.StreamResponse:
+        self.request_log.clear()
+        return web.Response(status=204)
+
+    async def _admin_sandboxes(self, request: web.Request) -> web.StreamResponse:
+        out = []
+        for rec in self.records.values():
+            item = rec.listed_json()
+            item["pauseMode"] = rec.pause_mode
+            item["envdUnresponsiveAtPause"] = rec.envd_unresponsive_at_pause
+            item["egress"] = rec.egress
+            item["autoPause"] = rec.auto_pause
+            item["envdUnresponsive"] = self.faults.is_unresponsive(rec.sandbox_id)
+            out.append(item)
+        return web.json_response(out)
+
+    async def _admin_pids(self, request: web.Request) -> web.StreamResponse:
+        sid = request.match_info["sid"]
+        rec = self.records.get(sid)
+        runtime = rec.runtime if rec is not None else self._graveyard.get(sid)
+        if runtime is None:
+            return api_error(404, f"unknown sandbox {sid}")
+        return web.json_response({"sandbox_id": sid, "pids": list(runtime.host_pids())})
+
+    async def _admin_redirect_target(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"redirected": True, "method": request.method})

@@ -1,0 +1,402 @@
+"""Sandbox records and the pure helpers of the emulator's control plane.
+
+This module owns what the host server remembers about each sandbox (:class:`SandboxRecord`),
+how sandbox ids and tokens are generated, how times are rendered, how the ``metadata`` list
+filter is decoded, how list results are paged (opaque ``nextToken`` cursors) and how request
+bodies are validated into :class:`CreateRequest` values. It does no I/O: it imports no
+aiohttp, requests, urllib3 or socket, and never touches a sandbox's processes or files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+import re
+import secrets
+import string
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from urllib.parse import unquote, unquote_plus
+
+import attrs
+
+__all__ = [
+    "CLIENT_ID",
+    "DEFAULT_DOMAIN",
+    "ENVD_PORT",
+    "ENVD_VERSION",
+    "KNOWN_TEMPLATES",
+    "MAX_TIMEOUT_SECONDS",
+    "BadRequest",
+    "CreateRequest",
+    "SandboxRecord",
+    "decode_cursor",
+    "encode_cursor",
+    "new_access_token",
+    "new_sandbox_id",
+    "page",
+    "parse_create_body",
+    "parse_metadata_filter",
+    "parse_sandbox_path_id",
+    "rfc3339",
+]
+
+#: The envd version every emulated sandbox reports (the one ``e2b-protocol.md`` describes).
+ENVD_VERSION = "0.6.13"
+#: E2B's constant legacy client id.
+CLIENT_ID = "6532622b"
+#: The domain reported in create/connect answers (a valid hostname that resolves nowhere).
+DEFAULT_DOMAIN = "e2b.local"
+#: envd's port; any other port in ``E2b-Sandbox-Port`` or the Host label is "not open".
+ENVD_PORT = 49983
+#: Templates that always exist.
+KNOWN_TEMPLATES = frozenset({"base"})
+#: The largest ``timeout`` accepted (E2B Pro: 24 hours).
+MAX_TIMEOUT_SECONDS = 24 * 3600
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+_PATH_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)?$")
+_IDEMPOTENCY_KEY_RE = re.compile(r"^[a-z0-9-]{1,255}$")
+
+
+class BadRequest(ValueError):
+    """A request the control plane refuses with 400 (or another status given here)."""
+
+    def __init__(self, message: str, status: int = 400, error_code: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.error_code = error_code
+
+
+def new_sandbox_id() -> str:
+    """Return a fresh sandbox id: ``i`` followed by 20 characters of ``[a-z0-9]``."""
+    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(20))
+
+
+def new_access_token() -> str:
+    """Return a fresh envd access token (64 hex characters, like E2B's)."""
+    return secrets.token_hex(32)
+
+
+def rfc3339(ts: float) -> str:
+    """Render a POSIX timestamp as an RFC 3339 UTC date-time with microseconds."""
+    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_sandbox_path_id(raw: str) -> str:
+    """Validate the ``{sandboxID}`` of a control-plane path and return the bare id.
+
+    Accepts ``<id>`` and the legacy ``<id>-<clientID>``.
+
+    Raises:
+        BadRequest: more than one ``-`` or a character outside ``[a-z0-9]`` (400
+            ``Invalid sandbox ID``, as E2B answers).
+    """
+    if not _PATH_ID_RE.match(raw):
+        raise BadRequest("Invalid sandbox ID")
+    return raw.split("-", 1)[0]
+
+
+def parse_metadata_filter(raw: Optional[str]) -> Dict[str, str]:
+    """Decode the ``metadata`` query value of a list request into the pairs to match.
+
+    ``raw`` is the value after the HTTP layer has decoded the query string once. The SDK and
+    the reference build it as ``urlencode({quote(k): quote(v)})``, so it is unescaped once as
+    a whole, split on ``&`` and ``=`` and each key and value is unescaped once more (as the
+    E2B server does).
+
+    Raises:
+        BadRequest: a pair without exactly one ``=`` (``Error parsing metadata``).
+    """
+    if not raw:
+        return {}
+    out: Dict[str, str] = {}
+    for pair in unquote_plus(raw).split("&"):
+        if not pair:
+            continue
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise BadRequest("Error parsing metadata")
+        out[unquote(parts[0])] = unquote(parts[1])
+    return out
+
+
+def encode_cursor(started_at: float, sandbox_id: str) -> str:
+    """Return the opaque ``nextToken`` that resumes a listing after this item."""
+    raw = f"{started_at!r}__{sandbox_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(token: str) -> Tuple[float, str]:
+    """Decode a ``nextToken`` made by :func:`encode_cursor`.
+
+    Raises:
+        BadRequest: the token was not made by this server (``Invalid next token``).
+    """
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        text = base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
+        ts, sid = text.split("__", 1)
+        return float(ts), sid
+    except (ValueError, UnicodeError, binascii.Error):
+        raise BadRequest("Invalid next token") from None
+
+
+def _bool_field(body: Mapping[str, Any], name: str) -> Optional[bool]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise BadRequest(f"validation error: field {name!r} must be a boolean")
+    return value
+
+
+def _str_map(body: Mapping[str, Any], name: str) -> Dict[str, str]:
+    value = body.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRequest(f"validation error: field {name!r} must be a map of strings")
+    return dict(value)
+
+
+def parse_timeout(body: Mapping[str, Any], name: str, default: Optional[int]) -> int:
+    """Read an integer ``timeout``-like field (seconds) from a request body.
+
+    Raises:
+        BadRequest: missing without a default, not an integer, not positive, or above
+            :data:`MAX_TIMEOUT_SECONDS`.
+    """
+    value = body.get(name)
+    if value is None:
+        if default is None:
+            raise BadRequest(f"validation error: field {name!r} is required")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"validation error: field {name!r} must be an integer")
+    if value <= 0:
+        raise BadRequest("Timeout must be greater than 0")
+    if value > MAX_TIMEOUT_SECONDS:
+        raise BadRequest(f"Timeout cannot be greater than {MAX_TIMEOUT_SECONDS // 3600} hours")
+    return value
+
+
+@attrs.frozen
+class CreateRequest:
+    """A validated create body (v1 ``POST /sandboxes`` or v2 ``POST /v2/sandboxes``)."""
+
+    template: str
+    timeout: int
+    auto_pause: bool
+    auto_pause_memory: bool
+    metadata: Mapping[str, str]
+    env_vars: Mapping[str, str]
+    egress: str
+    allow_hosts: Tuple[str, ...]
+    allow_internet_access: Optional[bool]
+    network: Optional[Mapping[str, Any]]
+
+
+def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
+    """Validate a create body the way E2B does (unknown fields are ignored).
+
+    Egress: ``network.allowOut`` → ``allowlist`` of those hosts; else
+    ``allow_internet_access: false`` or a ``denyOut`` of ``0.0.0.0/0`` → ``none``; else
+    ``open``.
+
+    Raises:
+        BadRequest: a missing ``templateID``, wrongly typed fields, a bad timeout or
+            ``autoPauseMemory: false`` without ``autoPause``.
+    """
+    if not isinstance(body, dict):
+        raise BadRequest("validation error: request body must be a JSON object")
+    template = body.get("templateID")
+    if not isinstance(template, str) or not template:
+        raise BadRequest("validation error: field 'templateID' is required")
+    timeout = parse_timeout(body, "timeout", default_timeout)
+    auto_pause = bool(_bool_field(body, "autoPause"))
+    auto_pause_memory = _bool_field(body, "autoPauseMemory")
+    if auto_pause_memory is False and not auto_pause:
+        raise BadRequest("autoPauseMemory can only be false together with autoPause")
+    allow_internet = _bool_field(body, "allow_internet_access")
+    network = body.get("network")
+    if network is not None and not isinstance(network, dict):
+        raise BadRequest("validation error: field 'network' must be an object")
+    allow_out: List[str] = []
+    deny_out: List[str] = []
+    if network:
+        for key, target in (("allowOut", allow_out), ("denyOut", deny_out)):
+            value = network.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise BadRequest(f"validation error: field 'network.{key}' must be a list")
+            target.extend(value)
+    if allow_out:
+        egress = "allowlist"
+    elif allow_internet is False or "0.0.0.0/0" in deny_out:
+        egress = "none"
+    else:
+        egress = "open"
+    return CreateRequest(
+        template=template,
+        timeout=timeout,
+        auto_pause=auto_pause,
+        auto_pause_memory=auto_pause_memory is not False,
+        metadata=_str_map(body, "metadata"),
+        env_vars=_str_map(body, "envVars"),
+        egress=egress,
+        allow_hosts=tuple(allow_out),
+        allow_internet_access=allow_internet,
+        network=dict(network) if network else None,
+    )
+
+
+def check_idempotency_key(key: Optional[str]) -> Optional[str]:
+    """Validate an ``Idempotency-Key`` header (1 to 255 characters of ``[a-z0-9-]``).
+
+    Raises:
+        BadRequest: a malformed key.
+    """
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY_RE.match(key):
+        raise BadRequest("Invalid Idempotency-Key: use 1-255 characters of [a-z0-9-]")
+    return key
+
+
+@attrs.define(eq=False)
+class SandboxRecord:
+    """Everything the host server keeps about one sandbox.
+
+    ``runtime`` is the sandbox's :class:`~e2b_provider.emulator.runtime.SandboxRuntime` (typed
+    loosely so this module stays free of the runtime's imports). ``lock`` serialises lifecycle
+    changes (pause, resume, kill, expiry); ``streams`` holds the envd proxy tasks currently
+    serving this sandbox, so a pause or kill can cut them.
+    """
+
+    sandbox_id: str
+    template_id: str
+    access_token: str = attrs.field(repr=False)
+    runtime: Any
+    metadata: Dict[str, str]
+    env_vars: Dict[str, str] = attrs.field(repr=False)
+    started_at: float
+    end_at: float
+    auto_pause: bool
+    auto_pause_memory: bool
+    egress: str
+    allow_hosts: Tuple[str, ...]
+    allow_internet_access: Optional[bool]
+    network: Optional[Dict[str, Any]]
+    cpu_count: int = 2
+    memory_mb: int = 512
+    disk_size_mb: int = 1024
+    state: str = "running"  # running | paused
+    pause_mode: Optional[str] = None  # full | filesystem, while paused
+    paused_at: Optional[float] = None
+    envd_unresponsive_at_pause: bool = False
+    lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, repr=False)
+    streams: Set[asyncio.Task[Any]] = attrs.field(factory=set, repr=False)
+
+    def sandbox_json(self, *, domain: str, with_token: bool = True) -> Dict[str, Any]:
+        """The ``Sandbox`` answer of create/connect/resume."""
+        out: Dict[str, Any] = {
+            "sandboxID": self.sandbox_id,
+            "templateID": self.template_id,
+            "alias": self.template_id,
+            "clientID": CLIENT_ID,
+            "envdVersion": ENVD_VERSION,
+            "domain": domain,
+        }
+        if with_token:
+            out["envdAccessToken"] = self.access_token
+        return out
+
+    def listed_json(self) -> Dict[str, Any]:
+        """A ``ListedSandbox`` item of ``GET /v2/sandboxes``."""
+        out: Dict[str, Any] = {
+            "sandboxID": self.sandbox_id,
+            "templateID": self.template_id,
+            "alias": self.template_id,
+            "clientID": CLIENT_ID,
+            "startedAt": rfc3339(self.started_at),
+            "endAt": rfc3339(
+                self.paused_at if self.state == "paused" and self.paused_at else self.end_at
+            ),
+            "cpuCount": self.cpu_count,
+            "memoryMB": self.memory_mb,
+            "diskSizeMB": self.disk_size_mb,
+            "state": self.state,
+            "envdVersion": ENVD_VERSION,
+            "metadata": dict(self.metadata),
+        }
+        if self.state == "paused" and self.envd_unresponsive_at_pause:
+            out["envdUnresponsiveAtPause"] = True
+        return out
+
+    def detail_json(self, *, domain: str) -> Dict[str, Any]:
+        """The ``SandboxDetail`` answer of ``GET /sandboxes/{id}``."""
+        out = self.listed_json()
+        out["envdAccessToken"] = self.access_token
+        out["domain"] = domain
+        out["allowInternetAccess"] = self.allow_internet_access
+        if self.network is not None:
+            out["network"] = self.network
+        out["lifecycle"] = {
+            "autoResume": False,
+            "onTimeout": "pause" if self.auto_pause else "kill",
+        }
+        if self.state == "paused" and self.pause_mode:
+            out["pauseMode"] = self.pause_mode
+        return out
+
+    def matches(self, metadata: Mapping[str, str], states: Sequence[str]) -> bool:
+        """True when this sandbox is in one of ``states`` and carries every metadata pair."""
+        if self.state not in states:
+            return False
+        return all(self.metadata.get(k) == v for k, v in metadata.items())
+
+    def extend_to(self, end_at: float) -> None:
+        """Move the end time later (never earlier)."""
+        self.end_at = max(self.end_at, end_at)
+
+    def expired(self, now: Optional[float] = None) -> bool:
+        """True when this running sandbox's end time has passed."""
+        return self.state == "running" and (time.time() if now is None else now) >= self.end_at
+
+
+def page(
+    records: Sequence[SandboxRecord],
+    *,
+    limit: int,
+    next_token: Optional[str],
+    order: str = "desc",
+) -> Tuple[List[SandboxRecord], Optional[str]]:
+    """Sort ``records`` by start time (and id) and return one page plus the next cursor.
+
+    Raises:
+        BadRequest: a bad ``limit`` or ``order``, or a ``next_token`` this server did not make.
+    """
+    if not 1 <= limit <= 100:
+        raise BadRequest("limit must be between 1 and 100")
+    if order not in ("asc", "desc"):
+        raise BadRequest("order must be asc or desc")
+    reverse = order == "desc"
+    items = sorted(records, key=lambda r: (r.started_at, r.sandbox_id), reverse=reverse)
+    if next_token:
+        cursor = decode_cursor(next_token)
+        if reverse:
+            items = [r for r in items if (r.started_at, r.sandbox_id) < cursor]
+        else:
+            items = [r for r in items if (r.started_at, r.sandbox_id) > cursor]
+    chunk = items[:limit]
+    more = len(items) > limit
+    token = encode_cursor(chunk[-1].started_at, chunk[-1].sandbox_id) if more and chunk else None
+    return chunk, token

@@ -1,0 +1,84 @@
+"""Shared fixtures: the local E2B emulator for every test that needs a server.
+
+* ``emulator`` (session): one :class:`~e2b_provider.emulator.Emulator` subprocess for the whole
+  run. Skipped — with the reason printed in the summary — only when sandbox isolation is
+  unavailable on this machine (:class:`~e2b_provider.emulator.EmulatorUnavailable`); any other
+  start failure is an error.
+* ``emu`` (function): the same emulator; its faults are cleared after each test.
+* ``make_sandbox`` (function): ``make_sandbox(**create_body) -> create answer (dict)``; creates
+  sandboxes over the REST API and deletes them after the test.
+* ``api`` (function): a ``requests.Session`` that sends the emulator's API key; use it with
+  ``emu.api_url + "/v2/sandboxes"`` etc.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+import requests
+
+from e2b_provider.emulator import Emulator, EmulatorUnavailable
+
+_UNAVAILABLE: List[str] = []
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[Emulator]:
+    """One emulator for the whole test session (skipped only if isolation is unavailable)."""
+    if _UNAVAILABLE:
+        pytest.skip(_UNAVAILABLE[0])
+    try:
+        emu = Emulator(startup_timeout=60.0).start()
+    except EmulatorUnavailable as exc:
+        _UNAVAILABLE.append(f"local E2B emulator unavailable: {exc}")
+        pytest.skip(_UNAVAILABLE[0])
+    try:
+        yield emu
+    finally:
+        emu.stop()
+
+
+@pytest.fixture
+def emu(emulator: Emulator) -> Iterator[Emulator]:
+    """The session's emulator; every fault armed by the test is cleared afterwards."""
+    try:
+        yield emulator
+    finally:
+        if emulator.running:
+            emulator.clear_faults()
+
+
+@pytest.fixture
+def api(emulator: Emulator) -> Iterator[requests.Session]:
+    """A requests session carrying the emulator's ``X-API-KEY``."""
+    with requests.Session() as s:
+        s.headers["X-API-KEY"] = emulator.api_key
+        yield s
+
+
+@pytest.fixture
+def make_sandbox(
+    emulator: Emulator, api: requests.Session
+) -> Iterator[Callable[..., Dict[str, Any]]]:
+    """Create sandboxes through ``POST /v2/sandboxes``; all are deleted after the test."""
+    created: List[str] = []
+
+    def make(**body: Any) -> Dict[str, Any]:
+        body.setdefault("templateID", "base")
+        r = api.post(emulator.api_url + "/v2/sandboxes", json=body, timeout=60)
+        assert r.status_code == 201, r.text
+        answer: Dict[str, Any] = r.json()
+        created.append(answer["sandboxID"])
+        return answer
+
+    yield make
+    for sid in created:
+        if emulator.running:
+            api.delete(f"{emulator.api_url}/sandboxes/{sid}", timeout=60)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print why emulator tests were skipped, even without ``-rs``."""
+    if _UNAVAILABLE:
+        terminalreporter.write_line(_UNAVAILABLE[0], yellow=True)
