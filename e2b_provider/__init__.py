@@ -5,6 +5,7 @@ Public names are re-exported here; nothing else lives in this module.
 
 from ._version import __version__
 from .cancel import CancelReason, CancelToken, Deadline
+from .config import DeploymentConfig
 from .errors import (
     AuthenticationError,
     Cancelled,
@@ -23,6 +24,7 @@ from .errors import (
     TransportTimeout,
 )
 from .models import ExecResult, FileContent, FileStat, SandboxHandle, SandboxLimits
+from .provider import E2BSandboxProvider
 
 __all__ = [
     "AuthenticationError",
@@ -33,8 +35,10 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "Deadline",
+    "DeploymentConfig",
     "E2BHttpError",
     "E2BProviderError",
+    "E2BSandboxProvider",
     "ExecResult",
     "FileContent",
     "FileStat",

@@ -29,9 +29,10 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Callable, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Deque, List, Optional, Tuple, Type, TypeVar
 
 __all__ = ["TimerHandle", "Watchdog"]
 
@@ -51,6 +52,70 @@ WORKER_PREFIX = "e2b-provider-worker"
 _PENDING = 0
 _FIRED = 1
 _CANCELLED = 2
+
+
+class _WorkerPool:
+    """A bounded pool of DAEMON threads for blocking kill work.
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, so a
+    kill job hung on an unresponsive sandbox would hold up the exit of a script the user
+    just interrupted. These threads are daemons: nothing waits for them at exit.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._max = workers
+        self._cond = threading.Condition()
+        self._jobs: Deque[Tuple["Future[Any]", Callable[..., Any], Tuple[Any, ...]]] = deque()
+        self._threads: List[threading.Thread] = []
+        self._idle = 0
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> "Future[T]":
+        fut: "Future[T]" = Future()
+        with self._cond:
+            if self._shutdown:
+                raise RuntimeError("the worker pool is shut down")
+            self._jobs.append((fut, fn, args))
+            if self._idle == 0 and len(self._threads) < self._max:
+                t = threading.Thread(
+                    target=self._work, name=f"{WORKER_PREFIX}_{len(self._threads)}", daemon=True
+                )
+                self._threads.append(t)
+                t.start()
+            else:
+                self._cond.notify()
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._shutdown:
+                    self._idle += 1
+                    self._cond.wait(MAX_IDLE_WAIT_S)
+                    self._idle -= 1
+                if not self._jobs:
+                    return
+                fut, fn, args = self._jobs.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # delivered to the waiter, never lost
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def threads(self) -> List[threading.Thread]:
+        with self._cond:
+            return list(self._threads)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            jobs, self._jobs = self._jobs, deque()
+            self._cond.notify_all()
+        for fut, _, _ in jobs:
+            fut.cancel()
 
 
 class TimerHandle:
@@ -131,7 +196,7 @@ class Watchdog:
         self._live = 0
         self._dead = 0
         self._thread: Optional[threading.Thread] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool: Optional[_WorkerPool] = None
         self._closed = False
 
     # -- process-wide default -------------------------------------------------------------
@@ -297,9 +362,7 @@ class Watchdog:
                 raise RuntimeError("the watchdog is closed")
             pool = self._pool
             if pool is None:
-                pool = self._pool = ThreadPoolExecutor(
-                    max_workers=self._workers, thread_name_prefix=WORKER_PREFIX
-                )
+                pool = self._pool = _WorkerPool(self._workers)
             return pool.submit(fn, *args)
 
     # -- lifetime -------------------------------------------------------------------------
@@ -311,7 +374,7 @@ class Watchdog:
             if self._thread is not None:
                 threads.append(self._thread)
             if self._pool is not None:
-                threads.extend(self._pool._threads)
+                threads.extend(self._pool.threads())
         return sum(1 for t in threads if t.is_alive())
 
     def close(self) -> None:
@@ -334,7 +397,7 @@ class Watchdog:
             pool, self._pool = self._pool, None
             self._cond.notify_all()
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown()
         if thread is not None and thread is not threading.current_thread():
             thread.join(CLOSE_JOIN_S)
 

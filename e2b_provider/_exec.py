@@ -1,0 +1,325 @@
+"""Drive one envd process stream to its end: the exec engine.
+
+This module owns :func:`run_process`: it starts a process through envd, reads the event
+stream on the caller's thread, budgets the output, and wires the deadline, the cancel token
+and Ctrl-C into the kill → grace → wedged escalation (:mod:`._escalation`). Timers live on
+the shared watchdog thread; blocking kill calls run on the watchdog's bounded worker pool,
+never on the watchdog thread itself, so the library adds a constant number of threads
+however many commands run at once.
+
+Three lanes touch one run: the caller (reads the stream), the watchdog (deadline and grace
+timers; callbacks only flip state) and a worker (the kill job). The escalation state machine
+is guarded by a lock; actions it returns are carried out outside the lock.
+
+A KeyboardInterrupt while the command runs kills the remote command (bounded by
+``interrupt_kill_seconds``; a second Ctrl-C abandons the cleanup with a log line) and is then
+re-raised unchanged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import attrs
+
+from . import _escalation as esc_mod
+from ._process import DataEvent, EndEvent, OutputBudget, StartEvent
+from ._watchdog import Watchdog
+from .cancel import CancelReason, CancelToken, Deadline
+from .envd import EnvdClient, ProcessStream
+from .errors import (
+    Cancelled,
+    E2BProviderError,
+    ProtocolError,
+)
+
+__all__ = ["Killer", "RunOutcome", "run_process"]
+
+log = logging.getLogger("e2b_provider")
+
+#: A kill job: given the pid (if the start event arrived) and a bound in seconds, stop the
+#: command and its whole tree; True when it worked. It runs on a worker thread.
+Killer = Callable[[Optional[int], float], bool]
+
+#: Slice for every wait on the caller's thread, so Ctrl-C stays responsive.
+_WAIT_SLICE_S = 0.25
+
+
+@attrs.frozen
+class RunOutcome:
+    """What one process run produced (bytes; the provider decodes)."""
+
+    exit_code: Optional[int]
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    timed_out: bool
+    cancelled: bool
+    wedged: bool
+    pid: Optional[int] = None
+
+
+@attrs.define(eq=False)
+class _Run:
+    """Mutable state shared by the three lanes of one run."""
+
+    esc: esc_mod.Escalation
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    abort_token: CancelToken = attrs.field(factory=CancelToken)
+    stream: Optional[ProcessStream] = None
+    pid: Optional[int] = None
+    kill_future: Optional["concurrent.futures.Future[bool]"] = None
+    timers: "list[Any]" = attrs.field(factory=list)
+
+
+def _wait_future(fut: "concurrent.futures.Future[bool]", deadline: Deadline) -> Optional[bool]:
+    """Wait for ``fut`` in slices until ``deadline``; None if it did not finish in time."""
+    while True:
+        left = deadline.remaining()
+        if left <= 0:
+            return None
+        try:
+            return bool(fut.result(timeout=min(left, _WAIT_SLICE_S)))
+        except concurrent.futures.TimeoutError:
+            continue
+        except Exception:
+            return False
+
+
+def run_process(
+    envd: EnvdClient,
+    *,
+    user: str,
+    cmd: str,
+    args: Sequence[str],
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    max_output_bytes: int,
+    timeout: Optional[float],
+    token: Optional[CancelToken],
+    watchdog: Watchdog,
+    killer: Optional[Killer] = None,
+    kill_seconds: float = 20.0,
+    grace_seconds: float = 3.0,
+    interrupt_kill_seconds: float = 10.0,
+    keepalive_seconds: int = 50,
+    on_wedged: Optional[Callable[[], None]] = None,
+) -> RunOutcome:
+    """Run one process through envd and return what it produced.
+
+    Args:
+        envd: the sandbox's envd client.
+        user: the OS user to run as.
+        cmd: the program; ``args`` its arguments.
+        env: extra environment variables.
+        cwd: working directory (None: the user's home, as envd decides).
+        max_output_bytes: budget shared by stdout and stderr; the stream is drained past it.
+        timeout: seconds until the command is stopped (None: no deadline).
+        token: cancels the run from any thread.
+        watchdog: the shared timer thread and worker pool.
+        killer: the kill job for timeouts and cancellation; None means "just drop the stream"
+            (file operations, and the kill job's own process).
+        kill_seconds: how long the kill job may take before the sandbox counts as wedged.
+        grace_seconds: how long the stream may take to end after a successful kill.
+        interrupt_kill_seconds: bound on the kill after Ctrl-C.
+        keepalive_seconds: envd keepalive interval asked for.
+        on_wedged: called (on the caller's thread, after the stream ended) when the command
+            could not be stopped cleanly: the provider reboots the sandbox there.
+
+    Returns:
+        The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
+
+    Raises:
+        Cancelled: ``token`` had fired before the process was started.
+        TransportError, ProtocolError, RemoteError, E2BHttpError: the stream failed while
+            the run was neither timed out nor cancelled.
+        KeyboardInterrupt: re-raised unchanged after the bounded kill.
+    """
+    if token is not None:
+        token.raise_if_cancelled()
+    run = _Run(esc=esc_mod.Escalation(has_killer=killer is not None, grace_seconds=grace_seconds))
+    budget = OutputBudget(max_output_bytes)
+    exit_code: Optional[int] = None
+    saw_end = False
+    stream_error: Optional[BaseException] = None
+
+    def feed(fn: Callable[[], Sequence[object]]) -> None:
+        with run.lock:
+            actions = fn()
+        for action in actions:
+            _act(action)
+
+    def _act(action: object) -> None:
+        if isinstance(action, esc_mod.SubmitKill):
+            _submit_kill(kill_seconds)
+        elif isinstance(action, esc_mod.ArmGrace):
+            run.timers.append(
+                watchdog.call_later(action.seconds, lambda: feed(run.esc.on_grace_expired))
+            )
+        elif isinstance(action, esc_mod.AbortStream):
+            _abort()
+        # KillInline and Reboot are handled on the caller's thread below.
+
+    def _abort() -> None:
+        run.abort_token.cancel(CancelReason("explicit", "stream dropped"))
+        with run.lock:
+            stream = run.stream
+        if stream is not None:
+            stream.abort()
+
+    def _kill_job(bound: float) -> bool:
+        assert killer is not None
+        try:
+            return killer(run.pid, bound)
+        except Exception as exc:  # a failed kill means "wedged", never an exception
+            log.warning("e2b_provider: kill job failed: %s", exc)
+            return False
+
+    def _submit_kill(bound: float) -> None:
+        if killer is None:
+            return
+        fut = watchdog.submit(_kill_job, bound)
+        with run.lock:
+            run.kill_future = fut
+        # The kill's bound starts at submission: a queued or hung job still wedges on time.
+        bound_timer = watchdog.call_later(bound + 1.0, lambda: feed(lambda: run.esc.on_kill_done(False)))
+        run.timers.append(bound_timer)
+
+        def done(f: "concurrent.futures.Future[bool]") -> None:
+            try:
+                ok = bool(f.result())
+            except Exception:
+                ok = False
+            feed(lambda: run.esc.on_kill_done(ok))
+
+        fut.add_done_callback(done)
+
+    unregister: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        try:
+            if timeout is not None:
+                deadline_at = Deadline.after(timeout, watchdog.clock).at
+                run.timers.append(watchdog.call_at(deadline_at, lambda: feed(run.esc.on_deadline)))
+            if token is not None:
+                unregister = token.on_cancel(lambda r: feed(lambda: run.esc.on_cancel(r)))
+            try:
+                stream = envd.start(
+                    user=user,
+                    cmd=cmd,
+                    args=list(args),
+                    envs=dict(env) if env else None,
+                    cwd=cwd,
+                    keepalive_seconds=keepalive_seconds,
+                    token=run.abort_token,
+                )
+            except Cancelled as exc:
+                if run.esc.stopping:
+                    stream_error = exc
+                    stream = None
+                else:  # pragma: no cover - the abort token only fires while stopping
+                    raise
+            if stream is not None:
+                with run.lock:
+                    run.stream = stream
+                    aborted = run.abort_token.cancelled
+                if aborted:
+                    stream.abort()
+                with stream:
+                    try:
+                        for ev in stream:
+                            if isinstance(ev, StartEvent):
+                                run.pid = ev.pid
+                            elif isinstance(ev, DataEvent):
+                                if ev.stdout:
+                                    budget.add_stdout(ev.stdout)
+                                if ev.stderr:
+                                    budget.add_stderr(ev.stderr)
+                            elif isinstance(ev, EndEvent):
+                                exit_code = ev.exit_code
+                                saw_end = True
+                    except E2BProviderError as exc:
+                        stream_error = exc
+        except KeyboardInterrupt:
+            _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
+            raise
+
+        # The stream has ended (or was dropped). Let a kill in flight finish first, as the
+        # reference awaits it: a kill that fails now still marks the sandbox wedged.
+        with run.lock:
+            fut = run.kill_future
+        if fut is not None:
+            try:
+                ok = _wait_future(fut, Deadline.after(kill_seconds + 1.0, watchdog.clock))
+            except KeyboardInterrupt:
+                _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
+                raise
+            feed(lambda: run.esc.on_kill_done(bool(ok)))
+        with run.lock:
+            actions = run.esc.on_stream_end()
+        wedged = any(isinstance(a, esc_mod.Reboot) for a in actions) or run.esc.wedged
+    finally:
+        unregister()
+        for t in run.timers:
+            t.cancel()
+
+    if wedged and on_wedged is not None:
+        on_wedged()
+
+    timed_out = run.esc.timed_out
+    cancelled = run.esc.cancelled
+    if not (timed_out or cancelled):
+        if stream_error is not None:
+            raise stream_error
+        if not saw_end:
+            raise ProtocolError("E2B process stream ended without an exit status")
+    return RunOutcome(
+        exit_code=None if (timed_out or cancelled) else exit_code,
+        stdout=budget.stdout_bytes,
+        stderr=budget.stderr_bytes,
+        truncated=budget.truncated,
+        timed_out=timed_out,
+        cancelled=cancelled,
+        wedged=wedged,
+        pid=run.pid,
+    )
+
+
+def _interrupted(
+    run: _Run,
+    feed: Callable[[Callable[[], Sequence[object]]], None],
+    submit_kill: Callable[[float], None],
+    abort: Callable[[], None],
+    bound: float,
+    killer: Optional[Killer],
+) -> None:
+    """Ctrl-C: kill the remote command within ``bound`` seconds, then let the KI propagate.
+
+    A second Ctrl-C abandons the cleanup (logged: the command may still be running).
+    """
+    with run.lock:
+        actions = run.esc.on_interrupt()
+        fut = run.kill_future
+    try:
+        if killer is not None:
+            if fut is None and any(isinstance(a, esc_mod.KillInline) for a in actions):
+                submit_kill(bound)
+                with run.lock:
+                    fut = run.kill_future
+            if fut is not None:
+                ok = _wait_future(fut, Deadline.after(bound))
+                if ok is None:
+                    log.warning(
+                        "e2b_provider: interrupted; the remote command could not be confirmed "
+                        "stopped within %.0f s and may still be running",
+                        bound,
+                    )
+    except KeyboardInterrupt:
+        log.warning(
+            "e2b_provider: second interrupt; abandoning cleanup, the remote command may "
+            "still be running"
+        )
+    finally:
+        abort()

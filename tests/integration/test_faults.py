@@ -1,0 +1,114 @@
+"""Fault injection: 409 storms, 5xx, redirects, cut/stalled/broken streams, a wedged sandbox."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from e2b_provider import (
+    Conflict,
+    E2BHttpError,
+    E2BSandboxProvider,
+    ProtocolError,
+    TransportError,
+)
+
+from .conftest import unique_name
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def fresh(provider: E2BSandboxProvider):  # type: ignore[no-untyped-def]
+    h = provider.create(unique_name("fault"))
+    yield h
+    provider.destroy(h)
+
+
+def test_409_storm_is_retried_then_surfaces(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+    emu.connect_conflict(count=3)
+    assert provider.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
+    emu.connect_conflict(count=50)
+    t0 = time.monotonic()
+    with pytest.raises(Conflict) as ei:
+        provider.exec(fresh, "echo ok", timeout=30.0)
+    assert ei.value.status == 409
+    assert time.monotonic() - t0 < 10  # 5 retries x 0.5 s, bounded
+    emu.clear_faults()
+    assert provider.resume(fresh) == "resumed"
+
+
+def test_permanent_409_is_not_retried_blindly(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+    emu.connect_conflict(count=1, error_code="sandbox_snapshot_guest_agent_unresponsive")
+    # answered by reconnecting once with memory:false, not by five blind retries
+    assert provider.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
+
+
+def test_control_plane_5xx_is_retried_and_redirects_are_not_followed(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+    emu.control_error("connect", 503, count=1, retry_after=0.2)
+    assert provider.resume(fresh) == "resumed"
+    emu.control_error("connect", 500, count=1)
+    with pytest.raises(E2BHttpError) as ei:
+        provider.resume(fresh)
+    assert ei.value.status == 500
+    emu.control_redirect("connect", count=1)
+    with pytest.raises(E2BHttpError) as ei:
+        provider.resume(fresh)
+    assert 300 <= ei.value.status < 400
+
+
+def test_cut_stream_is_a_transport_or_protocol_error(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+    emu.stream_cut(after_bytes=12, sandbox_id=fresh.id)
+    with pytest.raises((TransportError, ProtocolError)):
+        provider.exec(fresh, "echo hello; sleep 1; echo world", timeout=30.0)
+
+
+@pytest.mark.parametrize("mode", ["oversized", "malformed", "compressed"])
+def test_bad_envelopes_are_protocol_errors(emu, provider: E2BSandboxProvider, fresh, mode: str) -> None:  # type: ignore[no-untyped-def]
+    emu.bad_envelope(mode, sandbox_id=fresh.id)
+    with pytest.raises(ProtocolError):
+        provider.exec(fresh, "echo hi", timeout=30.0)
+
+
+def test_stalled_stream_is_bounded_by_timeout_grace_and_reboot(emu, fresh) -> None:  # type: ignore[no-untyped-def]
+    with E2BSandboxProvider(emu.config(template="base"), kill_bound=5.0, kill_grace=1.0, reboot_bound=30.0) as p:
+        p.write_file(fresh, "/workspace/survives.txt", b"yes")
+        emu.stream_stall(sandbox_id=fresh.id, after_bytes=0)
+        t0 = time.monotonic()
+        r = p.exec(fresh, "echo hi; sleep 300", timeout=1.0)
+        took = time.monotonic() - t0
+        assert r.timed_out and r.exit_code is None
+        # the kill worked but the stream never ended: grace ran out, the sandbox was rebooted
+        assert r.wedged
+        assert took < 1.0 + 5.0 + 1.0 + 1.0 + 30.0
+        emu.clear_faults()
+        assert p.read_file(fresh, "/workspace/survives.txt").data == b"yes"  # type: ignore[union-attr]
+
+
+def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: ignore[no-untyped-def]
+    with E2BSandboxProvider(emu.config(template="base"), kill_bound=3.0, kill_grace=1.0, reboot_bound=40.0) as p:
+        p.write_file(fresh, "/workspace/survives.txt", b"yes")
+        timeout = 2.0
+        result = {}
+
+        def run() -> None:
+            result["r"] = p.exec(fresh, "sleep 300", timeout=timeout)
+            result["t"] = time.monotonic()
+
+        t0 = time.monotonic()
+        th = threading.Thread(target=run)
+        th.start()
+        time.sleep(1.0)  # the command is running; now envd stops answering new requests
+        emu.envd_unresponsive(fresh.id)
+        th.join(timeout + 3.0 + 1.0 + 1.0 + 40.0 + 5.0)
+        assert not th.is_alive()
+        r = result["r"]
+        assert r.timed_out and r.exit_code is None and r.wedged
+        assert result["t"] - t0 < timeout + 3.0 + 1.0 + 1.0 + 40.0
+        # rebooted: envd answers again, files survived, the stuck sleep is gone
+        after = p.exec(fresh, "cat /workspace/survives.txt; echo; pgrep -c '[s]leep 300' || true", timeout=30.0)
+        assert after.stdout.split() == ["yes", "0"]
+        info = emu.get_sandbox(fresh.id)
+        assert info["state"] == "running"

@@ -1,0 +1,116 @@
+"""Ctrl-C: SIGINT to a process blocked in exec kills the remote command, then re-raises."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from e2b_provider import E2BSandboxProvider, SandboxHandle
+
+pytestmark = pytest.mark.integration
+
+CHILD = textwrap.dedent(
+    """
+    import json, logging, sys
+    logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+    from e2b_provider import DeploymentConfig, E2BSandboxProvider
+    cfg = DeploymentConfig(**json.loads(sys.argv[1]))
+    with E2BSandboxProvider(cfg, interrupt_kill_bound=float(sys.argv[4])) as p:
+        print("ready", flush=True)
+        try:
+            p.exec(sys.argv[2], sys.argv[3], timeout=300.0)
+        except KeyboardInterrupt:
+            print("child saw KeyboardInterrupt", flush=True)
+            raise
+        print("exec returned", flush=True)
+    """
+)
+
+
+def _spawn(emu, sandbox_id: str, command: str, bound: float = 10.0) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    cfg = {
+        "api_key": emu.api_key,
+        "template": "base",
+        "api_url": emu.api_url,
+        "sandbox_url": emu.sandbox_url,
+        "domain": "e2b.local",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(cfg), sandbox_id, command, str(bound)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _wait_running(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if p.exec(h, f"pgrep -f '{pattern}' >/dev/null && echo yes || echo no", timeout=30.0).stdout.strip() == "yes":
+            return
+        time.sleep(0.2)
+    raise AssertionError("the remote command never started")
+
+
+def test_sigint_kills_remote_command_and_reraises(emu, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:  # type: ignore[no-untyped-def]
+    marker = str(time.monotonic_ns())
+    child = _spawn(emu, sandbox.id, f"sleep 1{marker} & sleep 2{marker}")
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        _wait_running(shared_provider, sandbox, f"[s]leep 2{marker}")
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "child saw KeyboardInterrupt" in out
+    assert "exec returned" not in out
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    assert child.returncode != 0
+    assert took < 15.0
+    left = shared_provider.exec(sandbox, f"pgrep -f '[s]leep [0-9]{marker}' || true", timeout=30.0)
+    assert left.stdout.strip() == ""
+
+
+def test_second_sigint_abandons_a_hung_cleanup(emu, provider: E2BSandboxProvider) -> None:  # type: ignore[no-untyped-def]
+    from .conftest import unique_name
+
+    h = provider.create(unique_name("ki2"))
+    try:
+        marker = str(time.monotonic_ns())
+        child = _spawn(emu, h.id, f"sleep 3{marker}", bound=60.0)
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            _wait_running(provider, h, f"[s]leep 3{marker}")
+            emu.envd_unresponsive(h.id)  # the kill will hang
+            child.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert child.poll() is None  # still trying to kill (bounded by 60 s)
+            t0 = time.monotonic()
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(timeout=20)
+            took = time.monotonic() - t0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert "child saw KeyboardInterrupt" in out
+        assert "abandoning cleanup" in err
+        assert err.rstrip().endswith("KeyboardInterrupt")
+        assert took < 5.0
+    finally:
+        emu.clear_faults()
+        provider.destroy(h)
