@@ -1,0 +1,1 @@
+"""Conformance tests: the official e2b SDK against the local emulator."""
