@@ -120,7 +120,7 @@ class SandboxSpec:
             emulator whatever the mode (fail closed).
         allow_hosts: the allowlist, recorded for the server.
         env_vars: the sandbox's environment variables (given to the agent, see
-            :class:`SandboxRuntime`).
+            :class:`SandboxRuntime`); kept out of ``repr``, they may hold secrets.
         cpu_count: CPUs (a CFS quota where a cpu controller is available).
         memory_mb: memory limit in MiB where a memory controller is available.
     """
@@ -130,7 +130,7 @@ class SandboxSpec:
     egress: str = attrs.field(default="none", validator=attrs.validators.in_(_EGRESS))
     allow_hosts: Tuple[str, ...] = attrs.field(default=(), converter=_hosts)
     env_vars: Mapping[str, str] = attrs.field(
-        factory=dict, converter=_env_vars, validator=_check_env, hash=False
+        factory=dict, converter=_env_vars, validator=_check_env, hash=False, repr=False
     )
     cpu_count: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     memory_mb: int = attrs.field(default=512, validator=attrs.validators.ge(16))

@@ -179,6 +179,7 @@ def make(base_dir: str) -> Iterator[Callable[..., SandboxRuntime]]:
 def test_spec_validates_its_fields() -> None:
     spec = SandboxSpec("abc", "abc", env_vars={"A": "1"}, allow_hosts=["x.test"])
     assert spec.allow_hosts == ("x.test",) and dict(spec.env_vars) == {"A": "1"}
+    assert "env_vars" not in repr(SandboxSpec("abc", "abc", env_vars={"TOKEN": "s3cret"}))
     with pytest.raises(TypeError):
         cast(Dict[str, str], spec.env_vars)["B"] = "2"
     for bad in ("", "../x", "a/b", "a b", "x" * 65):
