@@ -1,6 +1,6 @@
 """Latency of a trivial command, three ways, against one local emulator in the same run.
 
-- provider: ``E2BSandboxProvider.exec(h, "true")`` (connect/lease + wrapper + stream + escalation wiring)
+- provider: ``E2BSandboxProvider.exec(h, "true")`` (lease + wrapper + stream + escalation)
 - sdk:      the official SDK's ``Sandbox.commands.run("true")`` on a sandbox it connected to
 - floor:    one bare ``requests`` ``process.Process/Start`` stream of ``/bin/true`` with no
             provider logic (the HTTP + envd floor)
@@ -22,7 +22,7 @@ from typing import Callable, List
 import requests
 
 from e2b_provider import E2BSandboxProvider
-from e2b_provider._connect import EnvelopeDecoder, EndStream, encode_envelope
+from e2b_provider._connect import EndStream, EnvelopeDecoder, encode_envelope
 from e2b_provider.emulator import Emulator
 
 
@@ -38,7 +38,7 @@ def measure(fn: Callable[[], None], runs: int, warmup: int = 10) -> List[float]:
 
 
 def p95(xs: List[float]) -> float:
-    return sorted(xs)[max(0, int(round(0.95 * len(xs))) - 1)]
+    return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
 
 
 def main() -> None:
@@ -62,8 +62,13 @@ def main() -> None:
             body = encode_envelope({"process": {"cmd": "/bin/true", "args": []}, "stdin": False})
 
             def floor() -> None:
-                with session.post(f"{target.url}/process.Process/Start", data=body, headers=headers,
-                                  stream=True, timeout=(10, 60)) as r:
+                with session.post(
+                    f"{target.url}/process.Process/Start",
+                    data=body,
+                    headers=headers,
+                    stream=True,
+                    timeout=(10, 60),
+                ) as r:
                     dec = EnvelopeDecoder()
                     while True:
                         chunk = r.raw.read1(65536)
@@ -95,11 +100,16 @@ def main() -> None:
 
     print(f"exec('true') latency over {args.runs} runs (same emulator, same run)")
     for name, xs in results.items():
-        print(f"  {name:9s} median {statistics.median(xs) * 1000:7.2f} ms   p95 {p95(xs) * 1000:7.2f} ms")
+        print(
+            f"  {name:9s} median {statistics.median(xs) * 1000:7.2f} ms"
+            f"   p95 {p95(xs) * 1000:7.2f} ms"
+        )
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"  ratio provider/floor (median): {med['provider'] / med['floor']:.2f}")
     print(f"  ratio provider/sdk   (median): {med['provider'] / med['sdk']:.2f}")
-    print(f"  ratio provider/floor (p95):    {p95(results['provider']) / p95(results['floor']):.2f}")
+    print(
+        f"  ratio provider/floor (p95):    {p95(results['provider']) / p95(results['floor']):.2f}"
+    )
     print(f"  ratio provider/sdk   (p95):    {p95(results['provider']) / p95(results['sdk']):.2f}")
 
 

@@ -71,11 +71,11 @@ class _Run:
     abort_token: CancelToken = attrs.field(factory=CancelToken)
     stream: Optional[ProcessStream] = None
     pid: Optional[int] = None
-    kill_future: Optional["concurrent.futures.Future[bool]"] = None
-    timers: "list[Any]" = attrs.field(factory=list)
+    kill_future: Optional[concurrent.futures.Future[bool]] = None
+    timers: list[Any] = attrs.field(factory=list)
 
 
-def _wait_future(fut: "concurrent.futures.Future[bool]", deadline: Deadline) -> Optional[bool]:
+def _wait_future(fut: concurrent.futures.Future[bool], deadline: Deadline) -> Optional[bool]:
     """Wait for ``fut`` in slices until ``deadline``; None if it did not finish in time."""
     while True:
         left = deadline.remaining()
@@ -185,10 +185,12 @@ def run_process(
         with run.lock:
             run.kill_future = fut
         # The kill's bound starts at submission: a queued or hung job still wedges on time.
-        bound_timer = watchdog.call_later(bound + 1.0, lambda: feed(lambda: run.esc.on_kill_done(False)))
+        bound_timer = watchdog.call_later(
+            bound + 1.0, lambda: feed(lambda: run.esc.on_kill_done(False))
+        )
         run.timers.append(bound_timer)
 
-        def done(f: "concurrent.futures.Future[bool]") -> None:
+        def done(f: concurrent.futures.Future[bool]) -> None:
             try:
                 ok = bool(f.result())
             except Exception:

@@ -65,13 +65,13 @@ class _WorkerPool:
     def __init__(self, workers: int) -> None:
         self._max = workers
         self._cond = threading.Condition()
-        self._jobs: Deque[Tuple["Future[Any]", Callable[..., Any], Tuple[Any, ...]]] = deque()
+        self._jobs: Deque[Tuple[Future[Any], Callable[..., Any], Tuple[Any, ...]]] = deque()
         self._threads: List[threading.Thread] = []
         self._idle = 0
         self._shutdown = False
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> "Future[T]":
-        fut: "Future[T]" = Future()
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        fut: Future[T] = Future()
         with self._cond:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down")

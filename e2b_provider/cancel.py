@@ -38,14 +38,14 @@ class Deadline:
     clock: Clock = attrs.field(default=time.monotonic, eq=False, repr=False)
 
     @classmethod
-    def after(cls, seconds: Optional[float], clock: Clock = time.monotonic) -> "Deadline":
+    def after(cls, seconds: Optional[float], clock: Clock = time.monotonic) -> Deadline:
         """A deadline ``seconds`` from now; ``None`` means no deadline."""
         if seconds is None:
             return cls(math.inf, clock)
         return cls(clock() + max(0.0, float(seconds)), clock)
 
     @classmethod
-    def never(cls) -> "Deadline":
+    def never(cls) -> Deadline:
         """A deadline that never expires."""
         return cls(math.inf)
 
@@ -63,7 +63,7 @@ class Deadline:
         """``min(seconds, remaining())``: the bound for one blocking step."""
         return min(float(seconds), self.remaining())
 
-    def earliest(self, *others: "Deadline") -> "Deadline":
+    def earliest(self, *others: Deadline) -> Deadline:
         """The earliest of this deadline and ``others``."""
         return min((self, *others), key=lambda d: d.at)
 
@@ -116,7 +116,7 @@ class CancelToken:
         """The first reason given, or None while not cancelled."""
         return self._reason
 
-    def cancel(self, reason: "CancelReason | str | None" = None) -> bool:
+    def cancel(self, reason: CancelReason | str | None = None) -> bool:
         """Cancel the token (idempotent; the first reason wins).
 
         Args:
@@ -188,7 +188,7 @@ class CancelToken:
         return unregister
 
     @classmethod
-    def linked(cls, *parents: Optional["CancelToken"]) -> "CancelToken":
+    def linked(cls, *parents: Optional[CancelToken]) -> CancelToken:
         """A new token that is cancelled when any parent is (like ``AbortSignal.any``)."""
         child = cls()
 

@@ -69,7 +69,7 @@ __all__ = [
 MAX_MESSAGE_CHARS = 300
 
 _secrets_lock = threading.Lock()
-_secrets: "set[str]" = set()
+_secrets: set[str] = set()
 _MIN_SECRET_LEN = 6
 
 
@@ -108,7 +108,7 @@ class E2BProviderError(Exception):
         return (_rebuild, (type(self), self.__dict__.copy(), self.args))
 
 
-def _rebuild(cls: "type[BaseException]", state: "dict[str, Any]", args: "tuple[Any, ...]") -> Any:
+def _rebuild(cls: type[BaseException], state: dict[str, Any], args: tuple[Any, ...]) -> Any:
     obj = cls.__new__(cls)
     Exception.__init__(obj, *args)
     obj.__dict__.update(state)

@@ -34,7 +34,7 @@ class Extension:
 
     name: str
     version: str
-    provides: "tuple[str, ...]"
+    provides: tuple[str, ...]
     config_schema: Dict[str, Any]
     factory: Callable[[DeploymentConfig], E2BSandboxProvider] = attrs.field(repr=False)
 

@@ -97,7 +97,9 @@ def _fire(token: CancelToken, why: str) -> None:
 def _sandbox_id(ref: SandboxRef) -> str:
     sid = ref.id if isinstance(ref, SandboxHandle) else ref
     if not isinstance(sid, str):
-        raise InvalidArgument(f"expected a SandboxHandle or a sandbox id string, got {type(ref).__name__}")
+        raise InvalidArgument(
+            f"expected a SandboxHandle or a sandbox id string, got {type(ref).__name__}"
+        )
     v.check_sandbox_id(sid)
     return sid
 
@@ -190,14 +192,15 @@ class E2BSandboxProvider:
             self._closed = True
         self._transport.close()
 
-    def __enter__(self) -> "E2BSandboxProvider":
+    def __enter__(self) -> E2BSandboxProvider:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"E2BSandboxProvider(template={self._config.template!r}, api_url={self._config.effective_api_url!r})"
+        cfg = self._config
+        return f"E2BSandboxProvider(template={cfg.template!r}, api_url={cfg.effective_api_url!r})"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -206,7 +209,11 @@ class E2BSandboxProvider:
     # -- lifecycle ----------------------------------------------------------------------
 
     def create(
-        self, name: str, limits: Optional[SandboxLimits] = None, *, cancel: Optional[CancelToken] = None
+        self,
+        name: str,
+        limits: Optional[SandboxLimits] = None,
+        *,
+        cancel: Optional[CancelToken] = None,
     ) -> SandboxHandle:
         """Create a sandbox named ``name``, destroying older sandboxes of that name first.
 
@@ -266,7 +273,9 @@ class E2BSandboxProvider:
             try:
                 self._control.delete(info.sandbox_id, token=None)
             except E2BProviderError as exc:
-                log.warning("e2b_provider: could not delete tokenless sandbox %s: %s", info.sandbox_id, exc)
+                log.warning(
+                    "e2b_provider: could not delete tokenless sandbox %s: %s", info.sandbox_id, exc
+                )
             raise
         return SandboxHandle(info.sandbox_id, name)
 
@@ -365,9 +374,13 @@ class E2BSandboxProvider:
         self._check_open()
         sid = _sandbox_id(sandbox)
         target = self._attach(sid, cancel)
-        r = self._file_op(target, scripts.SANDBOX_USER, scripts.kill_all_args(), STDERR_ROOM, cancel)
+        r = self._file_op(
+            target, scripts.SANDBOX_USER, scripts.kill_all_args(), STDERR_ROOM, cancel
+        )
         if r.exit_code != 0:
-            raise CommandFailed("cannot stop leftover commands", exit_code=r.exit_code, stderr=self._stderr(r))
+            raise CommandFailed(
+                "cannot stop leftover commands", exit_code=r.exit_code, stderr=self._stderr(r)
+            )
 
     def kill_tagged(
         self, sandbox: SandboxRef, tags: Iterable[str], *, cancel: Optional[CancelToken] = None
@@ -397,7 +410,9 @@ class E2BSandboxProvider:
         )
         if r.exit_code != 0:
             raise CommandFailed(
-                "cannot stop crashed holders' commands", exit_code=r.exit_code, stderr=self._stderr(r)
+                "cannot stop crashed holders' commands",
+                exit_code=r.exit_code,
+                stderr=self._stderr(r),
             )
 
     # -- exec -------------------------------------------------------------------------------
@@ -516,7 +531,9 @@ class E2BSandboxProvider:
                 )
                 ok = r.exit_code == 0
             except E2BProviderError as exc:
-                log.warning("e2b_provider: kill script failed for sandbox %s: %s", target.sandbox_id, exc)
+                log.warning(
+                    "e2b_provider: kill script failed for sandbox %s: %s", target.sandbox_id, exc
+                )
                 ok = False
             if pid is not None and not guard.cancelled:
                 try:
@@ -529,9 +546,7 @@ class E2BSandboxProvider:
 
     def _reboot(self, sid: str, target: Target) -> None:
         """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""
-        log.warning(
-            "e2b_provider: could not stop a command cleanly; rebooting sandbox %s", sid
-        )
+        log.warning("e2b_provider: could not stop a command cleanly; rebooting sandbox %s", sid)
         deadline = Deadline.after(self._reboot_bound)
         guard = CancelToken()
         timer = self._watchdog.call_later(self._reboot_bound, lambda: _fire(guard, "reboot bound"))
@@ -544,23 +559,29 @@ class E2BSandboxProvider:
                 outcome: object
                 if isinstance(step, Pause):
                     outcome = self._answer(
-                        lambda: self._control.pause(sid, memory=step.memory, token=guard, retry=False)  # type: ignore[union-attr]
+                        self._control.pause, sid, memory=step.memory, token=guard, retry=False
                     )
                 elif isinstance(step, HealthCheck):
-                    outcome = Healthy(self._envd(target).health(timeout=min(5.0, deadline.remaining())))
+                    health = self._envd(target).health(timeout=min(5.0, deadline.remaining()))
+                    outcome = Healthy(health)
                 elif isinstance(step, Wait):
                     if guard.wait(min(step.seconds, deadline.remaining())):
                         raise OperationTimeout("sandbox reboot ran out of time")
                     outcome = Waited()
                 elif isinstance(step, Connect):
                     outcome = self._answer(
-                        lambda: self._control.connect(
-                            sid, timeout_seconds=step.timeout_seconds, memory=False, token=guard  # type: ignore[union-attr]
-                        )
+                        self._control.connect,
+                        sid,
+                        timeout_seconds=step.timeout_seconds,
+                        memory=False,
+                        token=guard,
                     )
                 elif isinstance(step, ConnectPlain):
                     outcome = self._answer(
-                        lambda: self._control.connect(sid, timeout_seconds=step.timeout_seconds, token=guard)  # type: ignore[union-attr]
+                        self._control.connect,
+                        sid,
+                        timeout_seconds=step.timeout_seconds,
+                        token=guard,
                     )
                 else:  # pragma: no cover - a step kind this loop does not know
                     raise E2BProviderError(f"unknown reboot step {step!r}")
@@ -577,7 +598,8 @@ class E2BSandboxProvider:
                 )
         except (E2BProviderError, Cancelled) as exc:
             log.warning(
-                "e2b_provider: sandbox reboot failed for %s; the stuck command may still be running: %s",
+                "e2b_provider: sandbox reboot failed for %s; the stuck command may still be "
+                "running: %s",
                 sid,
                 str(exc)[:500],
             )
@@ -585,13 +607,17 @@ class E2BSandboxProvider:
             timer.cancel()
 
     @staticmethod
-    def _answer(call: Callable[[], object]) -> Answer:
+    def _answer(call: Callable[..., object], *args: Any, **kwargs: Any) -> Answer:
         """Run one control-plane call of the reboot plan and turn it into an Answer."""
         try:
-            result = call()
+            result = call(*args, **kwargs)
         except E2BHttpError as exc:
             return Answer(exc.status, exc.error_code, getattr(exc, "retry_after", None))
-        status = result if isinstance(result, int) else (201 if getattr(result, "resumed", False) else 200)
+        status = (
+            result
+            if isinstance(result, int)
+            else (201 if getattr(result, "resumed", False) else 200)
+        )
         if not isinstance(result, int):
             status = getattr(result, "raw_status", status)
         return Answer(int(status))
@@ -654,11 +680,15 @@ class E2BSandboxProvider:
         v.check_max_bytes(max_bytes, "max_bytes")
         target = self._attach(sid, cancel)
         want = max_bytes + 1
-        r = self._file_op(target, scripts.SANDBOX_USER, scripts.read_args(path, want), want + STDERR_ROOM, cancel)
+        r = self._file_op(
+            target, scripts.SANDBOX_USER, scripts.read_args(path, want), want + STDERR_ROOM, cancel
+        )
         if r.exit_code in (3, 4):
             return None
         if r.exit_code != 0:
-            raise CommandFailed(f"cannot read {path}", exit_code=r.exit_code, stderr=self._stderr(r))
+            raise CommandFailed(
+                f"cannot read {path}", exit_code=r.exit_code, stderr=self._stderr(r)
+            )
         truncated = len(r.stdout) > max_bytes
         return FileContent(r.stdout[:max_bytes] if truncated else r.stdout, truncated)
 
@@ -692,10 +722,16 @@ class E2BSandboxProvider:
         self._envd(target).upload(staging, payload, user=scripts.ROOT_USER, token=cancel)
         skills = scripts.is_skills_path(path)
         r = self._file_op(
-            target, scripts.ROOT_USER, scripts.write_args(path, staging, skills), STDERR_ROOM, cancel
+            target,
+            scripts.ROOT_USER,
+            scripts.write_args(path, staging, skills),
+            STDERR_ROOM,
+            cancel,
         )
         if r.exit_code != 0:
-            raise CommandFailed(f"cannot write {path}", exit_code=r.exit_code, stderr=self._stderr(r))
+            raise CommandFailed(
+                f"cannot write {path}", exit_code=r.exit_code, stderr=self._stderr(r)
+            )
 
     def stat(
         self, sandbox: SandboxRef, path: str, *, cancel: Optional[CancelToken] = None
@@ -712,10 +748,14 @@ class E2BSandboxProvider:
         sid = _sandbox_id(sandbox)
         v.check_path(path)
         target = self._attach(sid, cancel)
-        r = self._file_op(target, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel)
+        r = self._file_op(
+            target, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel
+        )
         if r.exit_code == 3:
             return None
         m = _STAT_LINE.fullmatch(r.stdout.decode("utf-8", "replace"))
         if r.exit_code != 0 or m is None:
-            raise CommandFailed(f"cannot stat {path}", exit_code=r.exit_code, stderr=self._stderr(r))
+            raise CommandFailed(
+                f"cannot stat {path}", exit_code=r.exit_code, stderr=self._stderr(r)
+            )
         return FileStat(size=int(m.group(1)), is_dir=m.group(2) == "directory")

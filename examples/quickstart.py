@@ -58,11 +58,19 @@ def main() -> int:
             t0 = time.monotonic()
             r = provider.exec(sandbox, "sleep 600 & sleep 600; echo never", timeout=2.0)
             took = time.monotonic() - t0
-            print(f"timeout enforced -> timed_out={r.timed_out} exit_code={r.exit_code} after {took:.1f} s")
+            print(
+                f"timeout enforced -> timed_out={r.timed_out} exit_code={r.exit_code}"
+                f" after {took:.1f} s"
+            )
             r = provider.exec(sandbox, "pgrep -c sleep || true", timeout=30.0)
             print(f"sleep processes left in the sandbox: {r.stdout.strip()}")
 
-            r = provider.exec(sandbox, "head -c 5000000 /dev/zero | tr '\\0' x", max_output_bytes=1000, timeout=30.0)
+            r = provider.exec(
+                sandbox,
+                "head -c 5000000 /dev/zero | tr '\\0' x",
+                max_output_bytes=1000,
+                timeout=30.0,
+            )
             print(f"output capped -> {len(r.stdout)} chars kept, truncated={r.truncated}")
         finally:
             provider.destroy(sandbox)

@@ -17,7 +17,9 @@ def _library_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("e2b-provider"))
 
 
-def test_200_concurrent_execs_from_200_threads(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
+def test_200_concurrent_execs_from_200_threads(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
     results: dict = {}
     errors: list = []
     start = threading.Barrier(N)
@@ -26,7 +28,9 @@ def test_200_concurrent_execs_from_200_threads(shared_provider: E2BSandboxProvid
     def run(i: int) -> None:
         try:
             start.wait(30)
-            r = shared_provider.exec(sandbox, f"sleep 0.5; echo out-{i}; echo err-{i} >&2", timeout=120.0)
+            r = shared_provider.exec(
+                sandbox, f"sleep 0.5; echo out-{i}; echo err-{i} >&2", timeout=120.0
+            )
             peak[0] = max(peak[0], _library_threads())
             results[i] = r
         except BaseException as exc:  # collected and asserted below

@@ -21,9 +21,14 @@ def test_exec_runs_as_sandbox_user_with_reference_environment(
     assert not (r.truncated or r.timed_out or r.cancelled)
 
 
-def test_exec_cwd_env_and_exit_code(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
+def test_exec_cwd_env_and_exit_code(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
     r = shared_provider.exec(
-        sandbox.id, 'pwd; echo "$FOO-$BAR"; echo err >&2; exit 7', cwd="/tmp", env={"FOO": "x y", "BAR": "$(id)"},
+        sandbox.id,
+        'pwd; echo "$FOO-$BAR"; echo err >&2; exit 7',
+        cwd="/tmp",
+        env={"FOO": "x y", "BAR": "$(id)"},
         timeout=30.0,
     )
     assert r.exit_code == 7
@@ -36,7 +41,9 @@ def test_exec_signal_exit_code(shared_provider: E2BSandboxProvider, sandbox: San
     assert r.exit_code == 128 + 15
 
 
-def test_bad_input_is_rejected_before_io(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
+def test_bad_input_is_rejected_before_io(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
     with pytest.raises(InvalidArgument):
         shared_provider.exec(sandbox, "true", env={"BAD-KEY": "1"})
     with pytest.raises(InvalidArgument):
@@ -54,34 +61,49 @@ def test_output_budget_is_shared_and_cut_utf8_safely(
 ) -> None:
     # 9 ASCII bytes then a 3-byte euro sign: a 10- or 11-byte budget cuts inside it.
     for cap in (10, 11):
-        r = shared_provider.exec(sandbox, "printf 'aaaaaaaaa\\xe2\\x82\\xacbbb'", max_output_bytes=cap, timeout=30.0)
+        r = shared_provider.exec(
+            sandbox, "printf 'aaaaaaaaa\\xe2\\x82\\xacbbb'", max_output_bytes=cap, timeout=30.0
+        )
         assert r.exit_code == 0
         assert r.truncated
         assert r.stdout == "aaaaaaaaa"
-    r = shared_provider.exec(sandbox, "printf 'aaaaaaaaa\\xe2\\x82\\xacbbb'", max_output_bytes=12, timeout=30.0)
+    r = shared_provider.exec(
+        sandbox, "printf 'aaaaaaaaa\\xe2\\x82\\xacbbb'", max_output_bytes=12, timeout=30.0
+    )
     assert r.stdout == "aaaaaaaaa€" and r.truncated
     # stdout and stderr share one budget; the stream is drained past it (exit status arrives)
     r = shared_provider.exec(
-        sandbox, "head -c 3000 /dev/zero | tr '\\0' o; head -c 3000 /dev/zero | tr '\\0' e >&2; exit 4",
-        max_output_bytes=4000, timeout=30.0,
+        sandbox,
+        "head -c 3000 /dev/zero | tr '\\0' o; head -c 3000 /dev/zero | tr '\\0' e >&2; exit 4",
+        max_output_bytes=4000,
+        timeout=30.0,
     )
     assert r.exit_code == 4
     assert r.truncated
     assert len(r.stdout) + len(r.stderr) == 4000
 
 
-def test_large_output_is_drained_past_the_cap(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
-    r = shared_provider.exec(sandbox, "head -c 20000000 /dev/urandom | base64 -w0; echo; echo done >&2",
-                             max_output_bytes=1000, timeout=60.0)
+def test_large_output_is_drained_past_the_cap(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    r = shared_provider.exec(
+        sandbox,
+        "head -c 20000000 /dev/urandom | base64 -w0; echo; echo done >&2",
+        max_output_bytes=1000,
+        timeout=60.0,
+    )
     assert r.exit_code == 0 and r.truncated and len(r.stdout) == 1000
 
 
-def test_timeout_kills_the_whole_tree(emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:  # type: ignore[no-untyped-def]
+def test_timeout_kills_the_whole_tree(
+    emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:  # type: ignore[no-untyped-def]
     marker = f"{time.monotonic_ns()}"
     t0 = time.monotonic()
     r = shared_provider.exec(
         sandbox,
-        f"sleep 1{marker} & (sleep 2{marker} &); bash -c 'sleep 3{marker} & wait' & sleep 4{marker}",
+        f"sleep 1{marker} & (sleep 2{marker} &); "
+        f"bash -c 'sleep 3{marker} & wait' & sleep 4{marker}",
         timeout=1.5,
     )
     took = time.monotonic() - t0
@@ -91,7 +113,9 @@ def test_timeout_kills_the_whole_tree(emulator, shared_provider: E2BSandboxProvi
     assert left.stdout.strip() == "", left
 
 
-def test_cancel_from_another_thread(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
+def test_cancel_from_another_thread(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
     tok = CancelToken()
     threading.Timer(1.0, tok.cancel, args=("stop please",)).start()
     marker = f"{time.monotonic_ns()}"
@@ -102,7 +126,9 @@ def test_cancel_from_another_thread(shared_provider: E2BSandboxProvider, sandbox
     assert left.stdout.strip() == ""
 
 
-def test_token_cancelled_before_start_raises(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
+def test_token_cancelled_before_start_raises(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
     from e2b_provider import Cancelled
 
     tok = CancelToken()
@@ -112,18 +138,26 @@ def test_token_cancelled_before_start_raises(shared_provider: E2BSandboxProvider
     assert shared_provider.stat(sandbox, "/workspace/should-not-exist") is None
 
 
-def test_kill_tagged_kills_only_given_tags(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:
+def test_kill_tagged_kills_only_given_tags(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
     results = {}
 
     def run(tag: str) -> None:
-        results[tag] = shared_provider.exec(sandbox, f"echo {tag}; sleep 120", timeout=60.0, tag=tag)
+        results[tag] = shared_provider.exec(
+            sandbox, f"echo {tag}; sleep 120", timeout=60.0, tag=tag
+        )
 
     threads = [threading.Thread(target=run, args=(t,)) for t in ("alpha", "beta", "gamma")]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        n = shared_provider.exec(sandbox, "pgrep -fc 'capybara-exec /tmp/[.]capybara-exec-(alpha|beta|gamma)-' || true", timeout=30.0)
+        n = shared_provider.exec(
+            sandbox,
+            "pgrep -fc 'capybara-exec /tmp/[.]capybara-exec-(alpha|beta|gamma)-' || true",
+            timeout=30.0,
+        )
         if n.stdout.strip() == "3":
             break
         time.sleep(0.2)
@@ -136,7 +170,12 @@ def test_kill_tagged_kills_only_given_tags(shared_provider: E2BSandboxProvider, 
     shared_provider.kill_all(sandbox)
     threads[1].join(30)
     assert results["beta"].exit_code == 137
-    assert shared_provider.exec(sandbox, "pgrep -fc '[s]leep 120' || true", timeout=30.0).stdout.strip() == "0"
+    assert (
+        shared_provider.exec(
+            sandbox, "pgrep -fc '[s]leep 120' || true", timeout=30.0
+        ).stdout.strip()
+        == "0"
+    )
     shared_provider.kill_tagged(sandbox, [])  # nothing to do, no error
     with pytest.raises(InvalidArgument):
         shared_provider.kill_tagged(sandbox, ["a.*"])

@@ -46,7 +46,9 @@ def test_permanent_409_is_not_retried_blindly(emu, provider: E2BSandboxProvider,
     assert provider.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
 
 
-def test_control_plane_5xx_is_retried_and_redirects_are_not_followed(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+def test_control_plane_5xx_is_retried_and_redirects_are_not_followed(
+    emu, provider: E2BSandboxProvider, fresh
+) -> None:  # type: ignore[no-untyped-def]
     emu.control_error("connect", 503, count=1, retry_after=0.2)
     assert provider.resume(fresh) == "resumed"
     emu.control_error("connect", 500, count=1)
@@ -59,21 +61,27 @@ def test_control_plane_5xx_is_retried_and_redirects_are_not_followed(emu, provid
     assert 300 <= ei.value.status < 400
 
 
-def test_cut_stream_is_a_transport_or_protocol_error(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+def test_cut_stream_is_a_transport_or_protocol_error(
+    emu, provider: E2BSandboxProvider, fresh
+) -> None:  # type: ignore[no-untyped-def]
     emu.stream_cut(after_bytes=12, sandbox_id=fresh.id)
     with pytest.raises((TransportError, ProtocolError)):
         provider.exec(fresh, "echo hello; sleep 1; echo world", timeout=30.0)
 
 
 @pytest.mark.parametrize("mode", ["oversized", "malformed", "compressed"])
-def test_bad_envelopes_are_protocol_errors(emu, provider: E2BSandboxProvider, fresh, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_envelopes_are_protocol_errors(
+    emu, provider: E2BSandboxProvider, fresh, mode: str
+) -> None:  # type: ignore[no-untyped-def]
     emu.bad_envelope(mode, sandbox_id=fresh.id)
     with pytest.raises(ProtocolError):
         provider.exec(fresh, "echo hi", timeout=30.0)
 
 
 def test_stalled_stream_is_bounded_by_timeout_grace_and_reboot(emu, fresh) -> None:  # type: ignore[no-untyped-def]
-    with E2BSandboxProvider(emu.config(template="base"), kill_bound=5.0, kill_grace=1.0, reboot_bound=30.0) as p:
+    with E2BSandboxProvider(
+        emu.config(template="base"), kill_bound=5.0, kill_grace=1.0, reboot_bound=30.0
+    ) as p:
         p.write_file(fresh, "/workspace/survives.txt", b"yes")
         emu.stream_stall(sandbox_id=fresh.id, after_bytes=0)
         t0 = time.monotonic()
@@ -88,7 +96,9 @@ def test_stalled_stream_is_bounded_by_timeout_grace_and_reboot(emu, fresh) -> No
 
 
 def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: ignore[no-untyped-def]
-    with E2BSandboxProvider(emu.config(template="base"), kill_bound=3.0, kill_grace=1.0, reboot_bound=40.0) as p:
+    with E2BSandboxProvider(
+        emu.config(template="base"), kill_bound=3.0, kill_grace=1.0, reboot_bound=40.0
+    ) as p:
         p.write_file(fresh, "/workspace/survives.txt", b"yes")
         timeout = 2.0
         result = {}
@@ -108,7 +118,9 @@ def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: 
         assert r.timed_out and r.exit_code is None and r.wedged
         assert result["t"] - t0 < timeout + 3.0 + 1.0 + 1.0 + 40.0
         # rebooted: envd answers again, files survived, the stuck sleep is gone
-        after = p.exec(fresh, "cat /workspace/survives.txt; echo; pgrep -c '[s]leep 300' || true", timeout=30.0)
+        after = p.exec(
+            fresh, "cat /workspace/survives.txt; echo; pgrep -c '[s]leep 300' || true", timeout=30.0
+        )
         assert after.stdout.split() == ["yes", "0"]
         info = emu.get_sandbox(fresh.id)
         assert info["state"] == "running"

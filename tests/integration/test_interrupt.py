@@ -54,13 +54,20 @@ def _spawn(emu, sandbox_id: str, command: str, bound: float = 10.0) -> subproces
 def _wait_running(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if p.exec(h, f"pgrep -f '{pattern}' >/dev/null && echo yes || echo no", timeout=30.0).stdout.strip() == "yes":
+        if (
+            p.exec(
+                h, f"pgrep -f '{pattern}' >/dev/null && echo yes || echo no", timeout=30.0
+            ).stdout.strip()
+            == "yes"
+        ):
             return
         time.sleep(0.2)
     raise AssertionError("the remote command never started")
 
 
-def test_sigint_kills_remote_command_and_reraises(emu, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> None:  # type: ignore[no-untyped-def]
+def test_sigint_kills_remote_command_and_reraises(
+    emu, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:  # type: ignore[no-untyped-def]
     marker = str(time.monotonic_ns())
     child = _spawn(emu, sandbox.id, f"sleep 1{marker} & sleep 2{marker}")
     try:

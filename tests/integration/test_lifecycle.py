@@ -20,7 +20,11 @@ pytestmark = pytest.mark.integration
 
 
 def _listed(emu, name: str) -> list:  # type: ignore[no-untyped-def]
-    return [s for s in emu.list_sandboxes() if (s.get("metadata") or {}).get("capybara-sandbox-name") == name]
+    return [
+        s
+        for s in emu.list_sandboxes()
+        if (s.get("metadata") or {}).get("capybara-sandbox-name") == name
+    ]
 
 
 def test_two_creates_with_one_name_leave_one_sandbox(emu, provider: E2BSandboxProvider) -> None:  # type: ignore[no-untyped-def]
@@ -70,7 +74,10 @@ def test_egress_open_is_refused_unless_allowed(emu, provider: E2BSandboxProvider
 def test_allowlist_degrades_to_none_with_a_warning(emu, caplog) -> None:  # type: ignore[no-untyped-def]
     with E2BSandboxProvider(emu.config(template="base", domain_allowlist=False)) as p:
         with caplog.at_level(logging.WARNING, logger="e2b_provider"):
-            h = p.create(unique_name("allow"), SandboxLimits(egress="allowlist", allow_hosts=("example.com",)))
+            h = p.create(
+                unique_name("allow"),
+                SandboxLimits(egress="allowlist", allow_hosts=("example.com",)),
+            )
         try:
             assert any("degraded to none" in r.getMessage() for r in caplog.records)
             # no network at all: only loopback exists
