@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="shut down cleanly when the parent process exits (used by the Emulator handle)",
     )
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="with --exit-with-parent: the pid of the parent to watch (default: the parent "
+        "at startup)",
+    )
     return p
 
 
@@ -89,7 +96,7 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None
         url = _url(host, port)
         print(f"e2b-emulator ready api_url={url} sandbox_url={url} api_key={api_key}", flush=True)
         if args.exit_with_parent:
-            watcher = asyncio.ensure_future(_watch_parent(stop))
+            watcher = asyncio.ensure_future(_watch_parent(stop, args.parent_pid))
         await stop.wait()
         log.info("stopping: destroying %d sandbox(es)", len(server.records))
     finally:
@@ -98,8 +105,7 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None
         await server.close()
 
 
-async def _watch_parent(stop: asyncio.Event) -> None:
-    parent = os.getppid()
+async def _watch_parent(stop: asyncio.Event, parent: int) -> None:
     while os.getppid() == parent:
         await asyncio.sleep(0.5)
     log.warning("parent process %d went away: stopping", parent)
@@ -108,7 +114,10 @@ async def _watch_parent(stop: asyncio.Event) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the emulator until SIGINT/SIGTERM; returns the exit status (2 = unavailable)."""
+    parent_pid = os.getppid()  # before anything else: the parent may die at any moment
     args = _parser().parse_args(argv)
+    if args.parent_pid is None:
+        args.parent_pid = parent_pid
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
@@ -129,7 +138,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         runtime.check_isolation()
     except runtime.IsolationUnavailable as exc:
-        print(f"e2b-emulator: sandbox isolation unavailable: {exc}", file=sys.stderr, flush=True)
+        print(f"e2b-emulator: {exc}", file=sys.stderr, flush=True)
         return EXIT_UNAVAILABLE
     api_key = (
         args.api_key or os.environ.get("E2B_EMULATOR_API_KEY") or ("e2b_" + secrets.token_hex(20))

@@ -133,6 +133,8 @@ class Emulator:
             "--log-level",
             self._log_level,
             "--exit-with-parent",
+            "--parent-pid",
+            str(os.getpid()),
         ]
         env = dict(os.environ)
         env.pop("E2B_EMULATOR_API_KEY", None)

@@ -27,7 +27,7 @@ import requests
 import urllib3
 
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
-from e2b_provider.emulator import Emulator, EmulatorError
+from e2b_provider.emulator import Emulator, EmulatorError, EmulatorUnavailable
 
 pytestmark = pytest.mark.integration
 
@@ -132,11 +132,13 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def proc_start_time(pid: int) -> Optional[str]:
+    """The start time of a live process (None when gone or a zombie)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
+            fields = fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def alive(pids: Dict[int, Optional[str]]) -> List[int]:
@@ -905,3 +907,54 @@ def test_handle_never_leaves_the_subprocess_behind() -> None:
         emu.start()
     assert not emu.running and emu.pid is None
     assert set(_emulator_children()) <= before
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_isolation_unavailable_exits_2_and_handle_raises(
+    short_tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a real environment without CAP_SYS_ADMIN: the CLI's pre-check must refuse to start
+    drop = ["setpriv", "--bounding-set=-sys_admin", "--"]
+    done = subprocess.run(
+        [*drop, sys.executable, "-m", "e2b_provider.emulator", "--port", "0"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == b""
+    assert b"CAP_SYS_ADMIN" in done.stderr and done.stderr.count(b"\n") == 1
+    wrapper = os.path.join(short_tmp, "python-without-sys-admin")
+    with open(wrapper, "w") as fh:
+        fh.write(f'#!/bin/sh\nexec {" ".join(drop)} {sys.executable} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    monkeypatch.setattr(sys, "executable", wrapper)
+    with pytest.raises(EmulatorUnavailable, match="CAP_SYS_ADMIN"):
+        Emulator(startup_timeout=60).start()
+
+
+_CHILD = """
+import sys, time
+from e2b_provider.emulator import Emulator
+with Emulator() as emu:
+    print(emu.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_handle_owner_death_stops_the_emulator(how: str) -> None:
+    # SIGINT: KeyboardInterrupt inside the with-block stops it; SIGKILL: the emulator notices
+    # its parent is gone and shuts down by itself.
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        emu_pid = int(child.stdout.readline())
+        started = proc_start_time(emu_pid)
+        assert started is not None
+        child.send_signal(getattr(signal, how))
+        child.wait(timeout=60)
+        wait_for(lambda: proc_start_time(emu_pid) != started, 30, "the emulator to exit")
+    finally:
+        _close(child)
