@@ -382,17 +382,24 @@ class EmulatorServer:
                     status=503,
                 )
             memory = True
-        self._cut_streams(rec)
-        if memory:
-            await rec.runtime.freeze()
-            rec.pause_mode = "full"
-            rec.envd_unresponsive_at_pause = not responsive
-        else:
-            await self.proxy.drop_session(rec.sandbox_id)
-            await rec.runtime.halt()
-            rec.pause_mode = "filesystem"
-            rec.envd_unresponsive_at_pause = False
+        # from here on the envd front answers "not found" (as E2B's edge does while pausing)
         rec.state = "paused"
+        self._cut_streams(rec)
+        try:
+            if memory:
+                await rec.runtime.freeze()
+            else:
+                await self.proxy.drop_session(rec.sandbox_id)
+                await rec.runtime.halt()
+        except Exception as exc:
+            log.warning("pausing %s failed: %s", rec.sandbox_id, exc)
+            if memory or rec.runtime.running:
+                rec.state = "running"
+                raise BadRequest(f"Error pausing sandbox: {exc}", status=500) from None
+            # a failed halt that still left no process behind is a filesystem pause
+            memory = False
+        rec.pause_mode = "full" if memory else "filesystem"
+        rec.envd_unresponsive_at_pause = memory and not responsive
         rec.paused_at = time.time()
 
     async def connect_sandbox(
