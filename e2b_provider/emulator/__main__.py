@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         help="where sandboxes keep their files (default: a temporary directory removed at exit)",
     )
     p.add_argument(
+        "--remove-state-dir",
+        action="store_true",
+        help="remove --state-dir at exit as well (it is a temporary directory made for this run)",
+    )
+    p.add_argument(
         "--log-level",
         default="warning",
         choices=("debug", "info", "warning", "error"),
@@ -143,8 +148,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     api_key = (
         args.api_key or os.environ.get("E2B_EMULATOR_API_KEY") or ("e2b_" + secrets.token_hex(20))
     )
-    temporary = args.state_dir is None
-    state_dir = tempfile.mkdtemp(prefix="e2b-emulator-") if temporary else args.state_dir
+    temporary = args.state_dir is None or args.remove_state_dir
+    state_dir = args.state_dir or tempfile.mkdtemp(prefix="e2b-emulator-")
     try:
         asyncio.run(_serve(args, api_key, state_dir))
     except (OSError, ValueError) as exc:

@@ -118,8 +118,12 @@ class Emulator:
 
     def _start(self) -> None:
         state_dir = self._state_dir
+        extra: List[str] = []
         if state_dir is None:
+            # made here so it can be removed even if the emulator is SIGKILLed; the emulator
+            # removes it too when it stops (also when this process dies without stopping it)
             state_dir = self._own_state_dir = tempfile.mkdtemp(prefix="e2b-emulator-")
+            extra.append("--remove-state-dir")
         cmd = [
             sys.executable,
             "-m",
@@ -135,6 +139,7 @@ class Emulator:
             "--exit-with-parent",
             "--parent-pid",
             str(os.getpid()),
+            *extra,
         ]
         env = dict(os.environ)
         env.pop("E2B_EMULATOR_API_KEY", None)
@@ -265,6 +270,11 @@ class Emulator:
     def api_key(self) -> str:
         """The API key the emulator accepts (a local throwaway key)."""
         return self._need(self._api_key)
+
+    @property
+    def state_dir(self) -> Optional[str]:
+        """The directory where the sandboxes keep their files (None when not started)."""
+        return self._own_state_dir or (self._state_dir if self._proc is not None else None)
 
     @property
     def domain(self) -> str:

@@ -381,14 +381,16 @@ def test_expiry_auto_pauses(emu: Emulator, api: requests.Session, make_sandbox: 
     fs = make_sandbox(timeout=2, autoPause=True, autoPauseMemory=False)
     assert detail(api, emu, full["sandboxID"])["lifecycle"]["onTimeout"] == "pause"
     run(emu, fs, "echo survives > ~/f")
+    # pauseMode appears once the pause has finished (state is "paused" already while pausing)
     wait_for(
         lambda: (
-            detail(api, emu, full["sandboxID"])["state"] == "paused"
-            and detail(api, emu, fs["sandboxID"])["state"] == "paused"
+            "pauseMode" in detail(api, emu, full["sandboxID"])
+            and "pauseMode" in detail(api, emu, fs["sandboxID"])
         ),
         15,
         "auto-pause",
     )
+    assert detail(api, emu, full["sandboxID"])["state"] == "paused"
     assert detail(api, emu, full["sandboxID"])["pauseMode"] == "full"
     assert detail(api, emu, fs["sandboxID"])["pauseMode"] == "filesystem"
     assert emu.sandbox_pids(fs["sandboxID"]) == []
@@ -936,7 +938,7 @@ _CHILD = """
 import sys, time
 from e2b_provider.emulator import Emulator
 with Emulator() as emu:
-    print(emu.pid, flush=True)
+    print(emu.pid, emu.state_dir, flush=True)
     time.sleep(120)
 """
 
@@ -950,11 +952,14 @@ def test_handle_owner_death_stops_the_emulator(how: str) -> None:
     )
     try:
         assert child.stdout is not None
-        emu_pid = int(child.stdout.readline())
+        pid_text, state_dir = child.stdout.readline().decode().split()
+        emu_pid = int(pid_text)
+        assert os.path.isdir(state_dir)
         started = proc_start_time(emu_pid)
         assert started is not None
         child.send_signal(getattr(signal, how))
         child.wait(timeout=60)
         wait_for(lambda: proc_start_time(emu_pid) != started, 30, "the emulator to exit")
+        assert not os.path.exists(state_dir)  # removed by the handle or by the emulator
     finally:
         _close(child)
