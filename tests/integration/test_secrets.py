@@ -1,0 +1,50 @@
+"""Secrets never show: the API key and envd access tokens in no log record, error or repr."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from e2b_provider import CancelToken, E2BSandboxProvider, SandboxGoneError
+
+from .conftest import unique_name
+
+pytestmark = pytest.mark.integration
+
+
+def test_no_secret_in_any_log_record_error_or_repr(emu, caplog) -> None:  # type: ignore[no-untyped-def]
+    config = emu.config(template="base")
+    seen_errors = []
+    with caplog.at_level(logging.DEBUG):  # every logger, urllib3's included
+        with E2BSandboxProvider(config, kill_bound=3.0, kill_grace=0.5) as p:
+            h = p.create(unique_name("secret"))
+            target = p._attach(h.id, None)
+            token = target.access_token
+            assert token and token not in repr(target)
+            p.exec(h, "echo hi", timeout=30.0)
+            p.exec(h, "sleep 30", timeout=0.5)  # timeout path: kill script + SIGKILL
+            tok = CancelToken()
+            tok.cancel("x")
+            p.write_file(h, "/workspace/s.txt", b"s")
+            p.read_file(h, "/workspace/s.txt")
+            emu.stream_stall(sandbox_id=h.id)
+            p.exec(h, "sleep 30", timeout=0.5)  # wedged: grace runs out, reboot
+            p.destroy(h)
+            try:
+                p.exec(h, "true")
+            except SandboxGoneError as exc:
+                seen_errors.append(exc)
+            emu.no_token()
+            try:
+                p.create(unique_name("secret"))
+            except SandboxGoneError as exc:
+                seen_errors.append(exc)
+            texts = [repr(p), repr(config), str(config)]
+    assert len(seen_errors) == 2
+    texts += [str(e) for e in seen_errors] + [repr(e) for e in seen_errors]
+    texts += [r.getMessage() for r in caplog.records]
+    texts += [str(r.args) for r in caplog.records]
+    assert any("rebooted" in t for t in texts)  # the logs did cover the reboot path
+    for secret in (config.api_key, token):
+        assert not [t for t in texts if secret in t]
