@@ -237,7 +237,8 @@ async def _send_file(
         if parsed_range in ("unsatisfiable", "invalid"):
             return web.Response(
                 status=416,
-                text="invalid range: failed to overlap" if parsed_range == "unsatisfiable"
+                text="invalid range: failed to overlap"
+                if parsed_range == "unsatisfiable"
                 else "invalid range",
                 headers={"Content-Range": f"bytes */{size}"},
             )
@@ -431,8 +432,7 @@ async def _write_file(
                 if _disk_full(exc):
                     raise _Fail(
                         507,
-                        f"attempted to write {len(chunk)} bytes: "
-                        "not enough disk space available",
+                        f"attempted to write {len(chunk)} bytes: not enough disk space available",
                     ) from None
                 raise _Fail(500, f"error writing file '{path}': {errno_text(exc)}") from None
     finally:

@@ -371,9 +371,7 @@ def make_dir(path: str, user: UserInfo) -> Dict[str, Any]:
     else:
         if stat.S_ISDIR(st.st_mode):
             raise RpcError("already_exists", f"directory already exists: {path}")
-        raise RpcError(
-            "invalid_argument", f"path already exists but it is not a directory: {path}"
-        )
+        raise RpcError("invalid_argument", f"path already exists but it is not a directory: {path}")
     ensure_dirs(path, user.uid, user.gid)
     return {"entry": {"name": _base_name(path), "type": DIRECTORY, "path": path}}
 
@@ -421,13 +419,11 @@ def move(source: str, destination: str, user: UserInfo) -> Dict[str, Any]:
     except FileNotFoundError as exc:
         raise RpcError(
             "not_found",
-            f"source file not found: rename {source} {destination}: "
-            + errno_text(exc),
+            f"source file not found: rename {source} {destination}: " + errno_text(exc),
         ) from None
     except OSError as exc:
         raise RpcError(
             "internal",
-            f"error renaming: rename {source} {destination}: "
-            + errno_text(exc),
+            f"error renaming: rename {source} {destination}: " + errno_text(exc),
         ) from None
     return stat_path(destination)

@@ -134,7 +134,10 @@ class Stream:
 
 
 def run_stream(
-    sock: str, method: str, msg: Dict[str, Any], headers: Optional[Dict[str, str]] = None,
+    sock: str,
+    method: str,
+    msg: Dict[str, Any],
+    headers: Optional[Dict[str, str]] = None,
     chunked: bool = False,
 ) -> Tuple[List[Dict[str, Any]], EndStream, http.client.HTTPResponse]:
     st = Stream(sock, method, msg, headers, chunked)
@@ -145,8 +148,9 @@ def run_stream(
         st.close()
 
 
-def start(sock: str, cmd: str, *args: str, headers: Optional[Dict[str, str]] = None,
-          **fields: Any) -> Tuple[List[Dict[str, Any]], EndStream]:
+def start(
+    sock: str, cmd: str, *args: str, headers: Optional[Dict[str, str]] = None, **fields: Any
+) -> Tuple[List[Dict[str, Any]], EndStream]:
     process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
     for key in ("envs", "cwd"):
         if key in fields:
@@ -158,13 +162,15 @@ def start(sock: str, cmd: str, *args: str, headers: Optional[Dict[str, str]] = N
 
 
 def output(events: List[Dict[str, Any]], key: str = "stdout") -> bytes:
-    return b"".join(
-        base64.b64decode(e["data"][key]) for e in events if key in e.get("data", {})
-    )
+    return b"".join(base64.b64decode(e["data"][key]) for e in events if key in e.get("data", {}))
 
 
 def request(
-    sock: str, method: str, path: str, body: Body = None, headers: Optional[Dict[str, str]] = None,
+    sock: str,
+    method: str,
+    path: str,
+    body: Body = None,
+    headers: Optional[Dict[str, str]] = None,
 ) -> Tuple[int, Dict[str, str], bytes]:
     conn = UnixConnection(sock)
     try:
@@ -208,9 +214,13 @@ def multipart(parts: List[Tuple[str, str, bytes]]) -> Tuple[bytes, str]:
     out = b""
     for name, filename, data in parts:
         out += (
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; "
-            f"filename=\"{filename}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-        ).encode() + data + b"\r\n"
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                f'filename="{filename}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+            ).encode()
+            + data
+            + b"\r\n"
+        )
     out += f"--{boundary}--\r\n".encode()
     return out, f"multipart/form-data; boundary={boundary}"
 
@@ -254,9 +264,20 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     log_path = str(base / "agent.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "e2b_provider.emulator.agent", "--socket", sock,
-             "--default-user", "root", "--log-level", "WARNING"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "e2b_provider.emulator.agent",
+                "--socket",
+                sock,
+                "--default-user",
+                "root",
+                "--log-level",
+                "WARNING",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + 20
@@ -300,7 +321,9 @@ def test_exit_status_texts_follow_go() -> None:
         "end": {"exitCode": 3, "exited": True, "status": "exit status 3", "error": "exit status 3"}
     }
     assert exit_info_from_status(9).end_event()["end"] == {
-        "exitCode": -1, "status": "signal: killed", "error": "signal: killed"
+        "exitCode": -1,
+        "status": "signal: killed",
+        "error": "signal: killed",
     }
     assert exit_info_from_status(6 | 0x80).status == "signal: aborted (core dumped)"
     assert exit_info_from_status(2).status == "signal: interrupt"
@@ -334,7 +357,8 @@ def test_health(agent: Agent) -> None:
 
 def test_start_exit_zero_proto3_shapes(agent: Agent) -> None:
     events, end, resp = run_stream(
-        agent.sock, "Start",
+        agent.sock,
+        "Start",
         {"process": {"cmd": "sh", "args": ["-c", "printf out; printf err >&2"]}, "stdin": False},
         chunked=True,
     )
@@ -379,7 +403,12 @@ def test_launch_like_envd(agent: Agent) -> None:
 def test_env_cwd_and_user(agent: Agent) -> None:
     script = 'id -u; id -g; id -G; pwd; echo "$HOME|$USER|$LOGNAME|$PATH|$FOO|$E2B_SANDBOX"; env'
     events, end = start(
-        agent.sock, "sh", "-c", script, cwd="/tmp", envs={"FOO": "bar", "LOGNAME": "over"},
+        agent.sock,
+        "sh",
+        "-c",
+        script,
+        cwd="/tmp",
+        envs={"FOO": "bar", "LOGNAME": "over"},
         headers={"Authorization": basic("nobody")},
     )
     assert end.ok, end
@@ -402,21 +431,27 @@ def test_start_errors_arrive_in_the_end_stream_frame(agent: Agent) -> None:
     assert end.error_code == "invalid_argument"
     assert end.error_message == f"cwd '{NOBODY.pw_dir}' does not exist"
     events, end, resp = run_stream(
-        agent.sock, "Start", {"process": {"cmd": "true"}},
+        agent.sock,
+        "Start",
+        {"process": {"cmd": "true"}},
         headers={"Authorization": basic("no-such-user-xyz")},
     )
     assert resp.status == 200 and events == []
     assert (end.error_code, end.error_message) == (
-        "unauthenticated", "invalid username: 'no-such-user-xyz'"
+        "unauthenticated",
+        "invalid username: 'no-such-user-xyz'",
     )
     _, end = start(agent.sock, "true", headers={"Connect-Timeout-Ms": "soon"})
     assert end.error_code == "invalid_argument"
-    status, _, _ = request(agent.sock, "POST", "/process.Process/Start", b"{}",
-                           {"Content-Type": "text/plain"})
+    status, _, _ = request(
+        agent.sock, "POST", "/process.Process/Start", b"{}", {"Content-Type": "text/plain"}
+    )
     assert status == 415
     # an un-enveloped application/json body is accepted too (robustness)
     status, headers, raw = request(
-        agent.sock, "POST", "/process.Process/Start",
+        agent.sock,
+        "POST",
+        "/process.Process/Start",
         json.dumps({"process": {"cmd": "echo", "args": ["plain"]}, "stdin": False}).encode(),
         {"Content-Type": "application/json"},
     )
@@ -434,12 +469,16 @@ def test_stdin_pipe_when_absent_devnull_when_false(agent: Agent) -> None:
     st = Stream(agent.sock, "Start", {"process": {"cmd": "cat"}})  # stdin absent: a pipe
     try:
         pid = st.next_event()["start"]["pid"]  # type: ignore[index]
-        status, body = unary(agent.sock, "/process.Process/SendInput",
-                             {"process": {"pid": pid}, "input": {"stdin": b64(b"hello\n")}})
+        status, body = unary(
+            agent.sock,
+            "/process.Process/SendInput",
+            {"process": {"pid": pid}, "input": {"stdin": b64(b"hello\n")}},
+        )
         assert (status, body) == (200, {})
         assert st.next_event() == {"data": {"stdout": b64(b"hello\n")}}
         assert unary(agent.sock, "/process.Process/CloseStdin", {"process": {"pid": pid}}) == (
-            200, {}
+            200,
+            {},
         )
         events, end = st.collect()
         assert end.ok and events == [{"end": {"exited": True, "status": "exit status 0"}}]
@@ -448,10 +487,14 @@ def test_stdin_pipe_when_absent_devnull_when_false(agent: Agent) -> None:
     st = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["30"]}, "stdin": False})
     try:
         pid = st.next_event()["start"]["pid"]  # type: ignore[index]
-        status, body = unary(agent.sock, "/process.Process/SendInput",
-                             {"process": {"pid": pid}, "input": {"stdin": b64(b"x")}})
+        status, body = unary(
+            agent.sock,
+            "/process.Process/SendInput",
+            {"process": {"pid": pid}, "input": {"stdin": b64(b"x")}},
+        )
         assert (status, body) == (
-            500, {"code": "internal", "message": "stdin not enabled or closed"}
+            500,
+            {"code": "internal", "message": "stdin not enabled or closed"},
         )
         assert signal_pid(agent.sock, pid) == (200, {})
         assert st.collect()[0][-1]["end"]["status"] == "signal: killed"
@@ -461,8 +504,12 @@ def test_stdin_pipe_when_absent_devnull_when_false(agent: Agent) -> None:
 
 def test_keepalive_follows_the_header(agent: Agent) -> None:
     t0 = time.monotonic()
-    st = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["2.3"]}, "stdin": False},
-                {"Keepalive-Ping-Interval": "1"})
+    st = Stream(
+        agent.sock,
+        "Start",
+        {"process": {"cmd": "sleep", "args": ["2.3"]}, "stdin": False},
+        {"Keepalive-Ping-Interval": "1"},
+    )
     try:
         times = []
         while True:
@@ -519,26 +566,40 @@ def test_disconnect_keeps_the_process_and_drops_output(agent: Agent) -> None:
         assert signal_pid(agent.sock, pid) == (200, {})
     wait_until(lambda: pid not in list_pids(agent.sock), what="killed process to go")
     assert signal_pid(agent.sock, pid) == (
-        404, {"code": "not_found", "message": f"process with pid {pid} not found"}
+        404,
+        {"code": "not_found", "message": f"process with pid {pid} not found"},
     )
 
 
 def test_send_signal_errors_and_tags(agent: Agent) -> None:
     assert signal_pid(agent.sock, 999_999) == (
-        404, {"code": "not_found", "message": "process with pid 999999 not found"}
+        404,
+        {"code": "not_found", "message": "process with pid 999999 not found"},
     )
-    status, body = unary(agent.sock, "/process.Process/SendSignal",
-                         {"process": {"tag": "nope"}, "signal": "SIGNAL_SIGKILL"})
+    status, body = unary(
+        agent.sock,
+        "/process.Process/SendSignal",
+        {"process": {"tag": "nope"}, "signal": "SIGNAL_SIGKILL"},
+    )
     assert (status, body["code"]) == (404, "not_found")
-    st = Stream(agent.sock, "Start",
-                {"process": {"cmd": "sleep", "args": ["30"]}, "tag": "t-sig", "stdin": False})
+    st = Stream(
+        agent.sock,
+        "Start",
+        {"process": {"cmd": "sleep", "args": ["30"]}, "tag": "t-sig", "stdin": False},
+    )
     try:
         pid = st.next_event()["start"]["pid"]  # type: ignore[index]
-        status, body = unary(agent.sock, "/process.Process/SendSignal",
-                             {"process": {"pid": pid}, "signal": "SIGNAL_SIGHUP"})
+        status, body = unary(
+            agent.sock,
+            "/process.Process/SendSignal",
+            {"process": {"pid": pid}, "signal": "SIGNAL_SIGHUP"},
+        )
         assert (status, body["code"]) == (501, "unimplemented")
-        assert unary(agent.sock, "/process.Process/SendSignal",
-                     {"process": {"tag": "t-sig"}, "signal": "SIGNAL_SIGTERM"}) == (200, {})
+        assert unary(
+            agent.sock,
+            "/process.Process/SendSignal",
+            {"process": {"tag": "t-sig"}, "signal": "SIGNAL_SIGTERM"},
+        ) == (200, {})
         events, end = st.collect()
         assert end.ok and events[-1]["end"]["status"] == "signal: terminated"
     finally:
@@ -546,8 +607,19 @@ def test_send_signal_errors_and_tags(agent: Agent) -> None:
 
 
 def test_list_and_connect(agent: Agent) -> None:
-    a = Stream(agent.sock, "Start", {"process": {"cmd": "sh", "args": ["-c", "read x; echo got $x"],
-                                                 "envs": {"K": "v"}, "cwd": "/tmp"}, "tag": "t-a"})
+    a = Stream(
+        agent.sock,
+        "Start",
+        {
+            "process": {
+                "cmd": "sh",
+                "args": ["-c", "read x; echo got $x"],
+                "envs": {"K": "v"},
+                "cwd": "/tmp",
+            },
+            "tag": "t-a",
+        },
+    )
     b = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["30"]}, "stdin": False})
     try:
         pid_a = a.next_event()["start"]["pid"]  # type: ignore[index]
@@ -555,9 +627,14 @@ def test_list_and_connect(agent: Agent) -> None:
         _, body = unary(agent.sock, "/process.Process/List", {})
         infos = {p["pid"]: p for p in body["processes"]}
         assert infos[pid_a] == {
-            "pid": pid_a, "tag": "t-a",
-            "config": {"cmd": "sh", "args": ["-c", "read x; echo got $x"], "envs": {"K": "v"},
-                       "cwd": "/tmp"},
+            "pid": pid_a,
+            "tag": "t-a",
+            "config": {
+                "cmd": "sh",
+                "args": ["-c", "read x; echo got $x"],
+                "envs": {"K": "v"},
+                "cwd": "/tmp",
+            },
         }
         assert infos[pid_b] == {"pid": pid_b, "config": {"cmd": "sleep", "args": ["30"]}}
         c = Stream(agent.sock, "Connect", {"process": {"tag": "t-a"}})
@@ -565,8 +642,11 @@ def test_list_and_connect(agent: Agent) -> None:
         try:
             assert c.next_event() == {"start": {"pid": pid_a}}
             assert d.next_event() == {"start": {"pid": pid_a}}
-            unary(agent.sock, "/process.Process/SendInput",
-                  {"process": {"pid": pid_a}, "input": {"stdin": b64(b"abc\n")}})
+            unary(
+                agent.sock,
+                "/process.Process/SendInput",
+                {"process": {"pid": pid_a}, "input": {"stdin": b64(b"abc\n")}},
+            )
             for s in (a, c, d):
                 events, end = s.collect()
                 assert end.ok and output(events) == b"got abc\n"
@@ -584,18 +664,27 @@ def test_list_and_connect(agent: Agent) -> None:
 
 
 def test_init_sets_default_env(agent: Agent) -> None:
-    status, _, _ = request(agent.sock, "POST", "/init", json.dumps(
-        {"envVars": {"FROM_INIT": "1"}}).encode(), {"Content-Type": "application/json"})
+    status, _, _ = request(
+        agent.sock,
+        "POST",
+        "/init",
+        json.dumps({"envVars": {"FROM_INIT": "1"}}).encode(),
+        {"Content-Type": "application/json"},
+    )
     assert status == 204
     events, _ = start(agent.sock, "sh", "-c", 'echo "$FROM_INIT"')
     assert output(events) == b"1\n"
 
 
 def test_pty(agent: Agent) -> None:
-    st = Stream(agent.sock, "Start", {
-        "process": {"cmd": "sh", "args": ["-c", "stty size; read x; echo got:$x"]},
-        "pty": {"size": {"cols": 80, "rows": 24}},
-    })
+    st = Stream(
+        agent.sock,
+        "Start",
+        {
+            "process": {"cmd": "sh", "args": ["-c", "stty size; read x; echo got:$x"]},
+            "pty": {"size": {"cols": 80, "rows": 24}},
+        },
+    )
     try:
         pid = st.next_event()["start"]["pid"]  # type: ignore[index]
         seen = b""
@@ -603,8 +692,11 @@ def test_pty(agent: Agent) -> None:
             ev = st.next_event()
             assert ev is not None and "pty" in ev["data"]
             seen += base64.b64decode(ev["data"]["pty"])
-        unary(agent.sock, "/process.Process/SendInput",
-              {"process": {"pid": pid}, "input": {"pty": b64(b"hi\n")}})
+        unary(
+            agent.sock,
+            "/process.Process/SendInput",
+            {"process": {"pid": pid}, "input": {"pty": b64(b"hi\n")}},
+        )
         events, end = st.collect()
         assert end.ok and b"got:hi" in output(events, "pty")
         assert events[-1]["end"]["exited"] is True
@@ -653,39 +745,55 @@ def test_large_output_is_streamed_with_backpressure(agent: Agent) -> None:
 
 
 def test_multipart_upload_creates_parents_owned_by_the_user(agent: Agent, workdir: str) -> None:
-    body, ctype = multipart([
-        ("file", f"{workdir}/new/sub/a.txt", b"alpha"),
-        ("other", "ignored.txt", b"zzz"),
-        ("file", f"{workdir}/b.txt", b"beta"),
-    ])
-    status, headers, raw = request(agent.sock, "POST", "/files?username=nobody", body,
-                                   {"Content-Type": ctype})
+    body, ctype = multipart(
+        [
+            ("file", f"{workdir}/new/sub/a.txt", b"alpha"),
+            ("other", "ignored.txt", b"zzz"),
+            ("file", f"{workdir}/b.txt", b"beta"),
+        ]
+    )
+    status, headers, raw = request(
+        agent.sock, "POST", "/files?username=nobody", body, {"Content-Type": ctype}
+    )
     assert status == 200 and headers["content-type"].startswith("application/json")
     assert json.loads(raw) == [
         {"name": "a.txt", "type": "file", "path": f"{workdir}/new/sub/a.txt"},
         {"name": "b.txt", "type": "file", "path": f"{workdir}/b.txt"},
     ]
     assert not os.path.exists(f"{workdir}/ignored.txt")
-    for path, mode in ((f"{workdir}/new", 0o755), (f"{workdir}/new/sub", 0o755),
-                       (f"{workdir}/new/sub/a.txt", 0o644), (f"{workdir}/b.txt", 0o644)):
+    for path, mode in (
+        (f"{workdir}/new", 0o755),
+        (f"{workdir}/new/sub", 0o755),
+        (f"{workdir}/new/sub/a.txt", 0o644),
+        (f"{workdir}/b.txt", 0o644),
+    ):
         st = os.stat(path)
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (
-            NOBODY.pw_uid, NOBODY.pw_gid, mode), path
+            NOBODY.pw_uid,
+            NOBODY.pw_gid,
+            mode,
+        ), path
     assert os.stat(workdir).st_uid == 0  # existing parents are left alone
     with open(f"{workdir}/new/sub/a.txt", "rb") as fh:
         assert fh.read() == b"alpha"
     # same path twice in one request
     body, ctype = multipart([("file", "x", b"1"), ("file", "y", b"2")])
-    status, _, raw = request(agent.sock, "POST", f"/files?path={workdir}/same", body,
-                             {"Content-Type": ctype})
+    status, _, raw = request(
+        agent.sock, "POST", f"/files?path={workdir}/same", body, {"Content-Type": ctype}
+    )
     assert status == 400 and json.loads(raw)["code"] == 400
 
 
 def test_octet_stream_upload_relative_path_and_overwrite(agent: Agent, workdir: str) -> None:
     rel = f".e2b-agent-test-{uuid.uuid4().hex}"
     try:
-        status, _, raw = request(agent.sock, "POST", f"/files?path={rel}/x.bin", b"raw!",
-                                 {"Content-Type": "application/octet-stream"})
+        status, _, raw = request(
+            agent.sock,
+            "POST",
+            f"/files?path={rel}/x.bin",
+            b"raw!",
+            {"Content-Type": "application/octet-stream"},
+        )
         assert status == 200
         assert json.loads(raw) == [{"name": "x.bin", "type": "file", "path": f"/root/{rel}/x.bin"}]
         with open(f"/root/{rel}/x.bin", "rb") as fh:
@@ -696,24 +804,41 @@ def test_octet_stream_upload_relative_path_and_overwrite(agent: Agent, workdir: 
     with open(target, "w") as fh:
         fh.write("old content that is longer")
     os.chmod(target, 0o600)
-    status, _, _ = request(agent.sock, "POST", f"/files?path={target}&username=nobody", b"new",
-                           {"Content-Type": "application/octet-stream"})
+    status, _, _ = request(
+        agent.sock,
+        "POST",
+        f"/files?path={target}&username=nobody",
+        b"new",
+        {"Content-Type": "application/octet-stream"},
+    )
     assert status == 200
     st = os.stat(target)
     assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, NOBODY.pw_uid)
     with open(target, "rb") as fh:
         assert fh.read() == b"new"
-    status, _, raw = request(agent.sock, "POST", "/files", b"x",
-                             {"Content-Type": "application/octet-stream"})
+    status, _, raw = request(
+        agent.sock, "POST", "/files", b"x", {"Content-Type": "application/octet-stream"}
+    )
     assert status == 400
-    status, _, raw = request(agent.sock, "POST", f"/files?path={workdir}", b"x",
-                             {"Content-Type": "application/octet-stream"})
+    status, _, raw = request(
+        agent.sock,
+        "POST",
+        f"/files?path={workdir}",
+        b"x",
+        {"Content-Type": "application/octet-stream"},
+    )
     assert (status, json.loads(raw)["message"]) == (400, f"path is a directory: {workdir}")
-    status, _, raw = request(agent.sock, "POST", f"/files?path={target}", b"x",
-                             {"Content-Type": "text/plain"})
+    status, _, raw = request(
+        agent.sock, "POST", f"/files?path={target}", b"x", {"Content-Type": "text/plain"}
+    )
     assert status == 400
-    status, _, raw = request(agent.sock, "POST", f"/files?path={target}&username=nosuchuserxyz",
-                             b"x", {"Content-Type": "application/octet-stream"})
+    status, _, raw = request(
+        agent.sock,
+        "POST",
+        f"/files?path={target}&username=nosuchuserxyz",
+        b"x",
+        {"Content-Type": "application/octet-stream"},
+    )
     assert (status, json.loads(raw)["code"]) == (401, 401)
 
 
@@ -723,9 +848,13 @@ def test_large_upload_and_download_stream(agent: Agent, workdir: str) -> None:
     expected = hashlib.sha256(block * (size // len(block))).hexdigest()
     before = rss_kib(agent.pid)
     path = f"{workdir}/big.bin"
-    status, _, _ = request(agent.sock, "POST", f"/files?path={path}",
-                           (block for _ in range(size // len(block))),
-                           {"Content-Type": "application/octet-stream"})
+    status, _, _ = request(
+        agent.sock,
+        "POST",
+        f"/files?path={path}",
+        (block for _ in range(size // len(block))),
+        {"Content-Type": "application/octet-stream"},
+    )
     assert status == 200 and os.path.getsize(path) == size
     conn = UnixConnection(agent.sock)
     try:
@@ -753,16 +882,19 @@ def test_download(agent: Agent, workdir: str) -> None:
     assert headers["content-length"] == "10"
     assert headers["content-type"] == "text/plain; charset=utf-8"
     assert headers["content-disposition"] == 'inline; filename="d.txt"'
-    status, headers, body = request(agent.sock, "GET", f"/files?path={path}",
-                                    headers={"Range": "bytes=2-4"})
+    status, headers, body = request(
+        agent.sock, "GET", f"/files?path={path}", headers={"Range": "bytes=2-4"}
+    )
     assert (status, body, headers["content-range"]) == (206, b"234", "bytes 2-4/10")
-    status, headers, body = request(agent.sock, "GET", f"/files?path={path}",
-                                    headers={"Accept-Encoding": "gzip"})
+    status, headers, body = request(
+        agent.sock, "GET", f"/files?path={path}", headers={"Accept-Encoding": "gzip"}
+    )
     assert status == 200 and headers["content-encoding"] == "gzip"
     assert gzip.decompress(body) == b"0123456789"
     status, _, body = request(agent.sock, "GET", f"/files?path={workdir}/missing")
     assert status == 404 and json.loads(body) == {
-        "code": 404, "message": f"path '{workdir}/missing' does not exist"
+        "code": 404,
+        "message": f"path '{workdir}/missing' does not exist",
     }
     status, _, body = request(agent.sock, "GET", f"/files?path={workdir}")
     assert status == 400 and json.loads(body)["code"] == 400
@@ -771,16 +903,19 @@ def test_download(agent: Agent, workdir: str) -> None:
 # ---- filesystem.Filesystem ------------------------------------------------------------
 
 
-def fs(agent: Agent, method: str, msg: Dict[str, Any], user: Optional[str] = None
-       ) -> Tuple[int, Any]:
+def fs(
+    agent: Agent, method: str, msg: Dict[str, Any], user: Optional[str] = None
+) -> Tuple[int, Any]:
     headers = {"Authorization": basic(user)} if user else None
     return unary(agent.sock, f"/filesystem.Filesystem/{method}", msg, headers)
 
 
 def test_filesystem_rpcs(agent: Agent, workdir: str) -> None:
     status, body = fs(agent, "MakeDir", {"path": f"{workdir}/m/n"}, "nobody")
-    assert (status, body) == (200, {"entry": {
-        "name": "n", "type": "FILE_TYPE_DIRECTORY", "path": f"{workdir}/m/n"}})
+    assert (status, body) == (
+        200,
+        {"entry": {"name": "n", "type": "FILE_TYPE_DIRECTORY", "path": f"{workdir}/m/n"}},
+    )
     assert os.stat(f"{workdir}/m").st_uid == NOBODY.pw_uid
     assert fs(agent, "MakeDir", {"path": f"{workdir}/m/n"})[1]["code"] == "already_exists"
     assert fs(agent, "MakeDir", {"path": f"{workdir}/m/n"})[0] == 409
@@ -792,16 +927,27 @@ def test_filesystem_rpcs(agent: Agent, workdir: str) -> None:
     status, body = fs(agent, "Stat", {"path": f"{workdir}/m/f.txt"})
     entry = body["entry"]
     assert status == 200 and entry.pop("modifiedTime").endswith("Z")
-    assert entry == {"name": "f.txt", "type": "FILE_TYPE_FILE", "path": f"{workdir}/m/f.txt",
-                     "size": "5", "mode": 0o644, "permissions": "-rw-r--r--",
-                     "owner": "root", "group": "root"}
+    assert entry == {
+        "name": "f.txt",
+        "type": "FILE_TYPE_FILE",
+        "path": f"{workdir}/m/f.txt",
+        "size": "5",
+        "mode": 0o644,
+        "permissions": "-rw-r--r--",
+        "owner": "root",
+        "group": "root",
+    }
     os.symlink(f"{workdir}/m", f"{workdir}/link")
     entry = fs(agent, "Stat", {"path": f"{workdir}/link"})[1]["entry"]
     assert entry["type"] == "FILE_TYPE_DIRECTORY" and entry["isSymlink"] is True
     assert entry["symlinkTarget"] == f"{workdir}/m" and entry["permissions"] == "Lrwxrwxrwx"
-    assert fs(agent, "Stat", {"path": f"{workdir}/nope"}) == (404, {
-        "code": "not_found",
-        "message": f"file not found: lstat {workdir}/nope: no such file or directory"})
+    assert fs(agent, "Stat", {"path": f"{workdir}/nope"}) == (
+        404,
+        {
+            "code": "not_found",
+            "message": f"file not found: lstat {workdir}/nope: no such file or directory",
+        },
+    )
 
     names = [e["path"] for e in fs(agent, "ListDir", {"path": workdir})[1]["entries"]]
     assert names == [f"{workdir}/link", f"{workdir}/m"]
@@ -813,12 +959,18 @@ def test_filesystem_rpcs(agent: Agent, workdir: str) -> None:
     assert fs(agent, "ListDir", {"path": f"{workdir}/m/f.txt"})[1]["code"] == "invalid_argument"
     assert fs(agent, "ListDir", {"path": f"{workdir}/nope"})[0] == 404
 
-    status, body = fs(agent, "Move", {"source": f"{workdir}/m/f.txt",
-                                      "destination": f"{workdir}/o/g.txt"}, "nobody")
+    status, body = fs(
+        agent,
+        "Move",
+        {"source": f"{workdir}/m/f.txt", "destination": f"{workdir}/o/g.txt"},
+        "nobody",
+    )
     assert status == 200 and body["entry"]["path"] == f"{workdir}/o/g.txt"
     assert os.stat(f"{workdir}/o").st_uid == NOBODY.pw_uid
-    assert fs(agent, "Move", {"source": f"{workdir}/nope", "destination": f"{workdir}/x"}
-              )[1]["code"] == "not_found"
+    assert (
+        fs(agent, "Move", {"source": f"{workdir}/nope", "destination": f"{workdir}/x"})[1]["code"]
+        == "not_found"
+    )
 
     assert fs(agent, "Remove", {"path": f"{workdir}/link"}) == (200, {})
     assert os.path.isdir(f"{workdir}/m")  # a symlink is removed, not its target
@@ -828,8 +980,9 @@ def test_filesystem_rpcs(agent: Agent, workdir: str) -> None:
 
     status, body = fs(agent, "Stat", {"path": workdir}, "no-such-user-xyz")
     assert (status, body["code"]) == (401, "unauthenticated")
-    status, _, raw = request(agent.sock, "POST", "/filesystem.Filesystem/Stat", b"",
-                             {"Content-Type": "application/json"})
+    status, _, raw = request(
+        agent.sock, "POST", "/filesystem.Filesystem/Stat", b"", {"Content-Type": "application/json"}
+    )
     assert (status, json.loads(raw)["code"]) == (400, "invalid_argument")
 
 
