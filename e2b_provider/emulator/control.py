@@ -16,26 +16,31 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
 
 from aiohttp import web
 
 from .state import (
     KNOWN_TEMPLATES,
     BadRequest,
+    CreateRequest,
     SandboxRecord,
     check_idempotency_key,
     page,
+    parse_bool,
     parse_create_body,
     parse_metadata_filter,
     parse_sandbox_path_id,
     parse_timeout,
+    sandbox_not_found,
 )
 
 if TYPE_CHECKING:
     from .server import EmulatorServer
 
 __all__ = ["ControlPlane", "api_error"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def api_error(
@@ -51,8 +56,11 @@ def api_error(
     return web.json_response(body, status=status, headers=headers)
 
 
-def _not_found(sandbox_id: str) -> web.Response:
-    return api_error(404, f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
+def _mark_fault(request: web.Request, kind: str) -> None:
+    """Note in the request's log entry that fault ``kind`` answered it."""
+    entry = request.get("log_entry")
+    if isinstance(entry, dict):
+        entry["fault"] = kind
 
 
 async def _json_body(request: web.Request, *, optional: bool) -> Dict[str, Any]:
@@ -72,15 +80,12 @@ async def _json_body(request: web.Request, *, optional: bool) -> Dict[str, Any]:
     return body
 
 
-def _opt_bool(body: Dict[str, Any], name: str) -> Optional[bool]:
-    value = body.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise BadRequest(f"validation error: field {name!r} must be a boolean")
-    return value
-
-
 class ControlPlane:
-    """The control-plane handlers of one :class:`EmulatorServer`."""
+    """The control-plane handlers of one :class:`EmulatorServer`.
+
+    Every handler may raise :class:`~e2b_provider.emulator.state.BadRequest`; the wrapper
+    that :meth:`add_routes` puts around it turns that into E2B's error answer.
+    """
 
     def __init__(self, server: EmulatorServer) -> None:
         self._server = server
@@ -88,35 +93,46 @@ class ControlPlane:
     def add_routes(self, app: web.Application) -> None:
         """Register every control-plane route on ``app``."""
         r = app.router
-        r.add_post("/v2/sandboxes", self.create_v2)
-        r.add_post("/sandboxes", self.create_v1)
-        r.add_get("/v2/sandboxes", self.list_v2, allow_head=False)
-        r.add_get("/sandboxes", self.list_v1, allow_head=False)
-        r.add_get("/sandboxes/{sid}", self.get, allow_head=False)
-        r.add_delete("/sandboxes/{sid}", self.delete)
-        r.add_post("/v2/sandboxes/{sid}/connect", self.connect_v2)
-        r.add_post("/sandboxes/{sid}/connect", self.connect_v1)
-        r.add_post("/sandboxes/{sid}/pause", self.pause)
-        r.add_post("/sandboxes/{sid}/resume", self.resume)
-        r.add_post("/sandboxes/{sid}/timeout", self.set_timeout)
-        r.add_post("/sandboxes/{sid}/refreshes", self.refreshes)
+        r.add_post("/v2/sandboxes", self._route("create", self.create_v2))
+        r.add_post("/sandboxes", self._route("create", self.create_v1))
+        r.add_get("/v2/sandboxes", self._route("list", self.list_v2), allow_head=False)
+        r.add_get("/sandboxes", self._route("list", self.list_v1), allow_head=False)
+        r.add_get("/sandboxes/{sid}", self._route("get", self.get), allow_head=False)
+        r.add_delete("/sandboxes/{sid}", self._route("delete", self.delete))
+        r.add_post("/v2/sandboxes/{sid}/connect", self._route("connect", self.connect_v2))
+        r.add_post("/sandboxes/{sid}/connect", self._route("connect", self.connect_v1))
+        r.add_post("/sandboxes/{sid}/pause", self._route("pause", self.pause))
+        r.add_post("/sandboxes/{sid}/resume", self._route("connect", self.resume))
+        r.add_post("/sandboxes/{sid}/timeout", self._route("timeout", self.set_timeout))
+        r.add_post("/sandboxes/{sid}/refreshes", self._route("refreshes", self.refreshes))
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _route(self, route: str, handler: Handler) -> Handler:
+        """Wrap ``handler``: armed faults of ``route`` first, then ``BadRequest`` → answer."""
+
+        async def serve(request: web.Request) -> web.StreamResponse:
+            injected = self._inject(request, route)
+            if injected is not None:
+                return injected
+            try:
+                return await handler(request)
+            except BadRequest as exc:
+                return api_error(exc.status, exc.message, exc.error_code)
+
+        return serve
 
     def _inject(self, request: web.Request, route: str) -> Optional[web.StreamResponse]:
         """Apply an armed ``control_redirect``/``control_error`` fault for ``route``."""
         faults = self._server.faults
-        entry = request.get("log_entry")
         redirect = faults.take("control_redirect", route=route)
         if redirect is not None:
-            if isinstance(entry, dict):
-                entry["fault"] = "control_redirect"
+            _mark_fault(request, "control_redirect")
             location = str(request.url.with_path("/_emulator/redirect-target").with_query(None))
             return web.Response(status=307, headers={"Location": location})
         err = faults.take("control_error", route=route)
         if err is not None:
-            if isinstance(entry, dict):
-                entry["fault"] = "control_error"
+            _mark_fault(request, "control_error")
             headers = {}
             if err.params.get("retry_after") is not None:
                 headers["Retry-After"] = f"{err.params['retry_after']:g}"
@@ -132,13 +148,15 @@ class ControlPlane:
         sid = parse_sandbox_path_id(request.match_info["sid"])
         rec = self._server.records.get(sid)
         if rec is None:
-            raise _NotFound(sid)
+            raise sandbox_not_found(sid)
         return rec
 
-    def _sandbox_answer(self, rec: SandboxRecord, status: int) -> web.Response:
+    def _sandbox_body(self, rec: SandboxRecord) -> Dict[str, Any]:
         no_token = self._server.faults.take("no_token") is not None
-        body = rec.sandbox_json(domain=self._server.domain, with_token=not no_token)
-        return web.json_response(body, status=status)
+        return rec.sandbox_json(domain=self._server.domain, with_token=not no_token)
+
+    def _sandbox_answer(self, rec: SandboxRecord, status: int) -> web.Response:
+        return web.json_response(self._sandbox_body(rec), status=status)
 
     # -- create -----------------------------------------------------------------------------
 
@@ -151,20 +169,14 @@ class ControlPlane:
         return await self._create(request, default_timeout=15)
 
     async def _create(self, request: web.Request, *, default_timeout: int) -> web.StreamResponse:
-        injected = self._inject(request, "create")
-        if injected is not None:
-            return injected
-        try:
-            body = await _json_body(request, optional=False)
-            spec = parse_create_body(body, default_timeout=default_timeout)
-            key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
+        body = await _json_body(request, optional=False)
+        spec = parse_create_body(body, default_timeout=default_timeout)
+        key = check_idempotency_key(request.headers.get("Idempotency-Key"))
         if spec.template not in KNOWN_TEMPLATES:
-            return api_error(404, f"template '{spec.template}' not found")
+            raise BadRequest(f"template '{spec.template}' not found", status=404)
         server = self._server
         if key is None:
-            return await self._do_create(spec)
+            return web.json_response(await self._do_create(spec), status=201)
         fingerprint = hashlib.sha256(
             json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
@@ -172,77 +184,58 @@ class ControlPlane:
         if known is not None:
             old_fingerprint, fut = known
             if old_fingerprint != fingerprint:
-                return api_error(
-                    422,
+                raise BadRequest(
                     "Idempotency-Key was used with a different request",
-                    "idempotency_request_mismatch",
+                    status=422,
+                    error_code="idempotency_request_mismatch",
                 )
             if not fut.done():
-                return api_error(
-                    409,
+                raise BadRequest(
                     "A request with this Idempotency-Key is still in progress",
-                    "idempotency_in_progress",
+                    status=409,
+                    error_code="idempotency_in_progress",
                 )
             status, answer = fut.result()
             return web.json_response(answer, status=status)
         fut = server.loop.create_future()
         server.remember_idempotency(key, fingerprint, fut)
         try:
-            resp = await self._do_create(spec)
+            answer = await self._do_create(spec)
         except BaseException:
             server.idempotency.pop(key, None)
             fut.cancel()
             raise
-        if resp.status == 201 and isinstance(resp, web.Response) and resp.text:
-            fut.set_result((201, json.loads(resp.text)))
-        else:
-            server.idempotency.pop(key, None)
-            fut.cancel()
-        return resp
+        fut.set_result((201, answer))
+        return web.json_response(answer, status=201)
 
-    async def _do_create(self, spec: Any) -> web.StreamResponse:
-        try:
-            rec = await self._server.create_sandbox(spec)
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
-        return self._sandbox_answer(rec, 201)
+    async def _do_create(self, spec: CreateRequest) -> Dict[str, Any]:
+        """Boot the sandbox; its ``Sandbox`` answer body (raises ``BadRequest`` 500)."""
+        return self._sandbox_body(await self._server.create_sandbox(spec))
 
     # -- list / get -------------------------------------------------------------------------
 
     async def list_v2(self, request: web.Request) -> web.StreamResponse:
         """``GET /v2/sandboxes``: metadata/state filters, ``limit``, ``nextToken`` paging."""
-        injected = self._inject(request, "list")
-        if injected is not None:
-            return injected
         q = request.query
+        metadata = parse_metadata_filter(q.get("metadata"))
+        states = [s for s in q.get("state", "running,paused").split(",") if s]
+        for s in states:
+            if s not in ("running", "paused"):
+                raise BadRequest(f"invalid state {s!r}")
         try:
-            metadata = parse_metadata_filter(q.get("metadata"))
-            states = [s for s in q.get("state", "running,paused").split(",") if s]
-            for s in states:
-                if s not in ("running", "paused"):
-                    raise BadRequest(f"invalid state {s!r}")
-            try:
-                limit = int(q.get("limit", "100"))
-            except ValueError:
-                raise BadRequest("limit must be an integer") from None
-            records = [r for r in self._server.records.values() if r.matches(metadata, states)]
-            chunk, token = page(
-                records, limit=limit, next_token=q.get("nextToken"), order=q.get("order", "desc")
-            )
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
+            limit = int(q.get("limit", "100"))
+        except ValueError:
+            raise BadRequest("limit must be an integer") from None
+        records = [r for r in self._server.records.values() if r.matches(metadata, states)]
+        chunk, token = page(
+            records, limit=limit, next_token=q.get("nextToken"), order=q.get("order", "desc")
+        )
         headers = {"x-next-token": token} if token else {}
         return web.json_response([r.listed_json() for r in chunk], headers=headers)
 
     async def list_v1(self, request: web.Request) -> web.StreamResponse:
         """``GET /sandboxes`` (legacy): running sandboxes only, no paging."""
-        injected = self._inject(request, "list")
-        if injected is not None:
-            return injected
-        try:
-            metadata = parse_metadata_filter(request.query.get("metadata"))
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
+        metadata = parse_metadata_filter(request.query.get("metadata"))
         records = sorted(
             (r for r in self._server.records.values() if r.matches(metadata, ("running",))),
             key=lambda r: (r.started_at, r.sandbox_id),
@@ -252,15 +245,7 @@ class ControlPlane:
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         """``GET /sandboxes/{id}``: the ``SandboxDetail``."""
-        injected = self._inject(request, "get")
-        if injected is not None:
-            return injected
-        try:
-            rec = self._record(request)
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
+        rec = self._record(request)
         return web.json_response(rec.detail_json(domain=self._server.domain))
 
     # -- connect / resume -------------------------------------------------------------------
@@ -276,138 +261,73 @@ class ControlPlane:
     async def _connect(
         self, request: web.Request, *, default_timeout: Optional[int]
     ) -> web.StreamResponse:
-        injected = self._inject(request, "connect")
-        if injected is not None:
-            return injected
         conflict = self._server.faults.take("connect_conflict")
         if conflict is not None:
-            entry = request.get("log_entry")
-            if isinstance(entry, dict):
-                entry["fault"] = "connect_conflict"
+            _mark_fault(request, "connect_conflict")
             return api_error(
                 409, "Sandbox is in a transition, retry later", conflict.params.get("error_code")
             )
-        try:
-            rec = self._record(request)
-            body = await _json_body(request, optional=default_timeout is not None)
-            timeout = parse_timeout(body, "timeout", default_timeout)
-            memory = _opt_bool(body, "memory")
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
-        try:
-            resumed = await self._server.connect_sandbox(rec, timeout=timeout, memory=memory)
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
+        rec = self._record(request)
+        body = await _json_body(request, optional=default_timeout is not None)
+        timeout = parse_timeout(body, "timeout", default_timeout)
+        memory = parse_bool(body, "memory")
+        resumed = await self._server.connect_sandbox(rec, timeout=timeout, memory=memory)
         return self._sandbox_answer(rec, 201 if resumed else 200)
 
     async def resume(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/resume`` (legacy): 409 when already running."""
-        injected = self._inject(request, "connect")
-        if injected is not None:
-            return injected
-        try:
-            rec = self._record(request)
-            body = await _json_body(request, optional=True)
-            timeout = parse_timeout(body, "timeout", 15)
-            memory = _opt_bool(body, "memory")
-            auto_pause = _opt_bool(body, "autoPause")
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
+        rec = self._record(request)
+        body = await _json_body(request, optional=True)
+        timeout = parse_timeout(body, "timeout", 15)
+        memory = parse_bool(body, "memory")
+        auto_pause = parse_bool(body, "autoPause")
         if rec.state == "running":
-            return api_error(409, f"Sandbox {rec.sandbox_id} is already running")
+            raise BadRequest(f"Sandbox {rec.sandbox_id} is already running", status=409)
         if auto_pause is not None:
             rec.auto_pause = auto_pause
-        try:
-            await self._server.connect_sandbox(rec, timeout=timeout, memory=memory)
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
+        await self._server.connect_sandbox(rec, timeout=timeout, memory=memory)
         return self._sandbox_answer(rec, 201)
 
     # -- pause / timeout / refreshes / delete -----------------------------------------------
 
     async def pause(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/pause`` with ``{memory?, requireHealthyGuest?}``: 204."""
-        injected = self._inject(request, "pause")
-        if injected is not None:
-            return injected
-        try:
-            rec = self._record(request)
-            body = await _json_body(request, optional=True)
-            memory = _opt_bool(body, "memory")
-            healthy = _opt_bool(body, "requireHealthyGuest")
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
-        try:
-            await self._server.pause_sandbox(
-                rec, memory=memory is not False, require_healthy_guest=bool(healthy)
-            )
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
+        rec = self._record(request)
+        body = await _json_body(request, optional=True)
+        memory = parse_bool(body, "memory")
+        healthy = parse_bool(body, "requireHealthyGuest")
+        await self._server.pause_sandbox(
+            rec, memory=memory is not False, require_healthy_guest=bool(healthy)
+        )
         return web.Response(status=204)
 
     async def set_timeout(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/timeout`` ``{timeout}``: end = now + timeout (may shorten)."""
-        injected = self._inject(request, "timeout")
-        if injected is not None:
-            return injected
-        try:
-            rec = self._record(request)
-            body = await _json_body(request, optional=False)
-            value = body.get("timeout")
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise BadRequest("validation error: field 'timeout' must be an integer")
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
+        rec = self._record(request)
+        body = await _json_body(request, optional=False)
+        value = body.get("timeout")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequest("validation error: field 'timeout' must be an integer")
         if rec.state != "running":
-            return _not_found(rec.sandbox_id)
+            raise sandbox_not_found(rec.sandbox_id)
         rec.end_at = time.time() + max(0, min(value, 24 * 3600))
         return web.Response(status=204)
 
     async def refreshes(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/refreshes`` ``{duration?}``: extend-only keep-alive."""
-        injected = self._inject(request, "refreshes")
-        if injected is not None:
-            return injected
-        try:
-            rec = self._record(request)
-            body = await _json_body(request, optional=True)
-            value = body.get("duration", 15)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
-                raise BadRequest("duration must be an integer between 0 and 3600")
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message, exc.error_code)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
+        rec = self._record(request)
+        body = await _json_body(request, optional=True)
+        value = body.get("duration", 15)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
+            raise BadRequest("duration must be an integer between 0 and 3600")
         if rec.state != "running":
-            return _not_found(rec.sandbox_id)
+            raise sandbox_not_found(rec.sandbox_id)
         rec.extend_to(time.time() + value)
         return web.Response(status=204)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         """``DELETE /sandboxes/{id}``: 204, or 404 when unknown."""
-        injected = self._inject(request, "delete")
-        if injected is not None:
-            return injected
-        try:
-            rec = self._record(request)
-        except BadRequest as exc:
-            return api_error(exc.status, exc.message)
-        except _NotFound as exc:
-            return _not_found(exc.sandbox_id)
+        rec = self._record(request)
         if not await self._server.kill_sandbox(rec):
-            return _not_found(rec.sandbox_id)
+            raise sandbox_not_found(rec.sandbox_id)
         return web.Response(status=204)
-
-
-class _NotFound(Exception):
-    def __init__(self, sandbox_id: str) -> None:
-        super().__init__(sandbox_id)
-        self.sandbox_id = sandbox_id

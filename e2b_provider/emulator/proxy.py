@@ -73,6 +73,11 @@ def json_error(status: int, body: Dict[str, Any]) -> web.Response:
     return web.json_response(body, status=status, content_type="application/json")
 
 
+def _edge_502(sandbox_id: str, message: str) -> web.Response:
+    """The 502 E2B's edge answers itself for a sandbox it cannot reach."""
+    return json_error(502, {"sandboxId": sandbox_id, "message": message, "code": 502})
+
+
 def envd_route(request: web.BaseRequest) -> Optional[Tuple[str, int]]:
     """Return ``(sandbox_id, port)`` when ``request`` is envd traffic, else None.
 
@@ -183,14 +188,7 @@ class EnvdProxy:
                 rec = server.records.get(sandbox_id) if _SANDBOX_ID_RE.match(sandbox_id) else None
                 if rec is None or rec.state != "running":
                     entry["status"] = 502
-                    return json_error(
-                        502,
-                        {
-                            "sandboxId": sandbox_id,
-                            "message": "The sandbox was not found",
-                            "code": 502,
-                        },
-                    )
+                    return _edge_502(sandbox_id, "The sandbox was not found")
                 if port != ENVD_PORT:
                     entry["status"] = 502
                     return self._port_closed(sandbox_id)
@@ -219,14 +217,7 @@ class EnvdProxy:
                 rec.streams.discard(task)
 
     def _port_closed(self, sandbox_id: str) -> web.Response:
-        return json_error(
-            502,
-            {
-                "sandboxId": sandbox_id,
-                "message": "The sandbox is running but port is not open",
-                "code": 502,
-            },
-        )
+        return _edge_502(sandbox_id, "The sandbox is running but port is not open")
 
     async def _forward(
         self, request: web.Request, rec: SandboxRecord, entry: Dict[str, Any]

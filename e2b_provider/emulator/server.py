@@ -36,6 +36,7 @@ from .state import (
     SandboxRecord,
     new_access_token,
     new_sandbox_id,
+    sandbox_not_found,
 )
 
 __all__ = ["EmulatorServer"]
@@ -69,6 +70,11 @@ _LOGGED_HEADERS = (
 _SECRET_QUERY_KEYS = frozenset({"signature", "signature_expiration", "access_token"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _create_failed(exc: BaseException) -> BadRequest:
+    """The 500 ``sandbox_create_failed`` answer for a sandbox that did not boot."""
+    return BadRequest(f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed")
 
 
 class EmulatorServer:
@@ -282,9 +288,7 @@ class EmulatorServer:
         try:
             runtime = rt_mod.SandboxRuntime(spec, os.path.join(self.state_dir, sandbox_id))
         except ValueError as exc:
-            raise BadRequest(
-                f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed"
-            ) from None
+            raise _create_failed(exc) from None
         self._booting.add(runtime)
         try:
             await runtime.boot(timeout=self.boot_timeout)
@@ -294,9 +298,7 @@ class EmulatorServer:
         except Exception as exc:
             log.warning("boot of %s failed: %s", sandbox_id, exc)
             await self._destroy_runtime(runtime)
-            raise BadRequest(
-                f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed"
-            ) from None
+            raise _create_failed(exc) from None
         finally:
             self._booting.discard(runtime)
         now = time.time()
@@ -326,12 +328,15 @@ class EmulatorServer:
             await self.proxy.drop_session(sandbox_id)
             await asyncio.shield(self._destroy_runtime(runtime))
             if isinstance(exc, Exception):
-                raise BadRequest(
-                    f"sandbox boot failed: {exc}", status=500, error_code="sandbox_create_failed"
-                ) from None
+                raise _create_failed(exc) from None
             raise
         self.records[sandbox_id] = rec
         return rec
+
+    def _require_current(self, rec: SandboxRecord) -> None:
+        """Raise the 404 answer unless ``rec`` is still this server's record of its sandbox."""
+        if self.records.get(rec.sandbox_id) is not rec:
+            raise sandbox_not_found(rec.sandbox_id)
 
     async def envd_responsive(self, rec: SandboxRecord) -> bool:
         """False when the sandbox's envd is marked unresponsive or does not answer /health."""
@@ -356,11 +361,7 @@ class EmulatorServer:
                 answer (filesystem-only, or ``require_healthy_guest``).
         """
         async with rec.lock:
-            if self.records.get(rec.sandbox_id) is not rec:
-                raise BadRequest(
-                    f"Sandbox \"{rec.sandbox_id}\" doesn't exist or you don't have access to it",
-                    status=404,
-                )
+            self._require_current(rec)
             if rec.state == "paused":
                 raise BadRequest(
                     f"Error pausing sandbox - sandbox '{rec.sandbox_id}' is already paused",
@@ -415,11 +416,7 @@ class EmulatorServer:
                 marked snapshot without ``memory: false``; 500 when a cold boot failed.
         """
         async with rec.lock:
-            if self.records.get(rec.sandbox_id) is not rec:
-                raise BadRequest(
-                    f"Sandbox \"{rec.sandbox_id}\" doesn't exist or you don't have access to it",
-                    status=404,
-                )
+            self._require_current(rec)
             now = time.time()
             if rec.state == "running":
                 rec.extend_to(now + timeout)

@@ -32,15 +32,19 @@ __all__ = [
     "BadRequest",
     "CreateRequest",
     "SandboxRecord",
+    "check_idempotency_key",
     "decode_cursor",
     "encode_cursor",
     "new_access_token",
     "new_sandbox_id",
     "page",
+    "parse_bool",
     "parse_create_body",
     "parse_metadata_filter",
     "parse_sandbox_path_id",
+    "parse_timeout",
     "rfc3339",
+    "sandbox_not_found",
 ]
 
 #: The envd version every emulated sandbox reports (the one ``e2b-protocol.md`` describes).
@@ -69,6 +73,13 @@ class BadRequest(ValueError):
         self.message = message
         self.status = status
         self.error_code = error_code
+
+
+def sandbox_not_found(sandbox_id: str) -> BadRequest:
+    """The 404 E2B answers for a sandbox that does not exist (or is not the caller's)."""
+    return BadRequest(
+        f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it", status=404
+    )
 
 
 def new_sandbox_id() -> str:
@@ -146,7 +157,12 @@ def decode_cursor(token: str) -> Tuple[float, str]:
         raise BadRequest("Invalid next token") from None
 
 
-def _bool_field(body: Mapping[str, Any], name: str) -> Optional[bool]:
+def parse_bool(body: Mapping[str, Any], name: str) -> Optional[bool]:
+    """Read an optional boolean field of a request body (``None`` when absent or null).
+
+    Raises:
+        BadRequest: the field is not a boolean.
+    """
     value = body.get(name)
     if value is None:
         return None
@@ -220,11 +236,11 @@ def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
     if not isinstance(template, str) or not template:
         raise BadRequest("validation error: field 'templateID' is required")
     timeout = parse_timeout(body, "timeout", default_timeout)
-    auto_pause = bool(_bool_field(body, "autoPause"))
-    auto_pause_memory = _bool_field(body, "autoPauseMemory")
+    auto_pause = bool(parse_bool(body, "autoPause"))
+    auto_pause_memory = parse_bool(body, "autoPauseMemory")
     if auto_pause_memory is False and not auto_pause:
         raise BadRequest("autoPauseMemory can only be false together with autoPause")
-    allow_internet = _bool_field(body, "allow_internet_access")
+    allow_internet = parse_bool(body, "allow_internet_access")
     network = body.get("network")
     if network is not None and not isinstance(network, dict):
         raise BadRequest("validation error: field 'network' must be an object")
