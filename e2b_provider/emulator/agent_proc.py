@@ -33,6 +33,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import attrs
 
+from .._process import SIGNALS
 from .agent_rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
 
 __all__ = [
@@ -70,40 +71,9 @@ _DRAIN_LIMIT = 1024 * 1024
 
 _OOM_SCORE = 100
 
-# Go's syscall signal table (linux): what ProcessState.String() prints after "signal: ".
-_GO_SIGNALS: Mapping[int, str] = {
-    1: "hangup",
-    2: "interrupt",
-    3: "quit",
-    4: "illegal instruction",
-    5: "trace/breakpoint trap",
-    6: "aborted",
-    7: "bus error",
-    8: "floating point exception",
-    9: "killed",
-    10: "user defined signal 1",
-    11: "segmentation fault",
-    12: "user defined signal 2",
-    13: "broken pipe",
-    14: "alarm clock",
-    15: "terminated",
-    16: "stack fault",
-    17: "child exited",
-    18: "continued",
-    19: "stopped (signal)",
-    20: "stopped",
-    21: "stopped (tty input)",
-    22: "stopped (tty output)",
-    23: "urgent I/O condition",
-    24: "CPU time limit exceeded",
-    25: "file size limit exceeded",
-    26: "virtual timer expired",
-    27: "profiling timer expired",
-    28: "window changed",
-    29: "I/O possible",
-    30: "power failure",
-    31: "bad system call",
-}
+# Go's syscall signal table (linux), by number: what ProcessState.String() prints after
+# "signal: ". The client side parses the same table back (``e2b_provider._process.SIGNALS``).
+_GO_SIGNALS: Mapping[int, str] = {number: name for name, number in SIGNALS.items()}
 
 _SIGNALS_BY_NAME: Mapping[str, int] = {
     "SIGNAL_SIGKILL": int(signal.SIGKILL),
