@@ -4,8 +4,9 @@ This module owns starting ``python -m e2b_provider.emulator`` (bounded wait for 
 line), the URLs and key clients need, configuration helpers for this library and for the
 official SDK, the fault-injection and inspection calls of the admin API, and stopping the
 subprocess (SIGTERM, bounded wait, then SIGKILL) — on every exit path, including exceptions
-and KeyboardInterrupt. It uses only the standard library (``subprocess``, ``urllib``), so
-importing it needs neither aiohttp nor requests.
+and KeyboardInterrupt. It uses only the standard library (``subprocess``, ``urllib``) and the
+emulator's stdlib-only :mod:`._linux` helpers, so importing it needs neither aiohttp nor
+requests.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional
+
+from ._linux import mounts_under
 
 if TYPE_CHECKING:
     from ..config import DeploymentConfig
@@ -449,26 +452,12 @@ class Emulator:
         return result
 
 
-def mounts_under(path: str) -> List[str]:
-    """Mount points at or below ``path`` in this process's mount namespace."""
-    root = os.path.realpath(path).rstrip("/") + "/"
-    found = []
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) > 4:
-                    point = fields[4].replace("\\040", " ")
-                    if (point.rstrip("/") + "/").startswith(root):
-                        found.append(point)
-    except OSError:
-        pass
-    return found
-
-
 def remove_state_dir(path: str) -> None:
     """Remove a temporary state directory, unless something is still mounted inside it."""
-    left = mounts_under(path)
+    try:
+        left = mounts_under(path)
+    except OSError:  # mountinfo unreadable: no mount is known to be left inside
+        left = []
     if left:
         print(
             f"e2b-emulator: not removing {path}: still mounted inside: {', '.join(left)}",
