@@ -9,10 +9,14 @@
   sandboxes over the REST API and deletes them after the test.
 * ``api`` (function): a ``requests.Session`` that sends the emulator's API key; use it with
   ``emu.api_url + "/v2/sandboxes"`` etc.
+* ``run_in_threads`` (function): ``run_in_threads(worker, n, join_timeout) -> seconds``; runs
+  ``worker(i)`` for ``i`` in ``range(n)``, one thread each, and joins them (bounded).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
@@ -76,6 +80,25 @@ def make_sandbox(
     for sid in created:
         if emulator.running:
             api.delete(f"{emulator.api_url}/sandboxes/{sid}", timeout=60)
+
+
+def _run_in_threads(worker: Callable[[int], None], n: int, join_timeout: float) -> float:
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    return time.monotonic() - t0
+
+
+@pytest.fixture
+def run_in_threads() -> Callable[[Callable[[int], None], int, float], float]:
+    """``run_in_threads(worker, n, join_timeout)``: run ``worker(i)`` for ``i`` in
+    ``range(n)`` in ``n`` threads started together, join each for at most ``join_timeout``
+    seconds and return the seconds from the first start until the last join. The worker
+    records its own results and errors."""
+    return _run_in_threads
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

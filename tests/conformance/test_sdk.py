@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -254,7 +254,7 @@ def test_measure_create_and_run_latency(sandbox: Sandbox) -> None:
     assert median < 0.5
 
 
-def test_measure_concurrent_streams(sandbox: Sandbox) -> None:
+def test_measure_concurrent_streams(sandbox: Sandbox, run_in_threads: Callable[..., float]) -> None:
     n = 200
     errors: List[BaseException] = []
     outputs: List[Optional[str]] = [None] * n
@@ -267,13 +267,7 @@ def test_measure_concurrent_streams(sandbox: Sandbox) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    took = time.monotonic() - t0
+    took = run_in_threads(worker, n, 180)
     assert errors == []
     assert outputs == [f"{i}\n" for i in range(n)]
     _report("concurrent SDK command streams", f"{n} in {took:.2f} s (each sleeps 1 s)")

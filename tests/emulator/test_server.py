@@ -131,6 +131,13 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def wait_for_file(
+    emu: Emulator, sb: Dict[str, Any], path: str, content: str, what: str, timeout: float = 10
+) -> None:
+    """Wait until the sandbox's file ``path`` holds exactly ``content``."""
+    wait_for(lambda: run(emu, sb, f"cat {path} 2>/dev/null || true")[0] == content, timeout, what)
+
+
 def proc_start_time(pid: int) -> Optional[str]:
     """The start time of a live process (None when gone or a zombie)."""
     try:
@@ -548,14 +555,14 @@ def test_client_disconnect_keeps_process_running(emu: Emulator, make_sandbox: Ma
     resp = open_start(emu, sb, "sleep 1; echo done > ~/after-disconnect")
     resp.raw.read(5)
     resp.close()  # the client goes away mid-stream
-    wait_for(
-        lambda: run(emu, sb, "cat ~/after-disconnect 2>/dev/null || true")[0] == "done\n",
-        10,
-        "the process to finish after the client left",
+    wait_for_file(
+        emu, sb, "~/after-disconnect", "done\n", "the process to finish after the client left"
     )
 
 
-def test_concurrent_streams(emu: Emulator, make_sandbox: Make) -> None:
+def test_concurrent_streams(
+    emu: Emulator, make_sandbox: Make, run_in_threads: Callable[..., float]
+) -> None:
     sb = make_sandbox()
     n = 200
     results: List[Optional[str]] = [None] * n
@@ -565,13 +572,7 @@ def test_concurrent_streams(emu: Emulator, make_sandbox: Make) -> None:
         barrier.wait(timeout=30)
         results[i] = run(emu, sb, f"sleep 1; echo {i}", timeout=60)[0]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    took = time.monotonic() - t0
+    took = run_in_threads(worker, n, 90)
     assert results == [f"{i}\n" for i in range(n)]
     assert took < 45
 
@@ -658,11 +659,7 @@ def test_fault_stream_cut(emu: Emulator, make_sandbox: Make) -> None:
     assert len(got) == 12
     resp.close()
     # the process kept running in the sandbox; the next stream is whole again
-    wait_for(
-        lambda: run(emu, sb, "cat ~/cut 2>/dev/null || true")[0] == "world\n",
-        10,
-        "the cut process to finish",
-    )
+    wait_for_file(emu, sb, "~/cut", "world\n", "the cut process to finish")
 
 
 def test_fault_stream_stall(emu: Emulator, make_sandbox: Make) -> None:
