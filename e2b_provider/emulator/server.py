@@ -192,6 +192,9 @@ class EmulatorServer:
         await asyncio.gather(
             *(self._destroy_runtime(rt) for rt in runtimes), return_exceptions=True
         )
+        # destroys started by requests or expiries that were cut short above run on; wait for
+        # them too (each is bounded), or the loop's end would cancel them half-way
+        await asyncio.gather(*list(self._destroying.values()), return_exceptions=True)
         await self.proxy.close()
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -289,7 +292,19 @@ class EmulatorServer:
             runtime = rt_mod.SandboxRuntime(spec, os.path.join(self.state_dir, sandbox_id))
         except ValueError as exc:
             raise _create_failed(exc) from None
+        # in _booting until it is in records: close() finds it in one of them and destroys it
         self._booting.add(runtime)
+        try:
+            rec = await self._boot_new(sandbox_id, runtime, req, cpu_count, memory_mb)
+            self.records[sandbox_id] = rec
+        finally:
+            self._booting.discard(runtime)
+        return rec
+
+    async def _boot_new(
+        self, sandbox_id: str, runtime: Any, req: CreateRequest, cpu_count: int, memory_mb: int
+    ) -> SandboxRecord:
+        """Boot a new runtime and send envd's ``/init``; destroy it again on any failure."""
         try:
             await runtime.boot(timeout=self.boot_timeout)
         except asyncio.CancelledError:
@@ -299,8 +314,6 @@ class EmulatorServer:
             log.warning("boot of %s failed: %s", sandbox_id, exc)
             await self._destroy_runtime(runtime)
             raise _create_failed(exc) from None
-        finally:
-            self._booting.discard(runtime)
         now = time.time()
         rec = SandboxRecord(
             sandbox_id=sandbox_id,
@@ -330,7 +343,6 @@ class EmulatorServer:
             if isinstance(exc, Exception):
                 raise _create_failed(exc) from None
             raise
-        self.records[sandbox_id] = rec
         return rec
 
     def _require_current(self, rec: SandboxRecord) -> None:
