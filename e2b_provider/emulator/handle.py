@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -37,6 +38,12 @@ EXIT_UNAVAILABLE = 2
 #: The domain the emulator reports (matches ``state.DEFAULT_DOMAIN``).
 DOMAIN = "e2b.local"
 _ADMIN_TIMEOUT = 30.0
+_KEY_FIELD = re.compile(r"api_key=\S*")
+
+
+def _hide_key(line: str) -> str:
+    """``line`` with the value of an ``api_key=`` field masked (for error messages)."""
+    return _KEY_FIELD.sub("api_key=***", line)
 
 
 class EmulatorError(RuntimeError):
@@ -165,7 +172,9 @@ class Emulator:
             self._sandbox_url = fields["sandbox_url"]
             self._api_key = fields["api_key"]
         except KeyError:
-            raise EmulatorError(f"unexpected ready line from the emulator: {line!r}") from None
+            raise EmulatorError(
+                f"unexpected ready line from the emulator: {_hide_key(line)!r}"
+            ) from None
 
     def _read_ready_line(self, proc: subprocess.Popen[bytes], timeout: float) -> str:
         assert proc.stdout is not None
@@ -189,7 +198,7 @@ class Emulator:
                     self._raise_exited(proc, deadline)
         line = buf.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
         if not line.startswith("e2b-emulator ready "):
-            raise EmulatorError(f"unexpected output from the emulator: {line!r}")
+            raise EmulatorError(f"unexpected output from the emulator: {_hide_key(line)!r}")
         return line
 
     def _raise_exited(self, proc: subprocess.Popen[bytes], deadline: float) -> None:

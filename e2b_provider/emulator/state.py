@@ -212,7 +212,7 @@ class CreateRequest:
     auto_pause: bool
     auto_pause_memory: bool
     metadata: Mapping[str, str]
-    env_vars: Mapping[str, str]
+    env_vars: Mapping[str, str] = attrs.field(repr=False)
     egress: str
     allow_hosts: Tuple[str, ...]
     allow_internet_access: Optional[bool]
