@@ -932,7 +932,10 @@ def test_isolation_unavailable_exits_2_and_handle_raises(
 
 
 _CHILD = """
-import sys, time
+import signal, sys, time
+# Ctrl-C works as in a terminal even when this test run was started with SIGINT ignored
+# (a background job of a non-interactive shell).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from e2b_provider.emulator import Emulator
 with Emulator() as emu:
     print(emu.pid, emu.state_dir, flush=True)

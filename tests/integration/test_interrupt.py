@@ -18,7 +18,10 @@ pytestmark = pytest.mark.integration
 
 CHILD = textwrap.dedent(
     """
-    import json, logging, sys
+    import json, logging, signal, sys
+    # Ctrl-C works as in a terminal or a Jupyter kernel even when this test run was started
+    # with SIGINT ignored (a background job of a non-interactive shell).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
     from e2b_provider import DeploymentConfig, E2BSandboxProvider
     cfg = DeploymentConfig(**json.loads(sys.argv[1]))
