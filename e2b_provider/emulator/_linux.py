@@ -29,6 +29,7 @@ __all__ = [
     "own_cgroup_path",
     "pdeathsig_setter",
     "pids_in_pid_namespace",
+    "process_state",
 ]
 
 PR_SET_PDEATHSIG = 1
@@ -162,6 +163,18 @@ def namespace_id(pid: int, kind: str) -> Optional[Tuple[int, int]]:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def process_state(pid: int) -> Optional[str]:
+    """Return the one-letter state of ``pid`` from ``/proc/<pid>/stat`` (``"T"`` = stopped),
+    or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()[:1]
+    return fields[0].decode("ascii", "replace") if fields else None
 
 
 def is_zombie(pid: int) -> bool:

@@ -7,6 +7,13 @@ what the host Python needs, ``/proc``, ``/sys``, a minimal ``/dev``, ``/run`` wi
 ``pivot_root``, the hostname and loopback, the capability bounding set; and then the PID-1 job:
 reap every orphan and keep the agent running until SIGTERM arrives from outside the sandbox.
 
+Rootless mode (``"rootless": true`` in the boot config; PID 1 is then root of a user namespace
+mapping the host user to root and its subuid/subgid range to ids 1-65535): the overlays use
+``userxattr``, and bind remounts repeat the flags the kernel locked on inherited host mounts.
+Host-owned files of the overlaid ``/usr``, ``/etc``, ``/var``, ``/opt`` stay read-only even for
+the sandbox's root (their owner is not mapped); new top-level entries there and the sandbox's
+own directories (``/workspace``, ``/home``, ``/root``, ``/tmp``, ``/opt/capybara``) are writable.
+
 :mod:`.runtime` starts it as ``unshare --pid --fork --mount … -- <python> -E -s -S
 <path of this file> <config.json>``: run by path and with ``-S``, it must use the standard
 library only (no ``attrs``, nothing from ``e2b_provider``). It does no networking besides
@@ -67,8 +74,12 @@ MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
 MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 PR_CAPBSET_DROP = 24
 SIOCGIFFLAGS = 0x8913
@@ -88,6 +99,10 @@ _PIVOT_ROOT_NR = {
 }
 
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+# Rootless mode (set by setup() from the boot config): PID 1 is root of a user namespace
+# that maps only root (the host user) and the subuid range, not the host's root.
+_rootless = False
 _OUTSIDE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -212,10 +227,27 @@ def _mount(
     )
 
 
+def locked_flags(st_flag: int) -> int:
+    """Map ``statvfs().f_flag`` of a mount to the ``MS_*`` flags a bind remount must keep.
+
+    In a user namespace, the flags of mounts inherited from the host are locked: a remount
+    that would drop ``ro``, ``nosuid``, ``nodev``, ``noexec`` or change the atime mode fails
+    with EPERM, so rootless remounts repeat them.
+    """
+    flags = st_flag & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    if st_flag & os.ST_RELATIME:
+        flags |= MS_RELATIME
+    elif not st_flag & os.ST_NOATIME:
+        flags |= MS_STRICTATIME
+    return flags
+
+
 def _bind(source: str, target: str, readonly: bool = False, extra: int = 0) -> None:
     _mount(source, target, None, MS_BIND, None)
     if readonly or extra:
         flags = MS_BIND | MS_REMOUNT | extra | (MS_RDONLY if readonly else 0)
+        if _rootless:
+            flags |= locked_flags(os.statvfs(target).f_flag)
         _mount(None, target, None, flags, None)
 
 
@@ -307,12 +339,14 @@ def _overlays(cfg: Mapping[str, Any]) -> None:
         os.makedirs(upper, mode=0o755, exist_ok=True)
         os.makedirs(work, mode=0o700, exist_ok=True)
         _mkdir(os.path.join(root, name), 0o755)
+        # Rootless, overlayfs keeps its metadata in user.* xattrs (trusted.* needs real root).
         _mount(
             "overlay",
             os.path.join(root, name),
             "overlay",
             0,
-            f"lowerdir=/{name},upperdir={upper},workdir={work}",
+            f"lowerdir=/{name},upperdir={upper},workdir={work}"
+            + (",userxattr" if _rootless else ""),
         )
 
 
@@ -402,6 +436,8 @@ def setup(cfg: Mapping[str, Any]) -> None:
     Args:
         cfg: the boot configuration written by :class:`.runtime.SandboxRuntime`.
     """
+    global _rootless
+    _rootless = bool(cfg.get("rootless", False))
     root = cfg["root"]
     _skeleton(cfg)
     _bind(root, root)  # pivot_root needs the new root to be a mount point

@@ -17,6 +17,16 @@ Cgroups: ``<cgroup2>/e2b-emulator-<server pid>/<sandbox id>`` (freeze/kill throu
 ``cgroup.freeze`` / ``cgroup.kill``), else the v1 freezer, else SIGSTOP/SIGKILL of every pid.
 Memory and CPU limits are applied where a controller is available (best effort).
 
+Rootless mode (the server is not root; see :func:`check_isolation`): ``unshare --user
+--map-root-user --map-auto`` adds a user namespace in which root is the calling user and ids
+1-65535 are its subuid/subgid range (so ``sandbox`` 1000 and ``user`` 1001 are real, distinct
+ids; on the host they show as ``<subuid start> + 999`` and ``+ 1000``). Same contract as root
+mode, except: no cgroups (freeze = SIGSTOP of every process, no CPU/memory limits), the
+sandbox's root cannot modify host-owned files of ``/usr``, ``/etc``, ``/var``, ``/opt`` (their
+owner is not mapped), and state dirs are deleted from a user namespace
+(:func:`remove_tree`), since files written inside belong to subuids. Without root and
+without those prerequisites, sandboxes are refused, never run unisolated.
+
 Every coroutine method must run on the server's event-loop thread: ``unshare`` is spawned with
 ``PR_SET_PDEATHSIG=SIGKILL``, which fires when the *spawning thread* dies, and ``unshare
 --kill-child`` passes the death on to the sandbox's PID 1, so sandboxes never outlive the
@@ -39,7 +49,7 @@ import sys
 import tempfile
 import time
 import types
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import attrs
 
@@ -54,6 +64,10 @@ __all__ = [
     "default_agent_argv",
     "python_bind_paths",
     "remove_stale_cgroups",
+    "remove_tree",
+    "rootless_message",
+    "rootless_missing",
+    "subid_range",
 ]
 
 log = logging.getLogger(__name__)
@@ -139,6 +153,34 @@ class SandboxSpec:
 # --- isolation check ------------------------------------------------------------------------
 
 _isolation_ok = False
+SUBUID_FILE = "/etc/subuid"
+SUBGID_FILE = "/etc/subgid"
+ROOTLESS_IDS = 65536  # ids a rootless sandbox needs: 0 (the user itself) + 1..65535 (sub ids)
+_ROOTLESS_NEEDS = (
+    "the E2B emulator needs root, or unprivileged user namespaces with newuidmap/newgidmap "
+    "(Debian package uidmap) and a subuid/subgid range of {ids} ids for user {user} in "
+    "{subuid} and {subgid}"
+)
+# Run by the rootless probe as PID 1 of fresh user/pid/mount/... namespaces: the id maps must
+# cover uid/gid 65535, and overlayfs (userxattr) of every overlaid host dir and /proc must mount.
+_ROOTLESS_PROBE = r"""
+set -e
+t=$1; ids=$2; shift 2
+for f in uid_map gid_map; do
+  n=0
+  while read -r inner outer count; do n=$((n + count)); done < /proc/self/$f
+  if [ "$n" -lt "$ids" ]; then
+    echo "only $n ids in /proc/self/$f of the user namespace (need $ids)" >&2; exit 1
+  fi
+done
+for d in "$@"; do
+  mkdir "$t/u$d" "$t/w$d" "$t/m$d"
+  mount -t overlay overlay -o "lowerdir=/$d,upperdir=$t/u$d,workdir=$t/w$d,userxattr" "$t/m$d" \
+    || { echo "overlayfs (userxattr) of /$d failed" >&2; exit 1; }
+done
+mkdir "$t/proc"
+mount -t proc proc "$t/proc" || { echo "mounting /proc failed" >&2; exit 1; }
+"""
 
 
 def _probe(argv: Sequence[str]) -> Optional[str]:
@@ -154,8 +196,114 @@ def _probe(argv: Sequence[str]) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     if done.returncode != 0:
-        return done.stderr.decode(errors="replace").strip() or f"exit code {done.returncode}"
+        err = done.stderr.decode(errors="replace").strip()
+        return " / ".join(err.splitlines()) or f"exit code {done.returncode}"
     return None
+
+
+def subid_range(text: str, user: str, uid: int) -> Optional[Tuple[int, int]]:
+    """Return the first ``(start, count)`` of ``user`` in a subuid/subgid file, or None.
+
+    The first line naming the user (by name or by numeric id) counts, as for
+    ``unshare --map-auto``; malformed lines and comments are skipped.
+
+    Args:
+        text: the content of ``/etc/subuid`` or ``/etc/subgid``.
+        user: the user's name.
+        uid: the user's numeric id.
+    """
+    for line in text.splitlines():
+        fields = line.strip().split(":")
+        if len(fields) != 3 or fields[0] not in (user, str(uid)):
+            continue
+        try:
+            start, count = int(fields[1]), int(fields[2])
+        except ValueError:
+            continue
+        if start >= 0 and count >= 0:
+            return start, count
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _rootless_overlays() -> List[str]:
+    return list(OVERLAY_DIRS) + _usr_merge_links()[1]
+
+
+def rootless_missing() -> List[str]:
+    """Return what this (non-root) user lacks for rootless sandboxes; empty if nothing.
+
+    Checked: ``unshare``, ``newuidmap``/``newgidmap``, a first subuid and subgid range of at
+    least 65536 ids for the user, that the kernel allows unprivileged user namespaces, and,
+    when all of that is there, a probe run in the namespaces a sandbox gets (id maps covering
+    65536 ids, overlayfs with ``userxattr`` of ``/usr``, ``/etc``, ``/var``, ``/opt``, ``/proc``).
+    """
+    uid = os.geteuid()
+    user = _user_name(uid)
+    missing: List[str] = []
+    unshare = shutil.which("unshare", path=_HOST_PATH)
+    if unshare is None:
+        missing.append("the unshare command (Debian package util-linux >= 2.38)")
+    tools = [t for t in ("newuidmap", "newgidmap") if shutil.which(t, path=_HOST_PATH) is None]
+    if tools:
+        missing.append(f"{' and '.join(tools)} (Debian package uidmap)")
+    for kind, path in (("subuid", SUBUID_FILE), ("subgid", SUBGID_FILE)):
+        text = _read_text(path)
+        found = subid_range(text, user, uid) if text is not None else None
+        line = f"{user}:<start>:{ROOTLESS_IDS}"
+        if text is None:
+            missing.append(f"{path} (unreadable or absent; add a line '{line}')")
+        elif found is None:
+            missing.append(f"a {kind} range for {user} in {path} (add '{line}')")
+        elif found[1] < ROOTLESS_IDS:
+            missing.append(
+                f"a big enough {kind} range: the first one for {user} in {path} has "
+                f"{found[1]} ids, need {ROOTLESS_IDS}"
+            )
+    if unshare is not None:
+        err = _probe([unshare, "--user", "--map-root-user", "/bin/true"])
+        if err is not None:
+            missing.append(
+                "unprivileged user namespaces: the kernel refused 'unshare --user "
+                f"--map-root-user' ({err}); see sysctls user.max_user_namespaces, "
+                "kernel.unprivileged_userns_clone, kernel.apparmor_restrict_unprivileged_userns"
+            )
+    if unshare is not None and not missing:
+        with tempfile.TemporaryDirectory(prefix="e2b-emu-probe-") as tmp:
+            err = _probe(
+                [unshare, "--user", "--map-root-user", "--map-auto", "--pid", "--fork",
+                 "--mount", "--uts", "--ipc", "--net", "--cgroup", "--propagation", "private",
+                 "--kill-child", "--", "/bin/sh", "-c", _ROOTLESS_PROBE, "probe", tmp,
+                 str(ROOTLESS_IDS), *_rootless_overlays()]
+            )  # fmt: skip
+        if err is not None:
+            missing.append(f"a working rootless sandbox setup (probe failed: {err})")
+    return missing
+
+
+def rootless_message(missing: Sequence[str]) -> str:
+    """Return the one-message refusal for a non-root user lacking ``missing``."""
+    uid = os.geteuid()
+    needs = _ROOTLESS_NEEDS.format(
+        ids=ROOTLESS_IDS, user=_user_name(uid), subuid=SUBUID_FILE, subgid=SUBGID_FILE
+    )
+    return f"{needs}; running as uid {uid}, missing: " + "; ".join(missing)
 
 
 def check_isolation() -> None:
@@ -163,8 +311,14 @@ def check_isolation() -> None:
 
     As root: ``unshare`` with pid/mount/uts/ipc/net namespaces, mounting, and overlayfs must
     work (checked with two tiny probes, some milliseconds). A missing cgroup hierarchy is only
-    logged: pause then falls back to SIGSTOP. Rootless mode is not implemented. The first
-    success is cached for the process.
+    logged: pause then falls back to SIGSTOP.
+
+    Not root: rootless mode (see :func:`rootless_missing`). Sandboxes then run in a user
+    namespace mapping root to the calling user and ids 1-65535 to the user's subuid/subgid
+    range; there are no cgroups (pause = SIGSTOP of every process, no CPU/memory limits).
+    Sandboxes never run without isolation.
+
+    The first success is cached for the process.
 
     Raises:
         IsolationUnavailable: with one message listing everything that is missing.
@@ -179,12 +333,16 @@ def check_isolation() -> None:
             f"this is {sys.platform}: run it in a Linux VM or a privileged container"
         )
     if os.geteuid() != 0:
-        raise IsolationUnavailable(
-            "the E2B emulator needs root: it isolates each sandbox with pid/mount/net "
-            "namespaces, overlayfs and cgroups (rootless mode with user namespaces is not "
-            f"implemented); running as uid {os.geteuid()}: run it as root (sudo, or a "
-            "privileged container)"
+        missing = rootless_missing()
+        if missing:
+            raise IsolationUnavailable(rootless_message(missing))
+        log.warning(
+            "rootless mode (uid %d): sandboxes run in user namespaces without cgroups; "
+            "pause uses SIGSTOP, no CPU/memory limits, system dirs are read-only for root",
+            os.geteuid(),
         )
+        _isolation_ok = True
+        return
     unshare = shutil.which("unshare", path=_HOST_PATH)
     if unshare is None:
         missing.append("the unshare command (Debian package util-linux)")
@@ -501,8 +659,49 @@ def _usr_merge_links() -> Tuple[Dict[str, str], List[str]]:
     return links, dirs
 
 
+def remove_tree(path: str) -> None:
+    """Delete a tree that may hold sandboxes' files (a state dir), blocking, bounded to 60 s.
+
+    As root this is :func:`shutil.rmtree`. Rootless, files written inside a sandbox belong to
+    the user's subuids, which the user cannot delete directly: the tree is removed from a user
+    namespace with the same id mapping as the sandboxes (``unshare --user --map-root-user
+    --map-auto rm -rf``). Call it only when no sandbox runs on the tree.
+
+    Raises:
+        SandboxRuntimeError: the tree could not be removed (the message says why).
+    """
+    if not os.path.lexists(path):
+        return
+    if os.geteuid() == 0:
+        shutil.rmtree(path)
+        return
+    unshare = shutil.which("unshare", path=_HOST_PATH)
+    rm = shutil.which("rm", path=_HOST_PATH)
+    if unshare is None or rm is None:
+        raise SandboxRuntimeError(f"cannot remove {path}: unshare or rm is missing")
+    try:
+        done = subprocess.run(
+            [unshare, "--user", "--map-root-user", "--map-auto", "--",
+             rm, "-rf", "--one-file-system", "--", os.path.abspath(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+            check=False,
+            env={"PATH": _HOST_PATH, "LANG": "C.UTF-8"},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxRuntimeError(f"cannot remove {path}: {exc}") from exc
+    if done.returncode != 0 or os.path.lexists(path):
+        err = done.stderr.decode(errors="replace").strip()
+        raise SandboxRuntimeError(f"cannot remove {path}: {err or done.returncode}")
+
+
 class SandboxRuntime:
     """One sandbox's namespaces, filesystem and processes, driven from the event-loop thread.
+
+    As root, or rootless in a user namespace when the process is not root (:attr:`rootless`,
+    see the module docstring for what differs).
 
     The agent runs as root inside the sandbox with ``cwd`` = the directory holding the
     ``e2b_provider`` package and an environment of ``PATH``, ``LANG``, ``HOME``, ``USER``,
@@ -546,6 +745,7 @@ class SandboxRuntime:
         self._pid_ns: Optional[Tuple[int, int]] = None
         self._frozen = False
         self._lock: Optional[Tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = None
+        self._rootless = os.geteuid() != 0
         self.last_boot_seconds: Optional[float] = None
 
     def __repr__(self) -> str:
@@ -565,6 +765,27 @@ class SandboxRuntime:
         return self._frozen and self.running
 
     @property
+    def rootless(self) -> bool:
+        """True if the sandbox runs in a user namespace (the runtime is not root).
+
+        Set at construction and at each :meth:`boot` from the effective uid.
+        """
+        return self._rootless
+
+    @property
+    def freeze_method(self) -> str:
+        """How :meth:`freeze` works for the current boot.
+
+        ``"cgroup2"`` (``cgroup.freeze``), ``"cgroup1-freezer"`` (``freezer.state``) or
+        ``"sigstop"``: SIGSTOP to every process of the sandbox, SIGCONT on thaw (rootless mode,
+        or no cgroup hierarchy). SIGSTOP is visible to the sandbox's processes (a parent may
+        see its child stop, job-control shells print "Stopped"), unlike the cgroup freezer.
+        """
+        if self._cgroups.control is None:
+            return "sigstop"
+        return "cgroup2" if self._cgroups.mode == "v2" else "cgroup1-freezer"
+
+    @property
     def init_pid(self) -> Optional[int]:
         """Host pid of the sandbox's PID 1 while it runs (for nsenter in tests)."""
         return self._init_pid if self.running else None
@@ -572,7 +793,7 @@ class SandboxRuntime:
     def host_pids(self) -> List[int]:
         """Return the host pids of every process of the sandbox (``unshare`` included)."""
         pids = {p for p in self._cgroups.pids() if not _linux.is_zombie(p)}
-        if self._pid_ns is not None:
+        if self._pid_ns is not None and self._pid_ns != _linux.namespace_id(os.getpid(), "pid"):
             pids.update(_linux.pids_in_pid_namespace(self._pid_ns))
         if self._proc is not None and self._proc.poll() is None:
             pids.add(self._proc.pid)
@@ -639,6 +860,7 @@ class SandboxRuntime:
             "agent_argv": self._agent_argv,
             "agent_env": env,
             "agent_cwd": self._agent_cwd,
+            "rootless": self._rootless,
         }
         path = os.path.join(sd, "boot.json")
         self._write_private(path, cfg)
@@ -655,12 +877,19 @@ class SandboxRuntime:
         unshare = shutil.which("unshare", path=_HOST_PATH)
         if unshare is None:
             raise IsolationUnavailable("the unshare command is missing (package util-linux)")
+        # Rootless: a user namespace mapping root to this user and 1-65535 to its subuid and
+        # subgid ranges (newuidmap/newgidmap, --map-auto), so that sandbox users are real ids.
+        userns = ["--user", "--map-root-user", "--map-auto"] if self._rootless else []
         argv = [
-            unshare, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--cgroup",
-            "--propagation", "private", "--kill-child", "--",
+            unshare, *userns, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net",
+            "--cgroup", "--propagation", "private", "--kill-child", "--",
             sys.executable, "-E", "-s", "-S", _INIT_PATH, boot_json,
         ]  # fmt: skip
-        self._cgroups.create(self.spec.cpu_count, self.spec.memory_mb)
+        if self._rootless:
+            # No cgroups: an unprivileged user cannot create them (freeze = SIGSTOP, no limits).
+            self._cgroups.mode, self._cgroups.control, self._cgroups.extra = "none", None, []
+        else:
+            self._cgroups.create(self.spec.cpu_count, self.spec.memory_mb)
         required, optional = self._cgroups.procs_fds()
         set_pdeathsig = _linux.pdeathsig_setter(signal.SIGKILL, os.getpid())
 
@@ -700,8 +929,13 @@ class SandboxRuntime:
             children = _read(f"/proc/{pid}/task/{pid}/children").split()
         except OSError:
             children = []
-        if children:
-            return int(children[0])
+        # Rootless, unshare first forks a helper (newuidmap/newgidmap) that stays in our pid
+        # namespace: PID 1 is the child living in a pid namespace of its own.
+        own = _linux.namespace_id(os.getpid(), "pid")
+        for child in children:
+            ns = _linux.namespace_id(int(child), "pid")
+            if ns is not None and ns != own:
+                return int(child)
         return None
 
     def log_tail(self, limit: int = 4000) -> str:
@@ -748,6 +982,7 @@ class SandboxRuntime:
                 raise SandboxRuntimeError(f"sandbox {self.spec.sandbox_id} is already running")
             check_isolation()
             await self._halt_locked()  # leftovers of a PID 1 that died by itself
+            self._rootless = os.geteuid() != 0
             t0 = time.monotonic()
             deadline = t0 + timeout
             try:
@@ -808,6 +1043,10 @@ class SandboxRuntime:
     async def freeze(self) -> None:
         """Freeze every process of the sandbox, keeping its memory (pause with memory).
 
+        Uses the cgroup freezer, or, rootless or without cgroups, SIGSTOP to every process
+        (repeated for children forked meanwhile) until all are stopped; see
+        :attr:`freeze_method`.
+
         Raises:
             SandboxRuntimeError: not running, or the freezer did not settle within 10 s.
         """
@@ -823,7 +1062,33 @@ class SandboxRuntime:
                 await self._poll(lambda: cg.is_frozen(True), "freeze")
             else:
                 self._frozen = True
-                self._signal_all(signal.SIGSTOP)
+                await self._stop_all()
+
+    def _all_stopped(self, signalled: Set[int]) -> bool:
+        """SIGSTOP the processes not signalled yet; True once every process is stopped."""
+        settled = True
+        for pid in self.host_pids():
+            if pid not in signalled:
+                signalled.add(pid)
+                settled = False
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
+            elif _linux.process_state(pid) not in ("T", "t", "Z", "X", None):
+                settled = False
+        return settled
+
+    async def _stop_all(self) -> None:
+        # SIGSTOP every process, again for any child forked meanwhile, until all are stopped.
+        # If that does not settle, everything is continued: a failed freeze leaves it running.
+        signalled: Set[int] = set()
+        try:
+            await self._poll(lambda: self._all_stopped(signalled), "freeze (SIGSTOP)")
+        except BaseException:
+            self._signal_all(signal.SIGCONT)
+            self._frozen = False
+            raise
 
     async def thaw(self) -> None:
         """Resume a frozen sandbox (no-op if it is not frozen).
@@ -924,5 +1189,5 @@ class SandboxRuntime:
                 )
             if os.path.lexists(self.state_dir):
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(None, shutil.rmtree, self.state_dir)
+                await loop.run_in_executor(None, remove_tree, self.state_dir)
             self._cgroups.remove()

@@ -39,8 +39,13 @@ from e2b_provider.emulator.runtime import (
 try:
     check_isolation()
     _UNAVAILABLE: Optional[str] = None
+    if os.geteuid() != 0:
+        # Cgroups, limits and capability checks here assume root; rootless sandboxes are
+        # tested by test_rootless.py.
+        _UNAVAILABLE = "not root (rootless mode is covered by test_rootless.py)"
 except IsolationUnavailable as _exc:
     _UNAVAILABLE = str(_exc)
+if _UNAVAILABLE is not None:
     print(f"test_runtime: skipping sandbox tests: {_UNAVAILABLE}", file=sys.stderr)
 
 pytestmark = pytest.mark.skipif(
@@ -258,12 +263,21 @@ def test_mountinfo_parser_decodes_escapes() -> None:
     assert mounts[1].super_options == ("rw", "freezer") and mounts[2].root == "/x"
 
 
-def test_check_isolation_explains_missing_root(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_isolation_explains_missing_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # Not root and no subuid/subgid range: refused, naming root and the rootless requirements.
+    empty = tmp_path / "empty"
+    empty.write_text("")
     monkeypatch.setattr(runtime, "_isolation_ok", False)
+    monkeypatch.setattr(runtime, "SUBUID_FILE", str(empty))
+    monkeypatch.setattr(runtime, "SUBGID_FILE", str(empty))
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(IsolationUnavailable, match="needs root") as info:
+    with pytest.raises(IsolationUnavailable, match="needs root, or unprivileged user") as info:
         check_isolation()
     assert isinstance(info.value, RuntimeError)
+    assert "running as uid 1000, missing: " in str(info.value)
+    assert f"subuid range for {runtime._user_name(1000)} in {empty}" in str(info.value)
 
 
 # --- real sandboxes ---------------------------------------------------------------------

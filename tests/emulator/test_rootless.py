@@ -1,0 +1,478 @@
+"""Tests of the emulator runtime's rootless mode (unprivileged user namespaces).
+
+Run as root, these tests create a throwaway system user, give it (or not) a subuid/subgid range
+in /etc/subuid and /etc/subgid, and run a small Python script as that user (``setpriv``) that
+uses :class:`SandboxRuntime` with the real agent: boot, ``runuser -u sandbox -- id`` and a file
+write through the agent, SIGSTOP freeze/thaw, halt, reboot keeping files, destroy, and sandboxes
+dying with their server. The user, its subid lines and every file are removed afterwards.
+
+If the interpreter is not reachable for that user (e.g. under /root, mode 700), the script runs
+in a private mount namespace in which only the interpreter's directories are visible below the
+blocking directory; nothing changes on the host. The pure helpers are tested without root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+from e2b_provider.emulator import init, runtime
+from e2b_provider.emulator.runtime import IsolationUnavailable, check_isolation, subid_range
+
+_HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _which(name: str) -> Optional[str]:
+    return shutil.which(name, path=_HOST_PATH)
+
+
+def _root_skip_reason() -> Optional[str]:
+    if not sys.platform.startswith("linux"):
+        return "rootless sandboxes need Linux"
+    if os.geteuid() != 0:
+        return "these tests create a throwaway user and need root"
+    for tool in ("useradd", "userdel", "setpriv", "unshare", "mount"):
+        if _which(tool) is None:
+            return f"{tool} is missing"
+    if _which("newuidmap") is None or _which("newgidmap") is None:
+        return "newuidmap/newgidmap missing: install the Debian package uidmap (./dev does it)"
+    return None
+
+
+_SKIP = _root_skip_reason()
+if _SKIP is not None:
+    print(f"test_rootless: skipping the rootless sandbox tests: {_SKIP}", file=sys.stderr)
+needs_root = pytest.mark.skipif(_SKIP is not None, reason=f"rootless sandbox tests: {_SKIP}")
+
+
+# --- pure helpers (no root needed) --------------------------------------------------------
+
+
+def test_subid_range_takes_the_first_entry_by_name_or_uid() -> None:
+    text = "# comment\nother:100000:65536\nbad line\nbob:x:1\nbob:200000:100\nbob:300000:65536\n"
+    assert subid_range(text, "bob", 1234) == (200000, 100)
+    assert subid_range("1234:500000:65536\n", "bob", 1234) == (500000, 65536)
+    assert subid_range(text, "alice", 1) is None
+    assert subid_range("", "bob", 1) is None
+
+
+def test_locked_flags_keep_what_the_host_mount_has() -> None:
+    flags = init.locked_flags(os.ST_NOSUID | os.ST_NOEXEC | os.ST_RELATIME)
+    assert flags == init.MS_NOSUID | init.MS_NOEXEC | init.MS_RELATIME
+    assert init.locked_flags(os.ST_RDONLY) == init.MS_RDONLY | init.MS_STRICTATIME
+    assert init.locked_flags(os.ST_NOATIME | os.ST_NODEV) == init.MS_NOATIME | init.MS_NODEV
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_refusal_names_every_missing_piece(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # A non-root caller whose subuid range is missing and whose subgid range is too small.
+    subuid = tmp_path / "subuid"
+    subgid = tmp_path / "subgid"
+    subuid.write_text("someoneelse:100000:65536\n")
+    subgid.write_text("4242:100000:1000\n")
+    monkeypatch.setattr(runtime, "_isolation_ok", False)
+    monkeypatch.setattr(runtime, "SUBUID_FILE", str(subuid))
+    monkeypatch.setattr(runtime, "SUBGID_FILE", str(subgid))
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    monkeypatch.setattr(runtime, "_user_name", lambda uid: "dev")
+    monkeypatch.setattr(runtime, "_HOST_PATH", "/nonexistent")  # no unshare, no newuidmap
+    with pytest.raises(IsolationUnavailable) as info:
+        check_isolation()
+    msg = str(info.value)
+    print(msg)
+    assert msg.startswith("the E2B emulator needs root, or unprivileged user namespaces with ")
+    assert "running as uid 4242, missing: " in msg
+    missing = msg.split("missing: ", 1)[1]
+    assert "the unshare command" in missing
+    assert "newuidmap and newgidmap (Debian package uidmap)" in missing
+    assert f"a subuid range for dev in {subuid} (add 'dev:<start>:65536')" in missing
+    assert f"the first one for dev in {subgid} has 1000 ids, need 65536" in missing
+    assert not runtime._isolation_ok
+
+
+# --- as a throwaway unprivileged user ---------------------------------------------------------
+
+
+def _run(argv: List[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False,
+        env={"PATH": _HOST_PATH, "LANG": "C.UTF-8"},
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _throwaway_user() -> Iterator[Tuple[str, int, int]]:
+    name = "e2brl" + uuid.uuid4().hex[:10]
+    done = _run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+    assert done.returncode == 0, done.stderr
+    try:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        yield name, entry.pw_uid, entry.pw_gid
+    finally:
+        _remove_subid_lines(name)
+        done = _run(["userdel", name])
+        assert done.returncode == 0, f"userdel {name}: {done.stderr}"
+
+
+def _rewrite(path: str, lines: List[str]) -> None:
+    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".e2b-test-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _read_lines(path: str) -> List[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readlines()
+    except FileNotFoundError:
+        return []
+
+
+def _remove_subid_lines(name: str) -> None:
+    for path in ("/etc/subuid", "/etc/subgid"):
+        lines = _read_lines(path)
+        kept = [line for line in lines if not line.startswith(name + ":")]
+        if kept != lines:
+            _rewrite(path, kept)
+
+
+def _add_subid_range(name: str) -> int:
+    """Give ``name`` 65536 ids after every range in use; return the start."""
+    end = 100000
+    for path in ("/etc/subuid", "/etc/subgid"):
+        for line in _read_lines(path):
+            fields = line.strip().split(":")
+            if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                end = max(end, int(fields[1]) + int(fields[2]))
+    start = -(-end // 65536) * 65536
+    for path in ("/etc/subuid", "/etc/subgid"):
+        lines = _read_lines(path)
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        _rewrite(path, [*lines, f"{name}:{start}:65536\n"])
+    return start
+
+
+def _blocked_dirs(uid: int, gid: int, paths: List[str]) -> Dict[str, List[str]]:
+    """Map each ancestor directory ``uid`` cannot search to the needed paths below it."""
+    blocked: Dict[str, List[str]] = {}
+    for path in paths:
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts)):
+            anc = "/" + "/".join(parts[:i])
+            st = os.stat(anc)
+            if st.st_uid == uid:
+                ok = bool(st.st_mode & stat.S_IXUSR)
+            elif st.st_gid == gid:
+                ok = bool(st.st_mode & stat.S_IXGRP)
+            else:
+                ok = bool(st.st_mode & stat.S_IXOTH)
+            if not ok:
+                blocked.setdefault(anc, []).append(path)
+                break
+    return blocked
+
+
+def _as_user(uid: int, gid: int, argv: List[str], scratch: str) -> List[str]:
+    """Return a command line running ``argv`` as ``uid``, the interpreter made reachable."""
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--"]
+    needed = sorted(set(runtime.python_bind_paths()) | {os.path.realpath(sys.prefix)})
+    blocked = _blocked_dirs(uid, gid, needed)
+    if not blocked:
+        return drop + argv
+    print(
+        "test_rootless: the interpreter is not reachable for an unprivileged user "
+        + ", ".join(f"({d} is mode {oct(stat.S_IMODE(os.stat(d).st_mode))})" for d in blocked)
+        + "; running the script in a private mount namespace where only "
+        + ", ".join(p for ps in blocked.values() for p in ps)
+        + " are visible below "
+        + ", ".join(blocked),
+        file=sys.stderr,
+    )
+    script = ["set -e"]
+    n = 0
+    for anc, paths in blocked.items():
+        keep = []
+        for path in paths:
+            spot = os.path.join(scratch, f"keep{n}")
+            n += 1
+            script.append(f"mkdir -p '{spot}' && mount --bind '{path}' '{spot}'")
+            keep.append((spot, path))
+        script.append(f"mount -t tmpfs -o mode=755,size=1m tmpfs '{anc}'")
+        for spot, path in keep:
+            script.append(f"mkdir -p '{path}' && mount --move '{spot}' '{path}'")
+    script.append('exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+            "\n".join(script), "as-user", *drop, *argv]  # fmt: skip
+
+
+SCRIPT = textwrap.dedent(
+    r"""
+    import asyncio, base64, http.client, json, os, socket, sys, time
+    from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
+    from e2b_provider.emulator import _linux
+    from e2b_provider.emulator.runtime import (
+        IsolationUnavailable, SandboxRuntime, SandboxSpec, check_isolation)
+
+    def emit(**kw):
+        print(json.dumps(kw), flush=True)
+
+    mode, base = sys.argv[1], sys.argv[2]
+    try:
+        check_isolation()
+    except IsolationUnavailable as exc:
+        emit(refused=str(exc))
+        sys.exit(0)
+    if mode == "check":
+        emit(refused=None)
+        sys.exit(0)
+
+    class UnixHTTP(http.client.HTTPConnection):
+        def __init__(self, path, timeout=20):
+            super().__init__("localhost", timeout=timeout)
+            self._path = path
+
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self.timeout)
+            self.sock.connect(self._path)
+
+    def call(rt, method, path, body=None, headers=None, timeout=20):
+        conn = UnixHTTP(rt.envd_socket, timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def run(rt, cmd, user="root"):
+        body = encode_envelope({"process": {"cmd": "/bin/sh", "args": ["-c", cmd]}})
+        status, data = call(rt, "POST", "/process.Process/Start", body, {
+            "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1",
+            "Authorization": "Basic " + base64.b64encode(user.encode() + b":").decode()})
+        assert status == 200, (status, data)
+        dec = EnvelopeDecoder()
+        dec.feed(data)
+        out, code = b"", None
+        for item in dec:
+            if isinstance(item, Message):
+                event = item.data.get("event", {})
+                out += base64.b64decode(event.get("data", {}).get("stdout", ""))
+                out += base64.b64decode(event.get("data", {}).get("stderr", ""))
+                if "end" in event:
+                    code = event["end"].get("exitCode", 0)
+        return code, out.decode()
+
+    def states(rt):
+        return {p: _linux.process_state(p) for p in rt.host_pids()}
+
+    async def scenario():
+        rt = SandboxRuntime(SandboxSpec("rl1", "rootless-box"), os.path.join(base, "rl1"))
+        await rt.boot(timeout=30)
+        emit(step="boot", seconds=rt.last_boot_seconds, rootless=rt.rootless,
+             freeze=rt.freeze_method, pids=rt.host_pids(), health=call(rt, "GET", "/health")[0])
+        emit(step="id", result=run(rt, "runuser -u sandbox -- id; id -un; hostname"))
+        emit(step="sandbox-id", result=run(rt, "id", user="sandbox"))
+        emit(step="layout", result=run(rt, "stat -c '%n %U %a' /workspace /home/user "
+             "/opt/capybara/upload /skills; tail -n +3 /proc/net/dev | cut -d: -f1; "
+             "wc -l < /proc/net/route; cat /proc/1/cmdline | tr '\\0' ' '"))
+        status, body = call(rt, "POST", "/files?path=/workspace/hello.txt&username=sandbox",
+                            b"hello rootless", {"Content-Type": "application/octet-stream"})
+        host_file = os.path.join(rt.state_dir, "root", "workspace", "hello.txt")
+        st = os.stat(host_file)
+        emit(step="upload", status=status, uid=st.st_uid, gid=st.st_gid,
+             inside=run(rt, "stat -c '%U:%G' /workspace/hello.txt; cat /workspace/hello.txt"))
+        emit(step="denied", result=run(rt, "touch /usr/local/e2b-x 2>&1; echo rc=$?"))
+        run(rt, "(setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.01; done'"
+                " >/dev/null 2>&1 &)")
+        tick = os.path.join(rt.state_dir, "root", "workspace", "tick")
+        deadline = time.monotonic() + 10
+        while not (os.path.exists(tick) and os.path.getsize(tick) > 10):
+            assert time.monotonic() < deadline, "ticker did not start"
+            await asyncio.sleep(0.02)
+        await rt.freeze()
+        frozen = rt.frozen
+        size = os.path.getsize(tick)
+        frozen_states = states(rt)
+        await asyncio.sleep(0.3)
+        still = os.path.getsize(tick) == size
+        await rt.thaw()
+        await asyncio.sleep(0.3)
+        emit(step="freeze", frozen=frozen, states=frozen_states, still=still,
+             resumed=os.path.getsize(tick) > size, after=states(rt))
+        pids = rt.host_pids()
+        await rt.halt()
+        survivors = [p for p in pids if _linux.process_state(p) not in (None, "Z", "X")]
+        emit(step="halt", pids=rt.host_pids(), survivors=survivors)
+        await rt.boot(timeout=30)
+        emit(step="reboot", result=run(rt, "cat /workspace/hello.txt; echo; ls /workspace"))
+        await rt.destroy()
+        emit(step="destroy", exists=os.path.exists(rt.state_dir), pids=rt.host_pids())
+        # A second sandbox, left running: the test SIGKILLs this process.
+        rt2 = SandboxRuntime(SandboxSpec("rl2", "rl2"), os.path.join(base, "rl2"))
+        await rt2.boot(timeout=30)
+        emit(step="orphan", pids=rt2.host_pids())
+        await asyncio.sleep(120)
+
+    asyncio.run(scenario())
+    """
+)
+
+
+@pytest.fixture
+def scratch() -> Iterator[str]:
+    # Short and searchable for the user: the agent socket path must fit in sun_path.
+    path = tempfile.mkdtemp(prefix="e2b-rl-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _user_base(scratch: str, uid: int, gid: int) -> str:
+    base = os.path.join(scratch, "s")
+    os.mkdir(base, 0o700)
+    os.chown(base, uid, gid)
+    return base
+
+
+def _userns_allowed(uid: int, gid: int, scratch: str) -> Optional[str]:
+    argv = _as_user(uid, gid, ["unshare", "--user", "--map-root-user", "/bin/true"], scratch)
+    done = _run(argv)
+    return None if done.returncode == 0 else done.stderr.strip() or str(done.returncode)
+
+
+@needs_root
+def test_refusal_as_a_user_without_subids(scratch: str) -> None:
+    with _throwaway_user() as (name, uid, gid):
+        base = _user_base(scratch, uid, gid)
+        argv = [sys.executable, "-c", SCRIPT, "check", base]
+        done = _run(_as_user(uid, gid, argv, scratch))
+        assert done.returncode == 0, done.stderr
+        msg = json.loads(done.stdout.splitlines()[-1])["refused"]
+        print(msg)
+        assert msg is not None and "needs root, or unprivileged user namespaces" in msg
+        missing = msg.split("missing: ", 1)[1]
+        assert f"a subuid range for {name} in /etc/subuid" in missing
+        assert f"a subgid range for {name} in /etc/subgid" in missing
+        assert "newuidmap" not in missing  # installed: not reported as missing
+
+
+@needs_root
+def test_rootless_sandbox_lifecycle(scratch: str) -> None:
+    with _throwaway_user() as (name, uid, gid):
+        reason = _userns_allowed(uid, gid, scratch)
+        if reason is not None:
+            pytest.skip(f"the kernel refuses unprivileged user namespaces here: {reason}")
+        start = _add_subid_range(name)
+        base = _user_base(scratch, uid, gid)
+        argv = [sys.executable, "-c", SCRIPT, "run", base]
+        child = subprocess.Popen(
+            _as_user(uid, gid, argv, scratch),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+            env={"PATH": _HOST_PATH, "LANG": "C.UTF-8"},
+        )  # fmt: skip
+        steps: Dict[str, Dict[str, Any]] = {}
+        try:
+            assert child.stdout is not None
+            while "orphan" not in steps:
+                line = child.stdout.readline()
+                if not line:
+                    break
+                item = json.loads(line)
+                print(item)
+                if "refused" in item:
+                    pytest.fail(f"rootless refused: {item['refused']}")
+                steps[item["step"]] = item
+            if "orphan" not in steps:
+                child.kill()
+                _, err = child.communicate(timeout=10)
+                pytest.fail(f"scenario stopped after {list(steps)}:\n{err}")
+            _check_steps(steps, start)
+            pids = steps["orphan"]["pids"]
+            assert len(pids) >= 3 and all(_alive(p) for p in pids)
+            # The "server" dies by SIGKILL; the sandbox must die with it (PDEATHSIG). unshare
+            # and setpriv exec, so the child is the Python process itself.
+            child.kill()
+            child.wait(timeout=10)
+            assert _wait_for(lambda: not any(_alive(p) for p in pids)), "sandbox outlived server"
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=10)
+            for stream in (child.stdout, child.stderr):
+                if stream is not None:
+                    stream.close()
+        # Nothing left of the user once the host's init reaped the zombies (unshare, PID 1).
+        assert _wait_for(lambda: _run(["pgrep", "-u", str(uid)]).stdout == "")
+
+
+def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
+    boot = steps["boot"]
+    assert boot["rootless"] is True and boot["freeze"] == "sigstop"
+    assert boot["health"] in (200, 204) and boot["seconds"] < 10
+    code, text = steps["id"]["result"]
+    lines = text.splitlines()
+    assert code == 0 and lines[0].startswith("uid=1000(sandbox) gid=1000(sandbox)"), text
+    assert lines[1:] == ["root", "rootless-box"], text
+    code, text = steps["sandbox-id"]["result"]
+    assert code == 0 and text.startswith("uid=1000(sandbox)"), text
+    code, text = steps["layout"]["result"]
+    lines = [line.strip() for line in text.splitlines()]
+    assert code == 0, text
+    assert lines[:4] == [
+        "/workspace sandbox 755",
+        "/home/user user 755",
+        "/opt/capybara/upload root 755",
+        "/skills root 755",
+    ], text
+    assert lines[4:6] == ["lo", "1"], text  # loopback only, empty routing table
+    assert "init.py" in lines[6], text
+    upload = steps["upload"]
+    assert upload["status"] == 200
+    # Inside: sandbox:sandbox; on the host: the user's subordinate ids 999 above the start.
+    assert (upload["uid"], upload["gid"]) == (start + 999, start + 999)
+    assert upload["inside"] == [0, "sandbox:sandbox\nhello rootless"]
+    assert "Permission denied" in steps["denied"]["result"][1]
+    freeze = steps["freeze"]
+    assert freeze["frozen"] is True and freeze["still"] is True and freeze["resumed"] is True
+    assert freeze["states"] and set(freeze["states"].values()) <= {"T", "t"}, freeze
+    assert not set(freeze["after"].values()) & {"T", "t"}, freeze
+    assert steps["halt"]["pids"] == [] and steps["halt"]["survivors"] == []
+    code, text = steps["reboot"]["result"]
+    assert code == 0 and text.splitlines() == ["hello rootless", "hello.txt", "tick"], text
+    assert steps["destroy"] == {"step": "destroy", "exists": False, "pids": []}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for(pred: Any, limit: float = 10.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return bool(pred())
