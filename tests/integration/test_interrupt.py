@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Iterator
 
 import pytest
 
@@ -68,23 +70,33 @@ def _wait_running(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> None
     raise AssertionError("the remote command never started")
 
 
-def test_sigint_kills_remote_command_and_reraises(
-    emu, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
-) -> None:  # type: ignore[no-untyped-def]
-    marker = str(time.monotonic_ns())
-    child = _spawn(emu, sandbox.id, f"sleep 1{marker} & sleep 2{marker}")
+@contextlib.contextmanager
+def _running_child(
+    emu, p: E2BSandboxProvider, h: SandboxHandle, command: str, pattern: str, bound: float = 10.0
+) -> Iterator[subprocess.Popen]:  # type: ignore[no-untyped-def]
+    """A child process blocked in ``exec(command)``, once ``pattern`` runs in the sandbox."""
+    child = _spawn(emu, h.id, command, bound)
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        _wait_running(shared_provider, sandbox, f"[s]leep 2{marker}")
-        t0 = time.monotonic()
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=30)
-        took = time.monotonic() - t0
+        _wait_running(p, h, pattern)
+        yield child
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_sigint_kills_remote_command_and_reraises(
+    emu, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:  # type: ignore[no-untyped-def]
+    marker = str(time.monotonic_ns())
+    command = f"sleep 1{marker} & sleep 2{marker}"
+    with _running_child(emu, shared_provider, sandbox, command, f"[s]leep 2{marker}") as child:
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+        took = time.monotonic() - t0
     assert "child saw KeyboardInterrupt" in out
     assert "exec returned" not in out
     assert err.rstrip().endswith("KeyboardInterrupt"), err
@@ -100,11 +112,8 @@ def test_second_sigint_abandons_a_hung_cleanup(emu, provider: E2BSandboxProvider
     h = provider.create(unique_name("ki2"))
     try:
         marker = str(time.monotonic_ns())
-        child = _spawn(emu, h.id, f"sleep 3{marker}", bound=60.0)
-        try:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "ready"
-            _wait_running(provider, h, f"[s]leep 3{marker}")
+        command, pattern = f"sleep 3{marker}", f"[s]leep 3{marker}"
+        with _running_child(emu, provider, h, command, pattern, bound=60.0) as child:
             emu.envd_unresponsive(h.id)  # the kill will hang
             child.send_signal(signal.SIGINT)
             time.sleep(1.0)
@@ -113,10 +122,6 @@ def test_second_sigint_abandons_a_hung_cleanup(emu, provider: E2BSandboxProvider
             child.send_signal(signal.SIGINT)
             out, err = child.communicate(timeout=20)
             took = time.monotonic() - t0
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
         assert "child saw KeyboardInterrupt" in out
         assert "abandoning cleanup" in err
         assert err.rstrip().endswith("KeyboardInterrupt")
