@@ -473,4 +473,13 @@ def remove_state_dir(path: str) -> None:
             file=sys.stderr,
         )
         return
-    shutil.rmtree(path, ignore_errors=True)
+    if os.geteuid() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    # Rootless: files written inside sandboxes belong to the user's subuids.
+    from .runtime import SandboxRuntimeError, remove_tree
+
+    try:
+        remove_tree(path)
+    except SandboxRuntimeError as exc:
+        print(f"e2b-emulator: not removing {path}: {exc}", file=sys.stderr)
