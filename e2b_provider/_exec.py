@@ -72,6 +72,8 @@ class _Run:
     stream: Optional[ProcessStream] = None
     pid: Optional[int] = None
     kill_future: Optional[concurrent.futures.Future[bool]] = None
+    #: When the kill job counts as failed: its bound, from submission, plus one second.
+    kill_deadline: Optional[Deadline] = None
     timers: list[Any] = attrs.field(factory=list)
 
 
@@ -79,12 +81,12 @@ def _wait_future(fut: concurrent.futures.Future[bool], deadline: Deadline) -> Op
     """Wait for ``fut`` in slices until ``deadline``; None if it did not finish in time."""
     while True:
         left = deadline.remaining()
-        if left <= 0:
-            return None
         try:
+            # timeout=0 once the deadline passed: a finished job still counts.
             return bool(fut.result(timeout=min(left, _WAIT_SLICE_S)))
         except concurrent.futures.TimeoutError:
-            continue
+            if left <= 0:
+                return None
         except Exception:
             return False
 
@@ -184,6 +186,7 @@ def run_process(
         fut = watchdog.submit(_kill_job, bound)
         with run.lock:
             run.kill_future = fut
+            run.kill_deadline = Deadline.after(bound + 1.0, watchdog.clock)
         # The kill's bound starts at submission: a queued or hung job still wedges on time.
         bound_timer = watchdog.call_later(
             bound + 1.0, lambda: feed(lambda: run.esc.on_kill_done(False))
@@ -250,14 +253,23 @@ def run_process(
 
         # The stream has ended (or was dropped). Let a kill in flight finish first, as the
         # reference awaits it: a kill that fails now still marks the sandbox wedged.
+        # The wait ends with the kill's own bound (counted from its submission), so a kill
+        # that is queued or hung delays the result by no more than that bound.
         with run.lock:
             fut = run.kill_future
+            kill_deadline = run.kill_deadline
         if fut is not None:
             try:
-                ok = _wait_future(fut, Deadline.after(kill_seconds + 1.0, watchdog.clock))
+                ok = _wait_future(
+                    fut, kill_deadline or Deadline.after(kill_seconds + 1.0, watchdog.clock)
+                )
             except KeyboardInterrupt:
                 _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
                 raise
+            if ok is None:
+                # Past its bound the sandbox counts as wedged and is rebooted: a kill job
+                # still queued must never start afterwards (its pid may be reused by then).
+                fut.cancel()
             feed(lambda: run.esc.on_kill_done(bool(ok)))
         with run.lock:
             actions = run.esc.on_stream_end()
