@@ -31,7 +31,6 @@ from ._watchdog import Watchdog
 from .cancel import CancelReason, CancelToken, Deadline
 from .envd import EnvdClient, ProcessStream
 from .errors import (
-    Cancelled,
     E2BProviderError,
     ProtocolError,
 )
@@ -220,12 +219,12 @@ def run_process(
                     keepalive_seconds=keepalive_seconds,
                     token=run.abort_token,
                 )
-            except Cancelled as exc:
-                if run.esc.stopping:
-                    stream_error = exc
-                    stream = None
-                else:  # pragma: no cover - the abort token only fires while stopping
-                    raise
+            except E2BProviderError as exc:
+                # As the reference: an opening that fails (or is aborted by us) after a
+                # timeout or cancel still awaits the kill and ends in a result; otherwise
+                # the error is raised below.
+                stream_error = exc
+                stream = None
             if stream is not None:
                 with run.lock:
                     run.stream = stream
