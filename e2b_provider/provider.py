@@ -368,6 +368,7 @@ class E2BSandboxProvider:
 
         Raises:
             CommandFailed: the kill script failed.
+            OperationTimeout: the kill script took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
             Cancelled: ``cancel`` fired.
         """
@@ -390,6 +391,7 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: a bad tag (before any I/O).
             CommandFailed: the kill script failed.
+            OperationTimeout: the kill script took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
             Cancelled: ``cancel`` fired.
         """
@@ -664,6 +666,12 @@ class E2BSandboxProvider:
     ) -> Optional[FileContent]:
         """Read up to ``max_bytes`` from the start of a file (as user ``sandbox``).
 
+        Args:
+            sandbox: the handle or sandbox id.
+            path: an absolute, normalized sandbox path.
+            max_bytes: the most bytes returned (default 1 MiB, at most 1 GiB).
+            cancel: cancels the call.
+
         Returns:
             The content (``truncated`` when the file is longer), or None when the path does
             not exist or is a directory.
@@ -671,6 +679,7 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad path or max_bytes (before any I/O).
             CommandFailed: the file could not be read (e.g. permission denied).
+            OperationTimeout: the read took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
             Cancelled: ``cancel`` fired.
         """
@@ -708,6 +717,7 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad path or data (before any I/O).
             CommandFailed: the file could not be written.
+            OperationTimeout: the file operation took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
             Cancelled: ``cancel`` fired.
         """
@@ -741,6 +751,7 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad path (before any I/O).
             CommandFailed: the path could not be examined.
+            OperationTimeout: the file operation took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
             Cancelled: ``cancel`` fired.
         """
