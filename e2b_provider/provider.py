@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import threading
+import time
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Union
 
@@ -160,15 +162,10 @@ class E2BSandboxProvider:
             raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
         self._config = config
         register_secret(config.api_key)
-        self._transport = Transport(pool_connections=pool_connections, pool_maxsize=pool_maxsize)
-        self._control = ControlPlane(
-            self._transport,
-            api_url=config.effective_api_url,
-            api_key=config.api_key,
-            domain=config.domain,
-            sandbox_url=config.sandbox_url,
-        )
-        self._watchdog = watchdog if watchdog is not None else Watchdog.default()
+        self._pool_sizes = (pool_connections, pool_maxsize)
+        self._own_watchdog = watchdog
+        self._pid = -1
+        self._start_clients()
         self._kill_bound = float(kill_bound)
         self._kill_grace = float(kill_grace)
         self._interrupt_kill_bound = float(interrupt_kill_bound)
@@ -176,6 +173,26 @@ class E2BSandboxProvider:
         self._keepalive = keepalive_seconds
         self._closed = False
         self._close_lock = threading.Lock()
+        # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
+        self._reboot_locks: Dict[str, threading.Lock] = {}
+        self._rebooted_at: Dict[str, float] = {}
+
+    def _start_clients(self) -> None:
+        """(Re)create the HTTP pools and pick the watchdog, for this process."""
+        cfg = self._config
+        self._transport = Transport(
+            pool_connections=self._pool_sizes[0], pool_maxsize=self._pool_sizes[1]
+        )
+        self._control = ControlPlane(
+            self._transport,
+            api_url=cfg.effective_api_url,
+            api_key=cfg.api_key,
+            domain=cfg.domain,
+            sandbox_url=cfg.sandbox_url,
+        )
+        wd = self._own_watchdog
+        self._watchdog = wd if wd is not None and not wd.closed else Watchdog.default()
+        self._pid = os.getpid()
 
     # -- housekeeping -------------------------------------------------------------------
 
@@ -205,6 +222,14 @@ class E2BSandboxProvider:
     def _check_open(self) -> None:
         if self._closed:
             raise E2BProviderError("the provider is closed")
+        if self._pid != os.getpid():
+            # Forked (multiprocessing, gunicorn, …): the parent's watchdog thread and pooled
+            # sockets do not exist here. Start afresh; the parent's sockets are left alone.
+            with self._close_lock:
+                if self._pid != os.getpid():
+                    self._reboot_locks = {}
+                    self._rebooted_at = {}
+                    self._start_clients()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -479,6 +504,7 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         target = self._attach(sid, cancel, math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
         envd = self._envd(target)
+        began = time.monotonic()
 
         def killer(pid: Optional[int], bound: float) -> bool:
             return self._kill(target, ctl, pid, bound)
@@ -499,7 +525,7 @@ class E2BSandboxProvider:
             grace_seconds=self._kill_grace,
             interrupt_kill_seconds=self._interrupt_kill_bound,
             keepalive_seconds=self._keepalive,
-            on_wedged=lambda: self._reboot(sid, target),
+            on_wedged=lambda: self._reboot_once(sid, target, began),
         )
         return ExecResult(
             exit_code=out.exit_code,
@@ -545,6 +571,28 @@ class E2BSandboxProvider:
             return ok and not guard.cancelled
         finally:
             timer.cancel()
+
+    def _reboot_once(self, sid: str, target: Target, began: float) -> None:
+        """Reboot ``sid`` unless a reboot that started after ``began`` already finished.
+
+        ``began`` is when the stuck command was started: a reboot that started later killed
+        it. So many commands on one stuck sandbox that time out together share one reboot
+        instead of pausing and cold-booting the same sandbox over each other.
+        """
+        with self._close_lock:
+            lock = self._reboot_locks.setdefault(sid, threading.Lock())
+        if not lock.acquire(timeout=self._reboot_bound):
+            log.warning("e2b_provider: another reboot of sandbox %s did not finish in time", sid)
+            return
+        try:
+            if self._rebooted_at.get(sid, -math.inf) >= began:
+                log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
+                return
+            started = time.monotonic()
+            self._reboot(sid, target)
+            self._rebooted_at[sid] = started
+        finally:
+            lock.release()
 
     def _reboot(self, sid: str, target: Target) -> None:
         """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""

@@ -124,3 +124,26 @@ def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: 
         assert after.stdout.split() == ["yes", "0"]
         info = emu.get_sandbox(fresh.id)
         assert info["state"] == "running"
+
+
+def test_execs_wedged_together_share_one_reboot(emu, fresh, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    with E2BSandboxProvider(emu.config(template="base"), kill_bound=5.0, kill_grace=0.5) as p:
+        emu.stream_stall(sandbox_id=fresh.id, count=3)
+        results = []
+        with caplog.at_level(logging.INFO, logger="e2b_provider"):
+            threads = [
+                threading.Thread(
+                    target=lambda: results.append(p.exec(fresh, "sleep 60", timeout=1.0))
+                )
+                for _ in range(3)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+        assert len(results) == 3 and all(r.timed_out and r.wedged for r in results)
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("rebooted" in m and "was just" not in m for m in messages) == 1, messages
+        assert sum("just rebooted for another command" in m for m in messages) == 2, messages
