@@ -63,6 +63,8 @@ log = logging.getLogger("e2b_provider")
 ENVD_PORT = 49983
 #: How often attach retries a 409 on connect, and the wait between tries (the reference's).
 CONNECT_CONFLICT_RETRIES = 5
+#: A 409 on DELETE is retried this many times (0.5 s apart) before it is raised.
+DELETE_CONFLICT_RETRIES = 3
 CONNECT_CONFLICT_WAIT_S = 0.5
 #: The 409 ``error_code`` of a snapshot taken while envd did not answer: only
 #: ``memory: false`` can resume it.
@@ -551,8 +553,14 @@ class ControlPlane:
         """
         _validate.check_sandbox_id(sandbox_id)
         op = "DELETE /sandboxes/{id}"
-        resp = self._call("DELETE", self._path("/sandboxes/{id}", sandbox_id), token=token,
-                          retry=True, operation=op)
+        for attempt in range(DELETE_CONFLICT_RETRIES + 1):
+            resp = self._call("DELETE", self._path("/sandboxes/{id}", sandbox_id), token=token,
+                              retry=True, operation=op)
+            if resp.status != 409 or attempt == DELETE_CONFLICT_RETRIES:
+                break
+            # A 409 is documented on DELETE without a meaning (a state change in flight):
+            # retried briefly, then surfaced.
+            _wait(token, CONNECT_CONFLICT_WAIT_S)
         if resp.ok:
             return True
         if resp.status == 404:

@@ -121,3 +121,18 @@ def test_wrong_api_key_is_an_authentication_error_without_the_key(emu) -> None: 
 def test_emulator_control_plane_is_reachable(emu) -> None:  # type: ignore[no-untyped-def]
     r = requests.get(f"{emu.api_url}/v2/sandboxes", headers={"X-API-KEY": emu.api_key}, timeout=10)
     assert r.status_code == 200
+
+
+def test_delete_conflict_is_retried_briefly_then_surfaced(
+    emu, provider: E2BSandboxProvider
+) -> None:  # type: ignore[no-untyped-def]
+    from e2b_provider import Conflict
+
+    h = provider.create(unique_name("del409"))
+    emu.control_error("delete", 409, count=10)
+    with pytest.raises(Conflict):
+        provider.destroy(h)
+    emu.clear_faults()
+    emu.control_error("delete", 409, count=2)
+    provider.destroy(h)
+    assert provider.resume(h) == "gone"
