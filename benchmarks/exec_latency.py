@@ -4,6 +4,9 @@
 - sdk:      the official SDK's ``Sandbox.commands.run("true")`` on a sandbox it connected to
 - floor:    one bare ``requests`` ``process.Process/Start`` stream of ``/bin/true`` with no
             provider logic (the HTTP + envd floor)
+- wrapped:  the same bare stream, running the reference's in-sandbox wrapper
+            (``setsid`` → ``sh`` pid file → ``timeout -s KILL`` → ``bash -c true``) that every
+            provider exec runs so its tree can be killed: the floor for that command line
 
 Prints median and p95 for each and the ratios provider/floor and provider/sdk.
 
@@ -23,6 +26,7 @@ import requests
 
 from e2b_provider import E2BSandboxProvider
 from e2b_provider._connect import EndStream, EnvelopeDecoder, encode_envelope
+from e2b_provider._scripts import control_path, exec_args
 from e2b_provider.emulator import Emulator
 
 
@@ -60,8 +64,19 @@ def main() -> None:
                 "Authorization": "Basic " + base64.b64encode(b"sandbox:").decode(),
             }
             body = encode_envelope({"process": {"cmd": "/bin/true", "args": []}, "stdin": False})
+            wrapped_body = encode_envelope(
+                {
+                    "process": {
+                        "cmd": "setsid",
+                        "args": exec_args(control_path(None), "true", 30.0),
+                        "envs": {"HOME": "/workspace", "LANG": "C.UTF-8"},
+                        "cwd": "/workspace",
+                    },
+                    "stdin": False,
+                }
+            )
 
-            def floor() -> None:
+            def floor(body: bytes = body) -> None:
                 with session.post(
                     f"{target.url}/process.Process/Start",
                     data=body,
@@ -92,6 +107,7 @@ def main() -> None:
 
             results = {
                 "floor": measure(floor, args.runs),
+                "wrapped": measure(lambda: floor(wrapped_body), args.runs),
                 "provider": measure(via_provider, args.runs),
                 "sdk": measure(via_sdk, args.runs),
             }
@@ -106,6 +122,10 @@ def main() -> None:
         )
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"  ratio provider/floor (median): {med['provider'] / med['floor']:.2f}")
+    print(
+        f"  ratio provider/wrapped (median, the library's own overhead): "
+        f"{med['provider'] / med['wrapped']:.2f}"
+    )
     print(f"  ratio provider/sdk   (median): {med['provider'] / med['sdk']:.2f}")
     print(
         f"  ratio provider/floor (p95):    {p95(results['provider']) / p95(results['floor']):.2f}"
