@@ -776,7 +776,7 @@ class E2BSandboxProvider:
             raise InvalidArgument("data must be bytes")
         payload = bytes(data)
         target = self._attach(sid, cancel)
-        staging = f"{scripts.UPLOAD_DIR}/{uuid.uuid4()}"
+        staging = scripts.staging_path()
         self._envd(target).upload(staging, payload, user=scripts.ROOT_USER, token=cancel)
         skills = scripts.is_skills_path(path)
         r = self._file_op(

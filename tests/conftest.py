@@ -31,12 +31,12 @@ _UNAVAILABLE: List[str] = []
 def emulator() -> Iterator[Emulator]:
     """One emulator for the whole test session (skipped only if isolation is unavailable)."""
     if _UNAVAILABLE:
-        pytest.skip(_UNAVAILABLE[0])
+        pytest.skip(reason=_UNAVAILABLE[0])
     try:
         emu = Emulator(startup_timeout=60.0).start()
     except EmulatorUnavailable as exc:
         _UNAVAILABLE.append(f"local E2B emulator unavailable: {exc}")
-        pytest.skip(_UNAVAILABLE[0])
+        pytest.skip(reason=_UNAVAILABLE[0])
     try:
         yield emu
     finally:

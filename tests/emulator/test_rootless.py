@@ -380,7 +380,7 @@ def test_rootless_sandbox_lifecycle(scratch: str) -> None:
     with _throwaway_user() as (name, uid, gid):
         reason = _userns_allowed(uid, gid, scratch)
         if reason is not None:
-            pytest.skip(f"the kernel refuses unprivileged user namespaces here: {reason}")
+            pytest.skip(reason=f"the kernel refuses unprivileged user namespaces here: {reason}")
         start = _add_subid_range(name)
         base = _user_base(scratch, uid, gid)
         argv = [sys.executable, "-c", SCRIPT, "run", base]
