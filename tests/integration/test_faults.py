@@ -130,7 +130,8 @@ def test_execs_wedged_together_share_one_reboot(emu, fresh, caplog) -> None:  # 
     import logging
 
     with E2BSandboxProvider(emu.config(template="base"), kill_bound=5.0, kill_grace=0.5) as p:
-        emu.stream_stall(sandbox_id=fresh.id, count=3)
+        # every Start stalls (the kill scripts' too), until the fixture clears the faults
+        emu.stream_stall(sandbox_id=fresh.id, count=-1)
         results = []
         with caplog.at_level(logging.INFO, logger="e2b_provider"):
             threads = [
