@@ -29,6 +29,10 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     The next Start stream sends ``after_bytes`` bytes of response body and then nothing at all:
     it never ends. The connection stays open until the client goes away or the fault is
     cleared (clearing closes it).
+``edge_not_found(sandbox_id=None, count=1)``
+    The next ``count`` envd requests (of that sandbox, or any) answer 502 "The sandbox was not
+    found" without reaching envd, as E2B's edge answers for a sandbox paused between a client's
+    connect and its next request.
 ``envd_unresponsive(sandbox_id)``
     Every new envd request to that sandbox (``GET /health`` included) hangs without an answer
     until the sandbox is rebooted (a filesystem-only pause, or a connect with ``memory:
@@ -78,6 +82,7 @@ FAULT_KINDS: Mapping[str, Tuple[str, ...]] = {
     "stream_cut": ("after_bytes", "sandbox_id"),
     "stream_stall": ("after_bytes", "sandbox_id"),
     "envd_unresponsive": ("sandbox_id",),
+    "edge_not_found": ("sandbox_id",),
     "bad_envelope": ("mode", "sandbox_id"),
 }
 

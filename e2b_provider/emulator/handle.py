@@ -386,6 +386,11 @@ class Emulator:
         """The next ``count`` create/connect answers omit ``envdAccessToken``."""
         return self._arm("no_token", count=count)
 
+    def edge_not_found(self, sandbox_id: Optional[str] = None, count: int = 1) -> Dict[str, Any]:
+        """The next ``count`` envd requests (of ``sandbox_id``, or any) answer 502 "The sandbox
+        was not found" without reaching envd (a sandbox paused between connect and request)."""
+        return self._arm("edge_not_found", sandbox_id=sandbox_id, count=count)
+
     def stream_cut(
         self, after_bytes: int, sandbox_id: Optional[str] = None, count: int = 1
     ) -> Dict[str, Any]:

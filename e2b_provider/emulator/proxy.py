@@ -189,6 +189,10 @@ class EnvdProxy:
                 if rec is None or rec.state != "running":
                     entry["status"] = 502
                     return _edge_502(sandbox_id, "The sandbox was not found")
+                if server.faults.take("edge_not_found", sandbox_id=sandbox_id) is not None:
+                    entry["status"] = 502
+                    entry["fault"] = "edge_not_found"
+                    return _edge_502(sandbox_id, "The sandbox was not found")
                 if port != ENVD_PORT:
                     entry["status"] = 502
                     return self._port_closed(sandbox_id)
