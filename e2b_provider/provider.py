@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, TypeVar, Union
 
 from . import _scripts as scripts
 from . import _validate as v
@@ -89,6 +89,7 @@ INTERRUPT_KILL_BOUND = 10.0
 REBOOT_BOUND = 120.0
 
 ResumeOutcome = Literal["resumed", "gone"]
+_T = TypeVar("_T")
 _STAT_LINE = re.compile(r"([0-9]+) (file|directory)\n?")
 
 
@@ -313,6 +314,28 @@ class E2BSandboxProvider:
         register_secret(target.access_token)
         return target
 
+    def _on_target(
+        self,
+        sid: str,
+        cancel: Optional[CancelToken],
+        fn: Callable[[Target], _T],
+        min_seconds: int = 0,
+    ) -> _T:
+        """Attach, then ``fn(target)``; once more if the sandbox was paused in between.
+
+        E2B's edge answers 502 "The sandbox was not found" for a sandbox paused (by a
+        ``suspend`` elsewhere, say) after our connect: nothing reached envd, so nothing ran,
+        and attaching again (which resumes it) and retrying is safe.
+        """
+        target = self._attach(sid, cancel, min_seconds)
+        try:
+            return fn(target)
+        except E2BHttpError as exc:
+            if not (exc.status == 502 and "not found" in exc.message.lower()):
+                raise
+        log.info("e2b_provider: sandbox %s was paused under us; resuming it and retrying", sid)
+        return fn(self._attach(sid, cancel, min_seconds))
+
     def _envd(self, target: Target) -> EnvdClient:
         return EnvdClient(self._transport, target)
 
@@ -399,9 +422,12 @@ class E2BSandboxProvider:
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
-        target = self._attach(sid, cancel)
-        r = self._file_op(
-            target, scripts.SANDBOX_USER, scripts.kill_all_args(), STDERR_ROOM, cancel
+        r = self._on_target(
+            sid,
+            cancel,
+            lambda t: self._file_op(
+                t, scripts.SANDBOX_USER, scripts.kill_all_args(), STDERR_ROOM, cancel
+            ),
         )
         if r.exit_code != 0:
             raise CommandFailed(
@@ -431,9 +457,9 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         if not tag_list:
             return
-        target = self._attach(sid, cancel)
-        r = self._file_op(
-            target, scripts.SANDBOX_USER, scripts.kill_tagged_args(tag_list), STDERR_ROOM, cancel
+        args = scripts.kill_tagged_args(tag_list)
+        r = self._on_target(
+            sid, cancel, lambda t: self._file_op(t, scripts.SANDBOX_USER, args, STDERR_ROOM, cancel)
         )
         if r.exit_code != 0:
             raise CommandFailed(
@@ -502,31 +528,33 @@ class E2BSandboxProvider:
         ctl = scripts.control_path(tag)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        target = self._attach(sid, cancel, math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
-        envd = self._envd(target)
-        began = time.monotonic()
 
-        def killer(pid: Optional[int], bound: float) -> bool:
-            return self._kill(target, ctl, pid, bound)
+        def run(target: Target) -> RunOutcome:
+            began = time.monotonic()
 
-        out = run_process(
-            envd,
-            user=scripts.SANDBOX_USER,
-            cmd="setsid",
-            args=scripts.exec_args(ctl, command, timeout),
-            env=run_env,
-            cwd=cwd if cwd is not None else "/workspace",
-            max_output_bytes=max_output_bytes,
-            timeout=timeout,
-            token=cancel,
-            watchdog=self._watchdog,
-            killer=killer,
-            kill_seconds=self._kill_bound,
-            grace_seconds=self._kill_grace,
-            interrupt_kill_seconds=self._interrupt_kill_bound,
-            keepalive_seconds=self._keepalive,
-            on_wedged=lambda: self._reboot_once(sid, target, began),
-        )
+            def killer(pid: Optional[int], bound: float) -> bool:
+                return self._kill(target, ctl, pid, bound)
+
+            return run_process(
+                self._envd(target),
+                user=scripts.SANDBOX_USER,
+                cmd="setsid",
+                args=scripts.exec_args(ctl, command, timeout),
+                env=run_env,
+                cwd=cwd if cwd is not None else "/workspace",
+                max_output_bytes=max_output_bytes,
+                timeout=timeout,
+                token=cancel,
+                watchdog=self._watchdog,
+                killer=killer,
+                kill_seconds=self._kill_bound,
+                grace_seconds=self._kill_grace,
+                interrupt_kill_seconds=self._interrupt_kill_bound,
+                keepalive_seconds=self._keepalive,
+                on_wedged=lambda: self._reboot_once(sid, target, began),
+            )
+
+        out = self._on_target(sid, cancel, run, math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
         return ExecResult(
             exit_code=out.exit_code,
             stdout=decode_output(out.stdout, out.truncated),
@@ -735,10 +763,13 @@ class E2BSandboxProvider:
         sid = _sandbox_id(sandbox)
         v.check_path(path)
         v.check_max_bytes(max_bytes, "max_bytes")
-        target = self._attach(sid, cancel)
         want = max_bytes + 1
-        r = self._file_op(
-            target, scripts.SANDBOX_USER, scripts.read_args(path, want), want + STDERR_ROOM, cancel
+        r = self._on_target(
+            sid,
+            cancel,
+            lambda t: self._file_op(
+                t, scripts.SANDBOX_USER, scripts.read_args(path, want), want + STDERR_ROOM, cancel
+            ),
         )
         if r.exit_code in (3, 4):
             return None
@@ -775,17 +806,14 @@ class E2BSandboxProvider:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes")
         payload = bytes(data)
-        target = self._attach(sid, cancel)
         staging = scripts.staging_path()
-        self._envd(target).upload(staging, payload, user=scripts.ROOT_USER, token=cancel)
-        skills = scripts.is_skills_path(path)
-        r = self._file_op(
-            target,
-            scripts.ROOT_USER,
-            scripts.write_args(path, staging, skills),
-            STDERR_ROOM,
-            cancel,
-        )
+        args = scripts.write_args(path, staging, scripts.is_skills_path(path))
+
+        def upload_and_move(target: Target) -> RunOutcome:
+            self._envd(target).upload(staging, payload, user=scripts.ROOT_USER, token=cancel)
+            return self._file_op(target, scripts.ROOT_USER, args, STDERR_ROOM, cancel)
+
+        r = self._on_target(sid, cancel, upload_and_move)
         if r.exit_code != 0:
             raise CommandFailed(
                 f"cannot write {path}", exit_code=r.exit_code, stderr=self._stderr(r)
@@ -806,9 +834,12 @@ class E2BSandboxProvider:
         self._check_open()
         sid = _sandbox_id(sandbox)
         v.check_path(path)
-        target = self._attach(sid, cancel)
-        r = self._file_op(
-            target, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel
+        r = self._on_target(
+            sid,
+            cancel,
+            lambda t: self._file_op(
+                t, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel
+            ),
         )
         if r.exit_code == 3:
             return None

@@ -148,3 +148,22 @@ def test_execs_wedged_together_share_one_reboot(emu, fresh, caplog) -> None:  # 
         messages = [r.getMessage() for r in caplog.records]
         assert sum("rebooted" in m and "was just" not in m for m in messages) == 1, messages
         assert sum("just rebooted for another command" in m for m in messages) == 2, messages
+
+
+def test_sandbox_paused_between_connect_and_call_is_resumed_once(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]
+    calls = [
+        lambda: provider.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n",
+        lambda: provider.write_file(fresh, "/workspace/e.txt", b"e") is None,
+        lambda: provider.read_file(fresh, "/workspace/e.txt").data == b"e",
+        lambda: provider.stat(fresh, "/workspace/e.txt").size == 1,
+        lambda: provider.kill_all(fresh) is None,
+        lambda: provider.kill_tagged(fresh, ["t"]) is None,
+    ]
+    for call in calls:
+        emu.edge_not_found(sandbox_id=fresh.id, count=1)
+        assert call()
+        assert emu.faults() == []  # the fault was hit: the first try failed and was retried
+    emu.edge_not_found(sandbox_id=fresh.id, count=2)  # retried once only
+    with pytest.raises(E2BHttpError) as ei:
+        provider.exec(fresh, "echo ok", timeout=30.0)
+    assert ei.value.status == 502
