@@ -422,13 +422,7 @@ class E2BSandboxProvider:
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
-        r = self._on_target(
-            sid,
-            cancel,
-            lambda t: self._file_op(
-                t, scripts.SANDBOX_USER, scripts.kill_all_args(), STDERR_ROOM, cancel
-            ),
-        )
+        r = self._script(sid, scripts.kill_all_args(), cancel)
         if r.exit_code != 0:
             raise CommandFailed(
                 "cannot stop leftover commands", exit_code=r.exit_code, stderr=self._stderr(r)
@@ -457,10 +451,7 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         if not tag_list:
             return
-        args = scripts.kill_tagged_args(tag_list)
-        r = self._on_target(
-            sid, cancel, lambda t: self._file_op(t, scripts.SANDBOX_USER, args, STDERR_ROOM, cancel)
-        )
+        r = self._script(sid, scripts.kill_tagged_args(tag_list), cancel)
         if r.exit_code != 0:
             raise CommandFailed(
                 "cannot stop crashed holders' commands",
@@ -702,6 +693,21 @@ class E2BSandboxProvider:
 
     # -- files ----------------------------------------------------------------------------
 
+    def _script(
+        self,
+        sid: str,
+        args: List[str],
+        cancel: Optional[CancelToken],
+        *,
+        max_output_bytes: int = STDERR_ROOM,
+    ) -> RunOutcome:
+        """Run one of the reference's scripts as ``sandbox`` (attach, retry once if paused)."""
+        return self._on_target(
+            sid,
+            cancel,
+            lambda t: self._file_op(t, scripts.SANDBOX_USER, args, max_output_bytes, cancel),
+        )
+
     def _file_op(
         self,
         target: Target,
@@ -764,12 +770,8 @@ class E2BSandboxProvider:
         v.check_path(path)
         v.check_max_bytes(max_bytes, "max_bytes")
         want = max_bytes + 1
-        r = self._on_target(
-            sid,
-            cancel,
-            lambda t: self._file_op(
-                t, scripts.SANDBOX_USER, scripts.read_args(path, want), want + STDERR_ROOM, cancel
-            ),
+        r = self._script(
+            sid, scripts.read_args(path, want), cancel, max_output_bytes=want + STDERR_ROOM
         )
         if r.exit_code in (3, 4):
             return None
@@ -834,13 +836,7 @@ class E2BSandboxProvider:
         self._check_open()
         sid = _sandbox_id(sandbox)
         v.check_path(path)
-        r = self._on_target(
-            sid,
-            cancel,
-            lambda t: self._file_op(
-                t, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel
-            ),
-        )
+        r = self._script(sid, scripts.stat_args(path), cancel)
         if r.exit_code == 3:
             return None
         m = _STAT_LINE.fullmatch(r.stdout.decode("utf-8", "replace"))
