@@ -19,7 +19,7 @@ def test_no_secret_in_any_log_record_error_or_repr(emu, caplog) -> None:  # type
     with caplog.at_level(logging.DEBUG):  # every logger, urllib3's included
         with E2BSandboxProvider(config, kill_bound=3.0, kill_grace=0.5) as p:
             h = p.create(unique_name("secret"))
-            target = p._attach(h.id, None)
+            target = p._ctx.attach(h.id, None)
             token = target.access_token
             assert token and token not in repr(target)
             p.exec(h, "echo hi", timeout=30.0)

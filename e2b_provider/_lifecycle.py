@@ -1,0 +1,229 @@
+"""Sandbox lifecycle by name: create, resume, suspend, destroy, and the reboot of a wedged one.
+
+This module owns :class:`Lifecycle`, the provider's part that talks to the control plane
+about whole sandboxes: create-by-name (older sandboxes of the name destroyed first), resume,
+suspend, destroy, destroy-by-name, and the driver of the sans-IO reboot plan
+(:mod:`._reboot`) that the exec engine calls when a command could not be stopped cleanly.
+Arguments arrive validated (the provider facade checks them before any I/O).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, Literal, Optional
+
+from . import _scripts as scripts
+from ._context import MAX_TIMEOUT_SECONDS, ProviderContext
+from ._reboot import (
+    Answer,
+    Connect,
+    ConnectPlain,
+    Finish,
+    HealthCheck,
+    Healthy,
+    Pause,
+    RebootPlan,
+    Wait,
+    Waited,
+)
+from .cancel import CancelReason, CancelToken, Deadline
+from .errors import (
+    Cancelled,
+    Conflict,
+    E2BHttpError,
+    E2BProviderError,
+    NotFound,
+    OperationTimeout,
+    SandboxGoneError,
+)
+from .models import SandboxHandle, SandboxLimits, Target
+
+__all__ = ["Lifecycle", "ResumeOutcome"]
+
+log = logging.getLogger("e2b_provider")
+
+ResumeOutcome = Literal["resumed", "gone"]
+
+
+def fire(token: CancelToken, why: str) -> None:
+    """Cancel ``token`` with a deadline reason (a watchdog callback)."""
+    token.cancel(CancelReason("deadline", why))
+
+
+class Lifecycle:
+    """Create, resume, suspend, destroy and reboot sandboxes (arguments already validated)."""
+
+    def __init__(self, ctx: ProviderContext) -> None:
+        self._ctx = ctx
+        self._lock = threading.Lock()
+        # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
+        self._reboot_locks: Dict[str, threading.Lock] = {}
+        self._rebooted_at: Dict[str, float] = {}
+
+    def after_fork(self) -> None:
+        """Forget the parent's reboot bookkeeping (its locks may be held by dead threads)."""
+        self._lock = threading.Lock()
+        self._reboot_locks = {}
+        self._rebooted_at = {}
+
+    def create(
+        self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
+    ) -> SandboxHandle:
+        ctx = self._ctx
+        egress = limits.egress
+        if egress == "allowlist" and not ctx.config.domain_allowlist:
+            log.warning(
+                "e2b_provider: domain allowlists are disabled for this deployment "
+                "(domain_allowlist is False); egress allowlist degraded to none for sandbox %r",
+                name,
+            )
+            egress = "none"
+        self.destroy_by_name(name, cancel)
+        body: Dict[str, Any] = {
+            "templateID": ctx.config.template,
+            "metadata": {scripts.METADATA_NAME: name},
+            "timeout": ctx.config.timeout_seconds,
+            # On timeout E2B pauses the sandbox instead of deleting it: files survive.
+            "autoPause": True,
+        }
+        if egress == "allowlist" and limits.allow_hosts:
+            body["network"] = {"allowOut": list(limits.allow_hosts), "denyOut": ["0.0.0.0/0"]}
+        else:
+            body["allow_internet_access"] = egress == "open"
+        info = ctx.control.create(body, token=cancel, idempotency_key=str(uuid.uuid4()))
+        try:
+            ctx.control.target_for(info)
+        except SandboxGoneError:
+            # Fail closed: never keep (or leak) a sandbox we will not talk to.
+            try:
+                ctx.control.delete(info.sandbox_id, token=None)
+            except E2BProviderError as exc:
+                log.warning(
+                    "e2b_provider: could not delete tokenless sandbox %s: %s", info.sandbox_id, exc
+                )
+            raise
+        return SandboxHandle(info.sandbox_id, name)
+
+    def resume(self, sid: str, cancel: Optional[CancelToken]) -> ResumeOutcome:
+        try:
+            self._ctx.attach(sid, cancel)
+        except SandboxGoneError:
+            return "gone"
+        return "resumed"
+
+    def suspend(self, sid: str, cancel: Optional[CancelToken]) -> None:
+        try:
+            self._ctx.control.pause(sid, token=cancel)
+        except (NotFound, Conflict):
+            pass
+
+    def destroy(self, sid: str, cancel: Optional[CancelToken]) -> None:
+        self._ctx.control.delete(sid, token=cancel)
+
+    def destroy_by_name(self, name: str, cancel: Optional[CancelToken]) -> int:
+        control = self._ctx.control
+        listed = control.list(metadata={scripts.METADATA_NAME: name}, token=cancel)
+        ids = [s.sandbox_id for s in listed if s.metadata.get(scripts.METADATA_NAME) == name]
+        for sid in ids:
+            control.delete(sid, token=cancel)
+        return len(ids)
+
+    # -- reboot of a wedged sandbox -------------------------------------------------------
+
+    def reboot_once(self, sid: str, target: Target, began: float) -> None:
+        """Reboot ``sid`` unless a reboot that started after ``began`` already finished.
+
+        ``began`` is when the stuck command was started: a reboot that started later killed
+        it. So many commands on one stuck sandbox that time out together share one reboot
+        instead of pausing and cold-booting the same sandbox over each other.
+        """
+        with self._lock:
+            lock = self._reboot_locks.setdefault(sid, threading.Lock())
+        if not lock.acquire(timeout=self._ctx.bounds.reboot):
+            log.warning("e2b_provider: another reboot of sandbox %s did not finish in time", sid)
+            return
+        try:
+            if self._rebooted_at.get(sid, -math.inf) >= began:
+                log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
+                return
+            started = time.monotonic()
+            self._reboot(sid, target)
+            self._rebooted_at[sid] = started
+        finally:
+            lock.release()
+
+    def _reboot(self, sid: str, target: Target) -> None:
+        """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""
+        ctx = self._ctx
+        log.warning("e2b_provider: could not stop a command cleanly; rebooting sandbox %s", sid)
+        bound = ctx.bounds.reboot
+        deadline = Deadline.after(bound)
+        guard = CancelToken()
+        timer = ctx.watchdog.call_later(bound, lambda: fire(guard, "reboot bound"))
+        plan = RebootPlan(min(MAX_TIMEOUT_SECONDS, ctx.config.timeout_seconds))
+        try:
+            step = plan.first()
+            while not isinstance(step, Finish):
+                if deadline.expired():
+                    raise OperationTimeout("sandbox reboot ran out of time")
+                outcome: object
+                if isinstance(step, Pause):
+                    outcome = _answer(
+                        ctx.control.pause, sid, memory=step.memory, token=guard, retry=False
+                    )
+                elif isinstance(step, HealthCheck):
+                    health = ctx.envd(target).health(timeout=min(5.0, deadline.remaining()))
+                    outcome = Healthy(health)
+                elif isinstance(step, Wait):
+                    if guard.wait(min(step.seconds, deadline.remaining())):
+                        raise OperationTimeout("sandbox reboot ran out of time")
+                    outcome = Waited()
+                elif isinstance(step, Connect):
+                    outcome = _answer(
+                        ctx.control.connect,
+                        sid,
+                        timeout_seconds=step.timeout_seconds,
+                        memory=False,
+                        token=guard,
+                    )
+                elif isinstance(step, ConnectPlain):
+                    outcome = _answer(
+                        ctx.control.connect, sid, timeout_seconds=step.timeout_seconds, token=guard
+                    )
+                else:  # pragma: no cover - a step kind this loop does not know
+                    raise E2BProviderError(f"unknown reboot step {step!r}")
+                step = plan.next(step, outcome)
+            if step.rebooted:
+                log.warning("e2b_provider: sandbox %s rebooted", sid)
+            else:
+                log.warning(
+                    "e2b_provider: sandbox %s was not rebooted (%s): %s; the stuck command may "
+                    "still be running",
+                    sid,
+                    step.outcome,
+                    step.message,
+                )
+        except (E2BProviderError, Cancelled) as exc:
+            log.warning(
+                "e2b_provider: sandbox reboot failed for %s; the stuck command may still be "
+                "running: %s",
+                sid,
+                str(exc)[:500],
+            )
+        finally:
+            timer.cancel()
+
+
+def _answer(call: Callable[..., object], *args: Any, **kwargs: Any) -> Answer:
+    """Run one control-plane call of the reboot plan and turn it into an Answer."""
+    try:
+        result = call(*args, **kwargs)
+    except E2BHttpError as exc:
+        return Answer(exc.status, exc.error_code, getattr(exc, "retry_after", None))
+    if isinstance(result, int):
+        return Answer(result)
+    return Answer(int(getattr(result, "raw_status", 200)))
