@@ -81,7 +81,7 @@ class Commands:
                 on_wedged=lambda: self._lifecycle.reboot_once(sid, target, began),
             )
 
-        out = ctx.on_target(sid, cancel, run, math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
+        out = ctx.on_target(sid, cancel, run, need=math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
         return ExecResult(
             exit_code=out.exit_code,
             stdout=decode_output(out.stdout, out.truncated),

@@ -13,6 +13,7 @@ gets fresh connections and the child's watchdog.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from typing import Callable, List, Optional, TypeVar
@@ -22,6 +23,7 @@ import attrs
 from . import _scripts as scripts
 from ._exec import RunOutcome, run_process
 from ._http import Transport
+from ._leases import LeaseCache
 from ._watchdog import Watchdog
 from .cancel import CancelToken
 from .config import DeploymentConfig
@@ -116,10 +118,11 @@ class ProviderContext:
         self.transport: Transport
         self.control: ControlPlane
         self.watchdog: Watchdog
+        self.leases: LeaseCache
         self._start_clients()
 
     def _start_clients(self) -> None:
-        """(Re)create the HTTP pools and pick the watchdog, for this process."""
+        """(Re)create the HTTP pools and lease cache and pick the watchdog, for this process."""
         cfg = self.config
         self.transport = Transport(
             pool_connections=self._pool_sizes[0], pool_maxsize=self._pool_sizes[1]
@@ -133,6 +136,11 @@ class ProviderContext:
         )
         wd = self._own_watchdog
         self.watchdog = wd if wd is not None and not wd.closed else Watchdog.default()
+        self.leases = LeaseCache(
+            self._connect,
+            lifetime=min(MAX_TIMEOUT_SECONDS, cfg.timeout_seconds),
+            submit=self.watchdog.submit,
+        )
         self._pid = os.getpid()
 
     # -- open / closed / forked ---------------------------------------------------------
@@ -180,10 +188,11 @@ class ProviderContext:
         return target
 
     def attach(self, sid: str, cancel: Optional[CancelToken], min_seconds: int = 0) -> Target:
-        """Connect to the sandbox (resuming it if paused) and extend its lease."""
+        """Connect to the sandbox now (resuming it if paused), extend and remember its lease."""
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._connect(sid, self.lease_seconds(min_seconds), cancel)
+        lease = self.lease_seconds(min_seconds)
+        return self.leases.connect(sid, lease_seconds=lease, cancel=cancel)
 
     def envd(self, target: Target) -> EnvdClient:
         """The envd client for ``target``."""
@@ -194,22 +203,29 @@ class ProviderContext:
         sid: str,
         cancel: Optional[CancelToken],
         fn: Callable[[Target], _T],
-        min_seconds: int = 0,
+        need: float = FILE_OP_TIMEOUT,
     ) -> _T:
-        """Attach, then ``fn(target)``; once more if the request never reached envd.
+        """``fn(target)`` on a target that lasts ``need`` seconds; once more if it was stale.
 
-        E2B's edge answers 502 "The sandbox was not found" for a sandbox paused (by a
-        ``suspend`` elsewhere, say) after our connect: nothing reached envd, so nothing ran,
-        and attaching again (which resumes it) and retrying is safe.
+        The target comes from the lease cache: a warm sandbox costs no control-plane call;
+        a cold one (or one whose lease would end within ``need`` seconds) is connected
+        first, which also resumes it if paused. E2B's edge answers 502 "The sandbox was not
+        found" for a sandbox paused or deleted (by another client, say) after the lease was
+        taken: nothing reached envd, so nothing ran, and connecting again (which resumes it,
+        or says it is gone) and retrying once is safe.
         """
-        target = self.attach(sid, cancel, min_seconds)
+        lease = self.lease_seconds(math.ceil(need))
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        target = self.leases.get(sid, need=need, lease_seconds=lease, cancel=cancel)
         try:
             return fn(target)
         except E2BHttpError as exc:
             if not never_reached_envd(exc):
                 raise
-        log.info("e2b_provider: sandbox %s was paused under us; resuming it and retrying", sid)
-        return fn(self.attach(sid, cancel, min_seconds))
+        log.info("e2b_provider: sandbox %s was paused or moved under us; connecting again", sid)
+        target = self.leases.get(sid, need=need, lease_seconds=lease, cancel=cancel, stale=target)
+        return fn(target)
 
     # -- scripts --------------------------------------------------------------------------
 

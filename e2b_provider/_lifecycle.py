@@ -94,9 +94,10 @@ class Lifecycle:
             body["network"] = {"allowOut": list(limits.allow_hosts), "denyOut": ["0.0.0.0/0"]}
         else:
             body["allow_internet_access"] = egress == "open"
+        sent_at = ctx.leases.now()
         info = ctx.control.create(body, token=cancel, idempotency_key=str(uuid.uuid4()))
         try:
-            ctx.control.target_for(info)
+            target = ctx.control.target_for(info)
         except SandboxGoneError:
             # Fail closed: never keep (or leak) a sandbox we will not talk to.
             try:
@@ -106,6 +107,7 @@ class Lifecycle:
                     "e2b_provider: could not delete tokenless sandbox %s: %s", info.sandbox_id, exc
                 )
             raise
+        ctx.leases.remember(info.sandbox_id, target, ctx.config.timeout_seconds, sent_at)
         return SandboxHandle(info.sandbox_id, name)
 
     def resume(self, sid: str, cancel: Optional[CancelToken]) -> ResumeOutcome:
@@ -116,20 +118,29 @@ class Lifecycle:
         return "resumed"
 
     def suspend(self, sid: str, cancel: Optional[CancelToken]) -> None:
+        ctx = self._ctx
+        ctx.leases.forget(sid)
         try:
-            self._ctx.control.pause(sid, token=cancel)
+            ctx.control.pause(sid, token=cancel)
         except (NotFound, Conflict):
             pass
+        finally:
+            ctx.leases.forget(sid)
 
     def destroy(self, sid: str, cancel: Optional[CancelToken]) -> None:
-        self._ctx.control.delete(sid, token=cancel)
+        ctx = self._ctx
+        ctx.leases.forget(sid)
+        try:
+            ctx.control.delete(sid, token=cancel)
+        finally:
+            ctx.leases.forget(sid)
 
     def destroy_by_name(self, name: str, cancel: Optional[CancelToken]) -> int:
         control = self._ctx.control
         listed = control.list(metadata={scripts.METADATA_NAME: name}, token=cancel)
         ids = [s.sandbox_id for s in listed if s.metadata.get(scripts.METADATA_NAME) == name]
         for sid in ids:
-            control.delete(sid, token=cancel)
+            self.destroy(sid, cancel)
         return len(ids)
 
     # -- reboot of a wedged sandbox -------------------------------------------------------
@@ -160,6 +171,7 @@ class Lifecycle:
         """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""
         ctx = self._ctx
         log.warning("e2b_provider: could not stop a command cleanly; rebooting sandbox %s", sid)
+        ctx.leases.forget(sid)
         bound = ctx.bounds.reboot
         deadline = Deadline.after(bound)
         guard = CancelToken()
@@ -216,6 +228,8 @@ class Lifecycle:
             )
         finally:
             timer.cancel()
+            # Whatever happened, the next call connects afresh (it may have to resume).
+            ctx.leases.forget(sid)
 
 
 def _answer(call: Callable[..., object], *args: Any, **kwargs: Any) -> Answer:

@@ -28,12 +28,14 @@ def fresh(provider: E2BSandboxProvider):  # type: ignore[no-untyped-def]
 
 
 def test_409_storm_is_retried_then_surfaces(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+    # A provider that has not seen the sandbox yet connects before its first call.
     emu.connect_conflict(count=3)
-    assert provider.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
+    with E2BSandboxProvider(emu.config(template="base")) as cold:
+        assert cold.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
     emu.connect_conflict(count=50)
     t0 = time.monotonic()
-    with pytest.raises(Conflict) as ei:
-        provider.exec(fresh, "echo ok", timeout=30.0)
+    with pytest.raises(Conflict) as ei, E2BSandboxProvider(emu.config(template="base")) as cold:
+        cold.exec(fresh, "echo ok", timeout=30.0)
     assert ei.value.status == 409
     assert time.monotonic() - t0 < 10  # 5 retries x 0.5 s, bounded
     emu.clear_faults()
@@ -43,7 +45,8 @@ def test_409_storm_is_retried_then_surfaces(emu, provider: E2BSandboxProvider, f
 def test_permanent_409_is_not_retried_blindly(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
     emu.connect_conflict(count=1, error_code="sandbox_snapshot_guest_agent_unresponsive")
     # answered by reconnecting once with memory:false, not by five blind retries
-    assert provider.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
+    with E2BSandboxProvider(emu.config(template="base")) as cold:
+        assert cold.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
 
 
 def test_control_plane_5xx_is_retried_and_redirects_are_not_followed(
