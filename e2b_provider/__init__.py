@@ -23,7 +23,14 @@ from .errors import (
     TransportError,
     TransportTimeout,
 )
-from .models import ExecResult, FileContent, FileStat, SandboxHandle, SandboxLimits
+from .models import (
+    ExecResult,
+    FileContent,
+    FileStat,
+    SandboxHandle,
+    SandboxLimits,
+    SandboxSummary,
+)
 from .provider import E2BSandboxProvider
 
 __all__ = [
@@ -50,6 +57,7 @@ __all__ = [
     "SandboxGoneError",
     "SandboxHandle",
     "SandboxLimits",
+    "SandboxSummary",
     "TransportError",
     "TransportTimeout",
     "__version__",

@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Optional
 
 from . import _scripts as scripts
 from ._context import ProviderContext, script_failed
-from ._exec import RunOutcome, run_process
+from ._exec import OnText, RunOutcome, run_process
 from ._lifecycle import Lifecycle, fire
 from ._process import decode_output
 from .cancel import CancelToken, Deadline
@@ -51,6 +51,8 @@ class Commands:
         env: Dict[str, str],
         tag: Optional[str],
         cancel: Optional[CancelToken],
+        on_stdout: Optional[OnText] = None,
+        on_stderr: Optional[OnText] = None,
     ) -> ExecResult:
         ctx = self._ctx
         bounds = ctx.bounds
@@ -79,6 +81,8 @@ class Commands:
                 interrupt_kill_seconds=bounds.interrupt_kill,
                 keepalive_seconds=bounds.keepalive,
                 on_wedged=lambda: self._lifecycle.reboot_once(sid, target, began),
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
             )
 
         out = ctx.on_target(sid, cancel, run, need=math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)

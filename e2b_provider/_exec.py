@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import attrs
 
 from . import _escalation as esc_mod
-from ._process import DataEvent, EndEvent, OutputBudget, StartEvent
+from ._process import DataEvent, EndEvent, LiveText, OutputBudget, StartEvent
 from ._watchdog import Watchdog
 from .cancel import CancelReason, CancelToken, Deadline
 from .envd import EnvdClient, ProcessStream
@@ -35,13 +35,16 @@ from .errors import (
     ProtocolError,
 )
 
-__all__ = ["Killer", "RunOutcome", "run_process"]
+__all__ = ["Killer", "OnText", "RunOutcome", "run_process"]
 
 log = logging.getLogger("e2b_provider")
 
 #: A kill job: given the pid (if the start event arrived) and a bound in seconds, stop the
 #: command and its whole tree; True when it worked. It runs on a worker thread.
 Killer = Callable[[Optional[int], float], bool]
+
+#: A live-output callback: called on the reading thread with each piece of decoded text.
+OnText = Callable[[str], None]
 
 #: Slice for every wait on the caller's thread, so Ctrl-C stays responsive.
 _WAIT_SLICE_S = 0.25
@@ -59,6 +62,39 @@ class RunOutcome:
     cancelled: bool
     wedged: bool
     pid: Optional[int] = None
+
+
+class _CallbackFailed(Exception):
+    """Carries the exception a live-output callback raised out of the read loop."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Live:
+    """Live output of one stream: the decoder and the caller's callback."""
+
+    __slots__ = ("_fn", "_text")
+
+    def __init__(self, fn: OnText) -> None:
+        self._fn = fn
+        self._text = LiveText()
+
+    def feed(self, kept: bytes) -> None:
+        if kept:
+            self._call(self._text.feed(kept))
+
+    def finish(self, truncated: bool) -> None:
+        self._call(self._text.finish(truncated))
+
+    def _call(self, text: str) -> None:
+        if not text:
+            return
+        try:
+            self._fn(text)
+        except Exception as exc:  # the caller's error: the command is stopped, then it is raised
+            raise _CallbackFailed(exc) from exc
 
 
 @attrs.define(eq=False)
@@ -108,6 +144,8 @@ def run_process(
     interrupt_kill_seconds: float = 10.0,
     keepalive_seconds: int = 50,
     on_wedged: Optional[Callable[[], None]] = None,
+    on_stdout: Optional[OnText] = None,
+    on_stderr: Optional[OnText] = None,
 ) -> RunOutcome:
     """Run one process through envd and return what it produced.
 
@@ -129,6 +167,12 @@ def run_process(
         keepalive_seconds: envd keepalive interval asked for.
         on_wedged: called (on the caller's thread, after the stream ended) when the command
             could not be stopped cleanly: the provider reboots the sandbox there.
+        on_stdout: called on the caller's thread with standard output as it arrives,
+            decoded incrementally (see :class:`~._process.LiveText`), only for output
+            inside the budget; the pieces add up to the decoded result. An exception it
+            raises stops the command (like Ctrl-C: the remote command is killed, bounded by
+            ``interrupt_kill_seconds``) and is then raised.
+        on_stderr: the same for standard error.
 
     Returns:
         The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
@@ -138,9 +182,12 @@ def run_process(
         TransportError, ProtocolError, RemoteError, E2BHttpError: the stream failed while
             the run was neither timed out nor cancelled.
         KeyboardInterrupt: re-raised unchanged after the bounded kill.
+        Exception: whatever ``on_stdout``/``on_stderr`` raised, after the bounded kill.
     """
     if token is not None:
         token.raise_if_cancelled()
+    live_out = _Live(on_stdout) if on_stdout is not None else None
+    live_err = _Live(on_stderr) if on_stderr is not None else None
     run = _Run(esc=esc_mod.Escalation(has_killer=killer is not None, grace_seconds=grace_seconds))
     budget = OutputBudget(max_output_bytes)
     exit_code: Optional[int] = None
@@ -238,9 +285,13 @@ def run_process(
                                 run.pid = ev.pid
                             elif isinstance(ev, DataEvent):
                                 if ev.stdout:
-                                    budget.add_stdout(ev.stdout)
+                                    kept = budget.add_stdout(ev.stdout)
+                                    if live_out is not None:
+                                        live_out.feed(kept)
                                 if ev.stderr:
-                                    budget.add_stderr(ev.stderr)
+                                    kept = budget.add_stderr(ev.stderr)
+                                    if live_err is not None:
+                                        live_err.feed(kept)
                             elif isinstance(ev, EndEvent):
                                 exit_code = ev.exit_code
                                 saw_end = True
@@ -249,6 +300,9 @@ def run_process(
         except KeyboardInterrupt:
             _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
             raise
+        except _CallbackFailed as failed:
+            _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
+            raise failed.error from None
 
         # The stream has ended (or was dropped). Let a kill in flight finish first, as the
         # reference awaits it: a kill that fails now still marks the sandbox wedged.
@@ -288,6 +342,12 @@ def run_process(
             raise stream_error
         if not saw_end:
             raise ProtocolError("E2B process stream ended without an exit status")
+    try:
+        for live in (live_out, live_err):
+            if live is not None:
+                live.finish(budget.truncated)
+    except _CallbackFailed as failed:
+        raise failed.error from None
     return RunOutcome(
         exit_code=None if (timed_out or cancelled) else exit_code,
         stdout=budget.stdout_bytes,

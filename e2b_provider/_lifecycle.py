@@ -9,12 +9,14 @@ Arguments arrive validated (the provider facade checks them before any I/O).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
+import re
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional
 
 from . import _scripts as scripts
 from ._context import MAX_TIMEOUT_SECONDS, ProviderContext
@@ -40,13 +42,36 @@ from .errors import (
     OperationTimeout,
     SandboxGoneError,
 )
-from .models import SandboxHandle, SandboxLimits, Target
+from .models import SandboxHandle, SandboxLimits, SandboxSummary, Target
 
-__all__ = ["Lifecycle", "ResumeOutcome"]
+__all__ = ["Lifecycle", "ResumeOutcome", "parse_time"]
 
 log = logging.getLogger("e2b_provider")
 
 ResumeOutcome = Literal["resumed", "gone"]
+
+
+_TIME_RE = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})?"
+)
+
+
+def parse_time(text: str) -> Optional[datetime.datetime]:
+    """An RFC 3339 time (any number of fraction digits, ``Z`` or an offset) as aware UTC.
+
+    None for an empty or unreadable text: a listing never fails on a time it cannot read.
+    """
+    m = _TIME_RE.fullmatch(text.strip())
+    if m is None:
+        return None
+    day, clock, fraction, zone = m.groups()
+    micros = (fraction or "").ljust(6, "0")[:6]
+    offset = "+00:00" if zone in (None, "Z", "z") else zone
+    try:
+        stamp = datetime.datetime.fromisoformat(f"{day}T{clock}.{micros}{offset}")
+    except ValueError:
+        return None
+    return stamp.astimezone(datetime.timezone.utc)
 
 
 def fire(token: CancelToken, why: str) -> None:
@@ -136,12 +161,25 @@ class Lifecycle:
             ctx.leases.forget(sid)
 
     def destroy_by_name(self, name: str, cancel: Optional[CancelToken]) -> int:
-        control = self._ctx.control
-        listed = control.list(metadata={scripts.METADATA_NAME: name}, token=cancel)
-        ids = [s.sandbox_id for s in listed if s.metadata.get(scripts.METADATA_NAME) == name]
+        ids = [s.id for s in self.list(name, cancel)]
         for sid in ids:
             self.destroy(sid, cancel)
         return len(ids)
+
+    def list(self, name: Optional[str], cancel: Optional[CancelToken]) -> List[SandboxSummary]:
+        wanted = {} if name is None else {scripts.METADATA_NAME: name}
+        listed = self._ctx.control.list(metadata=wanted, token=cancel)
+        return [
+            SandboxSummary(
+                id=s.sandbox_id,
+                name=s.metadata.get(scripts.METADATA_NAME),
+                state=s.state,
+                started_at=parse_time(s.started_at),
+                template_id=s.template_id,
+            )
+            for s in listed
+            if name is None or s.metadata.get(scripts.METADATA_NAME) == name
+        ]
 
     # -- reboot of a wedged sandbox -------------------------------------------------------
 

@@ -28,6 +28,7 @@ __all__ = [
     "DataEvent",
     "EndEvent",
     "KeepaliveEvent",
+    "LiveText",
     "OutputBudget",
     "ProcessEvent",
     "StartEvent",
@@ -239,6 +240,25 @@ def event_from_wire(obj: Mapping[str, Any]) -> Optional[ProcessEvent]:
     return KeepaliveEvent()
 
 
+def _unsafe_tail(buf: bytes) -> int:
+    """Where a partial UTF-8 sequence at the end of ``buf`` starts (``len(buf)`` if none).
+
+    Looks back at most 4 bytes for the lead byte; the sequence it starts is partial when it
+    needs more bytes than are there. This is the cut :func:`decode_output` makes when the
+    output was truncated.
+    """
+    end = len(buf)
+    i = end - 1
+    while i >= 0 and i >= end - 4:
+        b = buf[i]
+        if b & 0xC0 == 0x80:
+            i -= 1
+            continue
+        need = 4 if b >= 0xF0 else 3 if b >= 0xE0 else 2 if b >= 0xC0 else 1
+        return i if end - i < need else end
+    return end
+
+
 def decode_output(buf: bytes, truncated: bool) -> str:
     """Decode command output as UTF-8 (the reference's ``decodeOutput``).
 
@@ -247,19 +267,41 @@ def decode_output(buf: bytes, truncated: bool) -> str:
     sequence it starts is incomplete. Everything else that is not valid UTF-8 becomes
     U+FFFD.
     """
-    end = len(buf)
-    if truncated:
-        i = end - 1
-        while i >= 0 and i >= end - 4:
-            b = buf[i]
-            if b & 0xC0 == 0x80:
-                i -= 1
-                continue
-            need = 4 if b >= 0xF0 else 3 if b >= 0xE0 else 2 if b >= 0xC0 else 1
-            if end - i < need:
-                end = i
-            break
+    end = _unsafe_tail(buf) if truncated else len(buf)
     return bytes(buf[:end]).decode("utf-8", errors="replace")
+
+
+class LiveText:
+    """Incremental decoding of one output stream, equal in the end to :func:`decode_output`.
+
+    :meth:`feed` takes the bytes the budget kept, as they arrive, and returns the text that
+    is final already: everything but a partial UTF-8 sequence at the end, which waits for
+    its remaining bytes. Pieces are cut only before a byte that is not a UTF-8 continuation
+    byte, where decoding in pieces and decoding at once agree (also for invalid bytes).
+    :meth:`finish` returns the rest, decoded as :func:`decode_output` would; the
+    concatenation of every piece is ``decode_output(all_bytes, truncated)``.
+
+    Not thread-safe: one reader thread feeds it.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> str:
+        """The text that ``data`` (appended to what came before) completes."""
+        if not data:
+            return ""
+        buf = self._pending + data
+        cut = _unsafe_tail(buf)
+        self._pending = buf[cut:]
+        return buf[:cut].decode("utf-8", errors="replace")
+
+    def finish(self, truncated: bool) -> str:
+        """The rest, once the stream has ended: see :func:`decode_output`."""
+        buf, self._pending = self._pending, b""
+        return decode_output(buf, truncated)
 
 
 def _budget_cap(n: Any) -> int:
@@ -291,23 +333,24 @@ class OutputBudget:
     _used: int = attrs.field(default=0, init=False)
     _truncated: bool = attrs.field(default=False, init=False)
 
-    def _add(self, into: bytearray, data: bytes) -> None:
+    def _add(self, into: bytearray, data: bytes) -> bytes:
         room = self.max_bytes - self._used
         if len(data) > room:
             self._truncated = True
         if room <= 0 or not data:
-            return
+            return b""
         keep = data[:room]
         into += keep
         self._used += len(keep)
+        return keep
 
-    def add_stdout(self, data: bytes) -> None:
-        """Account a chunk of standard output."""
-        self._add(self._out, data)
+    def add_stdout(self, data: bytes) -> bytes:
+        """Account a chunk of standard output; returns the part kept (inside the cap)."""
+        return self._add(self._out, data)
 
-    def add_stderr(self, data: bytes) -> None:
-        """Account a chunk of standard error."""
-        self._add(self._err, data)
+    def add_stderr(self, data: bytes) -> bytes:
+        """Account a chunk of standard error; returns the part kept (inside the cap)."""
+        return self._add(self._err, data)
 
     def add(self, event: DataEvent) -> None:
         """Account both streams of a :class:`DataEvent` (stdout first)."""

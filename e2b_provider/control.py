@@ -134,12 +134,16 @@ class ListedSandbox:
         metadata: the sandbox's metadata.
         envd_unresponsive_at_pause: True when its snapshot was taken while envd did not
             answer (resuming it needs ``memory: false``).
+        started_at: ``startedAt`` as the server wrote it (RFC 3339), or "".
+        template_id: the template id, or "".
     """
 
     sandbox_id: str
     state: str
     metadata: Dict[str, str] = attrs.field(factory=dict, hash=False)
     envd_unresponsive_at_pause: bool = False
+    started_at: str = ""
+    template_id: str = ""
 
 
 def _show(value: object, limit: int = 100) -> str:
@@ -575,7 +579,7 @@ class ControlPlane:
     def list(
         self,
         *,
-        metadata: Mapping[str, str],
+        metadata: Optional[Mapping[str, str]] = None,
         state: Sequence[str] = ("running", "paused"),
         limit: int = LIST_LIMIT,
         token: Optional[CancelToken] = None,
@@ -590,7 +594,7 @@ class ControlPlane:
         unrelated sandboxes.
 
         Args:
-            metadata: the pairs every returned sandbox must have.
+            metadata: the pairs every returned sandbox must have (None: no filter).
             state: the states to list.
             limit: the page size (1-100).
             token: cancels the call.
@@ -611,7 +615,7 @@ class ControlPlane:
             if s not in ("running", "paused"):
                 raise InvalidArgument(f"invalid sandbox state {_show(s)}")
         wanted: Dict[str, str] = {}
-        for k, v in metadata.items():
+        for k, v in (metadata or {}).items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidArgument("metadata keys and values must be strings")
             wanted[k] = v
@@ -754,6 +758,8 @@ def _listed(item: object, op: str, wanted: Mapping[str, str]) -> Optional[Listed
         state=_str(item.get("state")),
         metadata=metadata,
         envd_unresponsive_at_pause=item.get("envdUnresponsiveAtPause") is True,
+        started_at=_str(item.get("startedAt")),
+        template_id=_str(item.get("templateID")),
     )
 
 

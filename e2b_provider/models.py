@@ -1,13 +1,15 @@
 """Frozen value types of the public API and of the wire boundary.
 
 This module owns the data the library hands out and takes in: :class:`SandboxLimits`,
-:class:`SandboxHandle`, :class:`ExecResult`, :class:`FileContent`, :class:`FileStat`, and the
+:class:`SandboxHandle`, :class:`SandboxSummary`, :class:`ExecResult`, :class:`FileContent`,
+:class:`FileStat`, and the
 internal :class:`Target` (where and how to reach one sandbox's envd). Values only: no I/O, no
 requests, no threads. Secrets (the envd access token) are kept out of ``repr``.
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import Iterable, Literal, Optional, Tuple, Union
 
 import attrs
@@ -20,6 +22,7 @@ __all__ = [
     "SandboxHandle",
     "SandboxLimits",
     "SandboxRef",
+    "SandboxSummary",
     "Target",
 ]
 
@@ -70,6 +73,31 @@ class SandboxHandle:
 
 
 SandboxRef = Union[SandboxHandle, str]
+
+
+@attrs.frozen
+class SandboxSummary:
+    """One sandbox as a listing shows it.
+
+    Attributes:
+        id: the E2B sandbox id.
+        name: the name it was created under by this library, or None.
+        state: ``"running"`` or ``"paused"``.
+        started_at: when it was (last) started, as a timezone-aware UTC datetime, or None
+            when the server did not say.
+        template_id: its template's id ("" when the server did not say).
+    """
+
+    id: str
+    name: Optional[str]
+    state: str
+    started_at: Optional[datetime.datetime] = None
+    template_id: str = ""
+
+    @property
+    def handle(self) -> SandboxHandle:
+        """A handle for the other calls."""
+        return SandboxHandle(self.id, self.name)
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ It speaks no HTTP itself.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping, Optional, Union
+from typing import Callable, Iterable, List, Mapping, Optional, Union
 
 from . import _validate as v
 from ._commands import Commands
@@ -32,6 +32,7 @@ from .models import (
     SandboxHandle,
     SandboxLimits,
     SandboxRef,
+    SandboxSummary,
 )
 
 __all__ = ["E2BSandboxProvider"]
@@ -260,6 +261,31 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         return self._lifecycle.destroy_by_name(name, cancel)
 
+    def list_sandboxes(
+        self, name: Optional[str] = None, *, cancel: Optional[CancelToken] = None
+    ) -> List[SandboxSummary]:
+        """The running and paused sandboxes of this API key's team (all pages).
+
+        Args:
+            name: only the sandboxes created under this name (by :meth:`create`).
+            cancel: cancels the call.
+
+        Returns:
+            One :class:`~e2b_provider.SandboxSummary` per sandbox (``name`` is None for
+            sandboxes this library did not create), in the server's order.
+
+        Raises:
+            InvalidArgument: bad name.
+            E2BHttpError, TransportError: the API failed.
+            Cancelled: ``cancel`` fired.
+        """
+        self._check_open()
+        if name is not None:
+            v.check_name(name)
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        return self._lifecycle.list(name, cancel)
+
     # -- leftover commands ----------------------------------------------------------------
 
     def kill_all(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
@@ -315,6 +341,8 @@ class E2BSandboxProvider:
         env: Optional[Mapping[str, str]] = None,
         tag: Optional[str] = None,
         cancel: Optional[CancelToken] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
     ) -> ExecResult:
         """Run a shell command (``/bin/bash -c``) in the sandbox as user ``sandbox``.
 
@@ -334,6 +362,13 @@ class E2BSandboxProvider:
             env: extra environment variables (names ``[A-Za-z_][A-Za-z0-9_]*``).
             tag: a holder tag (``[A-Za-z0-9_-]{1,64}``) so :meth:`kill_tagged` can find it.
             cancel: stops the command from any thread; the result then has ``cancelled=True``.
+            on_stdout: called with standard output as it arrives (a ``str``, on the calling
+                thread: ``print`` and notebook display work), decoded incrementally (a
+                UTF-8 character is never split; invalid bytes are replaced as in the
+                result), only for output inside ``max_output_bytes``: the pieces add up to
+                ``result.stdout``. An exception it raises stops the command (the remote
+                process tree is killed) and is raised from ``exec``.
+            on_stderr: the same for standard error.
 
         Returns:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.
@@ -345,6 +380,8 @@ class E2BSandboxProvider:
             E2BHttpError, TransportError, ProtocolError, RemoteError: the run failed while
                 neither timed out nor cancelled.
             KeyboardInterrupt: re-raised after the remote command was killed (bounded).
+            Exception: whatever ``on_stdout`` or ``on_stderr`` raised, after the remote
+                command was killed (bounded).
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
@@ -361,6 +398,9 @@ class E2BSandboxProvider:
             run_env.update(v.check_env(env))
         if tag is not None:
             v.check_tag(tag)
+        for cb_name, cb in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
+            if cb is not None and not callable(cb):
+                raise InvalidArgument(f"{cb_name} must be a callable taking a str, or None")
         if cancel is not None:
             cancel.raise_if_cancelled()
         return self._commands.exec(
@@ -372,6 +412,8 @@ class E2BSandboxProvider:
             env=run_env,
             tag=tag,
             cancel=cancel,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
         )
 
     # -- files ----------------------------------------------------------------------------

@@ -387,3 +387,54 @@ def test_budget_cap_is_read_only() -> None:
     with pytest.raises(AttributeError):
         b.max_bytes = 10
     assert b.max_bytes == 5
+
+
+# -- live output ------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    chunks=st.lists(
+        st.one_of(
+            st.binary(max_size=12),
+            st.text(max_size=6).map(lambda t: t.encode("utf-8")),
+            st.sampled_from([b"\xe2\x82", b"\xac", b"\xf0\x9f", b"\x98\x80", b"\xff", b"\x80"]),
+        ),
+        max_size=12,
+    ),
+    cap=st.integers(min_value=0, max_value=60),
+)
+def test_live_text_pieces_add_up_to_the_result(chunks: List[bytes], cap: int) -> None:
+    from e2b_provider._process import LiveText
+
+    budget = OutputBudget(cap)
+    live = LiveText()
+    pieces = []
+    for chunk in chunks:
+        kept = budget.add_stdout(chunk)
+        pieces.append(live.feed(kept))
+    pieces.append(live.finish(budget.truncated))
+    assert "".join(pieces) == decode_output(budget.stdout_bytes, budget.truncated)
+
+
+def test_live_text_never_splits_a_character() -> None:
+    from e2b_provider._process import LiveText
+
+    live = LiveText()
+    euro = "€".encode()
+    assert live.feed(b"a" + euro[:1]) == "a"
+    assert live.feed(euro[1:2]) == ""
+    assert live.feed(euro[2:] + b"\n") == "€\n"
+    assert live.finish(False) == ""
+
+
+def test_live_text_finish_drops_a_cut_character_only_when_truncated() -> None:
+    from e2b_provider._process import LiveText
+
+    euro = "€".encode()
+    cut = LiveText()
+    assert cut.feed(b"x" + euro[:2]) == "x"
+    assert cut.finish(True) == ""
+    whole = LiveText()
+    whole.feed(b"x" + euro[:2])
+    assert whole.finish(False) == "\ufffd"
