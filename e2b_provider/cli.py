@@ -1,0 +1,495 @@
+"""The command line: ``e2b-provider`` (also ``python -m e2b_provider``).
+
+This module owns the shell face of the library: argument parsing (``argparse``), the
+configuration from the environment (as :meth:`DeploymentConfig.from_env`), finding a sandbox
+by name or id, live command output to our stdout/stderr, file copies with a progress line on
+a terminal, a table of sandboxes, and exit codes:
+
+* ``exec`` exits with the command's own status, 124 when it timed out, 130 after Ctrl-C
+  (once the remote process tree was killed);
+* 2 for a usage error (a bad option, a bad name, a missing or invalid setting);
+* 1 for any other error, printed on one line without a traceback.
+
+Commands::
+
+    e2b-provider create NAME [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
+                             [--allow-host HOST]...
+    e2b-provider exec SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... -- CMD [ARG...]
+    e2b-provider cp SRC DST             (one side is SANDBOX:/path)
+    e2b-provider ls [--name NAME]
+    e2b-provider rm SANDBOX...
+    e2b-provider suspend SANDBOX
+    e2b-provider resume SANDBOX
+    e2b-provider emulator [--port N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO, Callable, List, Optional, Sequence, TextIO
+
+from . import _validate as v
+from ._version import __version__
+from .config import DeploymentConfig
+from .errors import E2BProviderError, InvalidArgument
+from .models import SandboxHandle, SandboxLimits
+from .provider import E2BSandboxProvider
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_TIMED_OUT", "EXIT_USAGE", "main"]
+
+PROG = "e2b-provider"
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_TIMED_OUT = 124
+EXIT_INTERRUPTED = 130
+#: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise.
+DEFAULT_EXEC_OUTPUT = 64 << 20
+#: Largest file ``cp`` moves (the library's read bound).
+MAX_COPY_BYTES = 1 << 30
+#: Transfers at least this large show a progress line on a terminal.
+PROGRESS_FROM_BYTES = 4 << 20
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called (exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+
+
+def _config() -> DeploymentConfig:
+    return DeploymentConfig.from_env()
+
+
+def _resolve(p: E2BSandboxProvider, ref: str) -> SandboxHandle:
+    """A sandbox by name (created by this library) or by id."""
+    named = []
+    try:
+        v.check_name(ref)
+        named = p.list_sandboxes(ref)
+    except InvalidArgument:
+        pass
+    if len(named) == 1:
+        return named[0].handle
+    if len(named) > 1:
+        ids = ", ".join(s.id for s in named)
+        raise UsageError(f"{len(named)} sandboxes are named {ref!r} ({ids}); give an id")
+    try:
+        v.check_sandbox_id(ref)
+    except InvalidArgument:
+        raise UsageError(f"no sandbox is named {ref!r}") from None
+    if not any(s.id == ref for s in p.list_sandboxes()):
+        raise UsageError(f"no sandbox is named {ref!r} or has that id")
+    return SandboxHandle(ref)
+
+
+def _split_remote(spec: str) -> Optional[tuple[str, str]]:
+    """``("SANDBOX", "/path")`` for ``SANDBOX:/path``; None for a local path."""
+    head, sep, tail = spec.partition(":")
+    if not sep or not head or not tail.startswith("/") or "/" in head:
+        return None
+    return head, tail
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class _Progress:
+    """A one-line progress display on a terminal while a blocking transfer runs.
+
+    The library moves a file in one call, so this shows the bytes in flight and the time
+    taken, then the rate at the end; nothing is shown when stderr is not a terminal or the
+    transfer is small.
+    """
+
+    def __init__(self, what: str, size: int, stream: TextIO) -> None:
+        self._what = what
+        self._size = size
+        self._stream = stream
+        self._on = size >= PROGRESS_FROM_BYTES and stream.isatty()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> _Progress:
+        if self._on:
+            self._thread = threading.Thread(
+                target=self._run, name="e2b-provider-progress", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def _line(self, final: bool) -> str:
+        took = time.monotonic() - self._t0
+        if final:
+            rate = self._size / took if took > 0 else 0.0
+            return f"\r{self._what}: {_mib(self._size)} in {took:.1f} s ({_mib(rate)}/s)\033[K\n"
+        spin = "|/-\\"[int(took * 8) % 4]
+        return f"\r{self._what}: {_mib(self._size)} {spin} {took:.1f} s\033[K"
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.125):
+            self._stream.write(self._line(False))
+            self._stream.flush()
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+            self._stream.write(self._line(True) if exc_type is None else "\r\033[K")
+            self._stream.flush()
+
+
+def _writer(stream: IO[str]) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+# --------------------------------------------------------------------------------------
+# commands
+# --------------------------------------------------------------------------------------
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    given = {"cpu": args.cpu, "memory_mb": args.memory_mb, "disk_mb": args.disk_mb}
+    limits = SandboxLimits(
+        egress=args.egress,
+        allow_hosts=tuple(args.allow_host),
+        **{k: val for k, val in given.items() if val is not None},
+    )
+    with E2BSandboxProvider(_config()) as p:
+        h = p.create(args.name, limits)
+    print(h.id)
+    return 0
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    argv: List[str] = list(args.command)
+    if not argv:
+        raise UsageError("exec needs a command after --")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--env takes KEY=VALUE, not {item!r}")
+        env[key] = value
+    # As ssh does: the words are joined with spaces and the remote shell parses them.
+    command = " ".join(argv)
+    with E2BSandboxProvider(_config()) as p:
+        h = _resolve(p, args.sandbox)
+        r = p.exec(
+            h,
+            command,
+            timeout=args.timeout,
+            cwd=args.cwd,
+            env=env or None,
+            max_output_bytes=args.max_output_bytes,
+            on_stdout=_writer(sys.stdout),
+            on_stderr=_writer(sys.stderr),
+        )
+    if r.truncated:
+        print(f"{PROG}: output past {args.max_output_bytes} bytes was dropped", file=sys.stderr)
+    if r.timed_out:
+        print(
+            f"{PROG}: timed out after {args.timeout:g} s (the command was killed)", file=sys.stderr
+        )
+        return EXIT_TIMED_OUT
+    if r.exit_code is None:
+        print(f"{PROG}: the command ended without an exit status", file=sys.stderr)
+        return EXIT_ERROR
+    return r.exit_code if 0 <= r.exit_code <= 255 else EXIT_ERROR
+
+
+def _cmd_cp(args: argparse.Namespace) -> int:
+    src, dst = _split_remote(args.src), _split_remote(args.dst)
+    if (src is None) == (dst is None):
+        raise UsageError(
+            "cp copies between this machine and a sandbox: write exactly one "
+            "side as SANDBOX:/absolute/path"
+        )
+    with E2BSandboxProvider(_config()) as p:
+        if dst is not None:  # upload
+            try:
+                with open(args.src, "rb") as f:
+                    data = f.read(MAX_COPY_BYTES + 1)
+            except OSError as exc:
+                raise E2BProviderError(f"cannot read {args.src}: {exc.strerror}") from None
+            if len(data) > MAX_COPY_BYTES:
+                raise UsageError(f"{args.src} is larger than {_mib(MAX_COPY_BYTES)}")
+            h = _resolve(p, dst[0])
+            with _Progress(f"{args.src} -> {args.dst}", len(data), sys.stderr):
+                p.write_file(h, dst[1], data)
+            return 0
+        assert src is not None
+        h = _resolve(p, src[0])
+        st = p.stat(h, src[1])
+        if st is None:
+            raise E2BProviderError(f"{args.src}: no such file in the sandbox")
+        if st.is_dir:
+            raise E2BProviderError(f"{args.src} is a directory (cp copies files)")
+        with _Progress(f"{args.src} -> {args.dst}", st.size, sys.stderr):
+            content = p.read_file(h, src[1], max_bytes=MAX_COPY_BYTES)
+        if content is None:
+            raise E2BProviderError(f"{args.src}: no such file in the sandbox")
+        if content.truncated:
+            raise E2BProviderError(f"{args.src} is larger than {_mib(MAX_COPY_BYTES)}")
+    target = args.dst
+    if os.path.isdir(target):
+        target = os.path.join(target, os.path.basename(src[1]))
+    try:
+        with open(target, "wb") as f:
+            f.write(content.data)
+    except OSError as exc:
+        raise E2BProviderError(f"cannot write {target}: {exc.strerror}") from None
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        rows = p.list_sandboxes(args.name)
+    table = [("ID", "NAME", "STATE", "STARTED")]
+    for s in rows:
+        started = s.started_at.strftime("%Y-%m-%d %H:%M:%S UTC") if s.started_at else "-"
+        table.append((s.id, s.name or "-", s.state, started))
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+    return 0
+
+
+def _cmd_rm(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        for ref in args.sandboxes:
+            p.destroy(_resolve(p, ref))
+            print(ref)
+    return 0
+
+
+def _cmd_suspend(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        p.suspend(_resolve(p, args.sandbox))
+    return 0
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        outcome = p.resume(_resolve(p, args.sandbox))
+    if outcome == "gone":
+        print(f"{PROG}: sandbox {args.sandbox} no longer exists", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+def _cmd_emulator(args: argparse.Namespace) -> int:
+    from .emulator import Emulator, EmulatorUnavailable
+
+    try:
+        emu = Emulator(port=args.port, host=args.host).start()
+    except EmulatorUnavailable as exc:
+        raise E2BProviderError(f"the local emulator cannot run here: {exc}") from None
+    try:
+        env = emu.sdk_env()
+        for key in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+            print(f"export {key}={env[key]}")
+        print("export E2B_TEMPLATE=base")
+        print(
+            f"# {PROG}: local E2B emulator running (template 'base'); Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        while emu.running and not stop.wait(0.5):
+            pass
+        if not emu.running:
+            raise E2BProviderError("the emulator stopped unexpectedly")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emu.stop()
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# parser and main
+# --------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    env_help = (
+        "Configuration comes from the environment: E2B_API_KEY, E2B_TEMPLATE, and optionally "
+        "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL, E2B_TIMEOUT_SECONDS. "
+        f"'{PROG} emulator' prints them for a local emulator."
+    )
+    p = _Parser(prog=PROG, description="E2B sandboxes from the shell.", epilog=env_help)
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    c = sub.add_parser(
+        "create",
+        help="create a sandbox (older ones of that name are destroyed)",
+        description="Create a sandbox and print its id. Older sandboxes of the "
+        "same name are destroyed first.",
+    )
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--cpu", type=int, default=None, help="vCPUs")
+    c.add_argument("--memory-mb", type=int, default=None, help="memory in MiB")
+    c.add_argument("--disk-mb", type=int, default=None, help="disk in MiB")
+    c.add_argument(
+        "--egress",
+        choices=("none", "allowlist", "open"),
+        default="none",
+        help="outbound network: none (default), allowlist, open",
+    )
+    c.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="with --egress allowlist: a host the sandbox may reach (repeatable)",
+    )
+    c.set_defaults(func=_cmd_create)
+
+    e = sub.add_parser(
+        "exec",
+        help="run a command, output streamed live",
+        description="Run CMD ARG... in the sandbox (joined with spaces and run "
+        "by bash -c, as ssh does) as user sandbox, streaming its output. Exits "
+        "with the command's status; 124 if it timed out; 130 on Ctrl-C, after "
+        "the remote command was killed.",
+    )
+    e.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    e.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds before the command is killed (default 600)",
+    )
+    e.add_argument("--cwd", default=None, help="working directory (default /workspace)")
+    e.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="an environment variable (repeatable)",
+    )
+    e.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=DEFAULT_EXEC_OUTPUT,
+        help=f"output shown at most (default {DEFAULT_EXEC_OUTPUT})",
+    )
+    e.add_argument("command", nargs="*", metavar="CMD [ARG...]",
+                   help="the command, after -- (so that its options are not taken as ours)")
+    e.set_defaults(func=_cmd_exec)
+
+    cp = sub.add_parser(
+        "cp",
+        help="copy a file to or from a sandbox",
+        description="Copy a file between this machine and a sandbox; write "
+        "the sandbox side as SANDBOX:/absolute/path.",
+    )
+    cp.add_argument("src", metavar="SRC")
+    cp.add_argument("dst", metavar="DST")
+    cp.set_defaults(func=_cmd_cp)
+
+    ls = sub.add_parser(
+        "ls",
+        help="list running and paused sandboxes",
+        description="List running and paused sandboxes.",
+    )
+    ls.add_argument("--name", default=None, help="only sandboxes of this name")
+    ls.set_defaults(func=_cmd_ls)
+
+    rm = sub.add_parser("rm", help="destroy sandboxes", description="Destroy sandboxes.")
+    rm.add_argument("sandboxes", nargs="+", metavar="SANDBOX")
+    rm.set_defaults(func=_cmd_rm)
+
+    for name, func, what in (
+        ("suspend", _cmd_suspend, "pause a sandbox (memory kept)"),
+        ("resume", _cmd_resume, "resume a paused sandbox"),
+    ):
+        s = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+        s.add_argument("sandbox", metavar="SANDBOX")
+        s.set_defaults(func=func)
+
+    em = sub.add_parser(
+        "emulator",
+        help="run the local E2B emulator in the foreground",
+        description="Run the local E2B emulator in the foreground until "
+        "Ctrl-C. It prints the export lines another shell needs, e.g. "
+        "'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there.",
+    )
+    em.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    em.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    em.set_defaults(func=_cmd_emulator)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    tail: Optional[List[str]] = None
+    if "--" in words:
+        # argparse's sub-commands do not pass "--" on: split it off here.
+        i = words.index("--")
+        words, tail = words[:i], words[i + 1 :]
+    args = p.parse_args(words)
+    if tail is not None:
+        if args.cmd != "exec":
+            p.error("only exec takes a command after --")
+        args.command = [*args.command, *tail]
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except InvalidArgument as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except E2BProviderError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout closed early (| head): not an error of ours
+        sys.stderr.close()
+        return EXIT_ERROR
+
+
+def console_main() -> None:  # pragma: no cover - the console-script entry point
+    """Entry point of the ``e2b-provider`` console script."""
+    sys.exit(main())
