@@ -88,7 +88,7 @@ def _url(host: str, port: int) -> str:
 
 
 async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None:
-    from .server import EmulatorServer
+    from .api.server import EmulatorServer
 
     server = EmulatorServer(api_key=api_key, state_dir=state_dir)
     stop = asyncio.Event()

@@ -5,7 +5,7 @@ line), the URLs and key clients need, configuration helpers for this library and
 official SDK, the fault-injection and inspection calls of the admin API, and stopping the
 subprocess (SIGTERM, bounded wait, then SIGKILL) — on every exit path, including exceptions
 and KeyboardInterrupt. It uses only the standard library (``subprocess``, ``urllib``) and the
-emulator's stdlib-only :mod:`._linux` helpers, so importing it needs neither aiohttp nor
+emulator's :mod:`.runtime.linux` helpers, so importing it needs neither aiohttp nor
 requests.
 """
 
@@ -26,7 +26,8 @@ import urllib.parse
 import urllib.request
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional
 
-from ._linux import mounts_under
+from .runtime import SandboxRuntimeError, remove_tree
+from .runtime.linux import mounts_under
 
 if TYPE_CHECKING:
     from ..config import DeploymentConfig
@@ -482,8 +483,6 @@ def remove_state_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
         return
     # Rootless: files written inside sandboxes belong to the user's subuids.
-    from .runtime import SandboxRuntimeError, remove_tree
-
     try:
         remove_tree(path)
     except SandboxRuntimeError as exc:
