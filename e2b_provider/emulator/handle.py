@@ -403,7 +403,8 @@ class Emulator:
         self, sandbox_id: Optional[str] = None, after_bytes: int = 0, count: int = 1
     ) -> Dict[str, Any]:
         """The next Start stream sends ``after_bytes`` bytes, then nothing and never ends; the
-        connection stays open until the client goes away or :meth:`clear_faults`."""
+        connection stays open until the client goes away, its own sandbox is paused, rebooted
+        or killed, or :meth:`clear_faults` (other sandboxes never release it)."""
         return self._arm(
             "stream_stall", after_bytes=after_bytes, sandbox_id=sandbox_id, count=count
         )

@@ -762,6 +762,39 @@ def test_fault_envd_unresponsive_released_by_clear(emu: Emulator, make_sandbox: 
     assert done.wait(10) and status["code"] == 204
 
 
+def test_faults_are_per_sandbox(emu: Emulator, api: requests.Session, make_sandbox: Make) -> None:
+    # A stalled stream of sandbox A stays stalled while other sandboxes' faults go away with
+    # them: B (envd_unresponsive, stream_cut) is killed, C (envd_unresponsive) is rebooted.
+    a, b, c = make_sandbox(), make_sandbox(), make_sandbox()
+    emu.stream_stall(sandbox_id=a["sandboxID"])
+    resp = open_start(emu, a, "echo hi", timeout=(10, 60))
+
+    def start_entry() -> Dict[str, Any]:
+        entries = emu.requests(sandbox_id=a["sandboxID"], path="/process.Process/Start")
+        return entries[-1] if entries else {}
+
+    wait_for(lambda: bool(start_entry().get("stalled")), 10, "A's Start stream to stall")
+    emu.envd_unresponsive(b["sandboxID"])
+    emu.stream_cut(after_bytes=1, sandbox_id=b["sandboxID"])  # goes with B
+    emu.envd_unresponsive(c["sandboxID"])
+    assert api.delete(f"{emu.api_url}/sandboxes/{b['sandboxID']}").status_code == 204
+    assert api.post(f"{emu.api_url}/sandboxes/{c['sandboxID']}/pause").status_code == 204
+    r = api.post(f"{emu.api_url}/v2/sandboxes/{c['sandboxID']}/connect", json={"memory": False})
+    assert r.status_code == 201
+    assert health(emu, c).status_code == 204  # C's fault went with its reboot
+    # (each request above ran after the server woke whatever B's and C's ends woke)
+    assert not start_entry().get("cut"), start_entry()
+    assert emu.faults() == []
+    # a fault of A is released by A's own end: clearing the faults closes the stall
+    emu.clear_faults()
+    with pytest.raises(
+        (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError)
+    ):
+        resp.raw.read()
+    resp.close()
+    assert start_entry().get("cut") is True
+
+
 def test_fault_admin_validation(emu: Emulator) -> None:
     with pytest.raises(EmulatorError, match="400"):
         emu.control_error("nowhere", 500)

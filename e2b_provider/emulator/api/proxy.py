@@ -210,7 +210,7 @@ class EnvdProxy:
                 if not server.faults.is_unresponsive(sandbox_id):
                     break
                 entry["hung"] = True
-                await server.faults.wait_changed()
+                await server.faults.wait_changed(sandbox_id)
                 if task is not None:
                     rec.streams.discard(task)
             return await self._forward(request, rec, entry)
@@ -302,7 +302,7 @@ class EnvdProxy:
                 return resp
             if stall is not None and not finished:
                 entry["stalled"] = True
-                await faults.wait_changed()
+                await faults.wait_changed(rec.sandbox_id)
             if not finished:
                 entry["cut"] = True
                 self._abort(request)

@@ -477,7 +477,7 @@ class EmulatorServer:
             return False
         del self.records[rec.sandbox_id]
         self._cut_streams(rec)
-        self.faults.clear_sandbox(rec.sandbox_id)
+        self.faults.forget_sandbox(rec.sandbox_id)
         async with rec.lock:
             await self.proxy.drop_session(rec.sandbox_id)
             self._graveyard[rec.sandbox_id] = rec.runtime
