@@ -181,13 +181,7 @@ def process_state(pid: int) -> Optional[str]:
 
 def is_zombie(pid: int) -> bool:
     """Return True if ``pid`` has exited but is not reaped yet (or is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    state = stat.rsplit(b")", 1)[-1].split()[:1]
-    return state in ([b"Z"], [b"X"], [])
+    return process_state(pid) in (None, "Z", "X")
 
 
 def child_pids(pid: int) -> List[int]:
