@@ -2,17 +2,28 @@
 
 This module owns argument parsing, the isolation pre-check (exit status 2 with one clear
 message when namespaces/cgroups are unavailable), the state directory (a fresh temporary one
-unless ``--state-dir`` is given; removed at exit), the single ready line on stdout, and signal
-handling (SIGINT/SIGTERM: every sandbox is destroyed, then exit 0).
+unless ``--state-dir`` is given; removed at exit), what it prints on stdout once it serves (the
+ready line, then the shell lines), and signal handling (SIGINT/SIGTERM: every sandbox is
+destroyed, then exit 0).
 
 Usage::
 
     python -m e2b_provider.emulator [--host 127.0.0.1] [--port 0] [--api-key KEY]
                                     [--state-dir DIR] [--log-level warning]
 
-The ready line (exactly one, flushed)::
+Once it serves, it prints (in one flushed write) the machine-readable ready line, always the
+first line of stdout (one line; wrapped here), then what a shell needs to point this library or
+the official SDK at it::
 
-    e2b-emulator ready api_url=http://127.0.0.1:PORT sandbox_url=http://127.0.0.1:PORT api_key=KEY
+    e2b-emulator ready api_url=http://127.0.0.1:PORT sandbox_url=http://127.0.0.1:PORT
+        api_key=KEY template=base
+    # point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:
+    export E2B_API_KEY=KEY
+    export E2B_API_URL=http://127.0.0.1:PORT
+    export E2B_SANDBOX_URL=http://127.0.0.1:PORT
+    export E2B_TEMPLATE=base
+
+Nothing else is printed on stdout.
 
 The API key is printed on purpose: it is a local throwaway key (random ``e2b_`` + 40 hex unless
 ``--api-key`` or ``$E2B_EMULATOR_API_KEY`` gives one) that clients need.
@@ -25,11 +36,13 @@ import asyncio
 import logging
 import os
 import secrets
+import shlex
 import signal
 import sys
 import tempfile
 from typing import List, Optional
 
+from .api.state import DEFAULT_TEMPLATE
 from .handle import remove_state_dir
 
 __all__ = ["main"]
@@ -87,8 +100,25 @@ def _url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def ready_text(url: str, api_key: str) -> str:
+    """What the emulator prints once it serves: the ready line, then the shell lines."""
+    env = {
+        "E2B_API_KEY": api_key,
+        "E2B_API_URL": url,
+        "E2B_SANDBOX_URL": url,
+        "E2B_TEMPLATE": DEFAULT_TEMPLATE,
+    }
+    lines = [
+        f"e2b-emulator ready api_url={url} sandbox_url={url} api_key={api_key} "
+        f"template={DEFAULT_TEMPLATE}",
+        "# point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:",
+        *(f"export {name}={shlex.quote(value)}" for name, value in env.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None:
-    from .server import EmulatorServer
+    from .api.server import EmulatorServer
 
     server = EmulatorServer(api_key=api_key, state_dir=state_dir)
     stop = asyncio.Event()
@@ -99,7 +129,8 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None
     try:
         host, port = await server.start(args.host, args.port)
         url = _url(host, port)
-        print(f"e2b-emulator ready api_url={url} sandbox_url={url} api_key={api_key}", flush=True)
+        sys.stdout.write(ready_text(url, api_key))
+        sys.stdout.flush()
         if args.exit_with_parent:
             watcher = asyncio.ensure_future(_watch_parent(stop, args.parent_pid))
         await stop.wait()

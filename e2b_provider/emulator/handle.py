@@ -4,9 +4,11 @@ This module owns starting ``python -m e2b_provider.emulator`` (bounded wait for 
 line), the URLs and key clients need, configuration helpers for this library and for the
 official SDK, the fault-injection and inspection calls of the admin API, and stopping the
 subprocess (SIGTERM, bounded wait, then SIGKILL) — on every exit path, including exceptions
-and KeyboardInterrupt. It uses only the standard library (``subprocess``, ``urllib``) and the
-emulator's stdlib-only :mod:`._linux` helpers, so importing it needs neither aiohttp nor
-requests.
+and KeyboardInterrupt. The subprocess runs in a session of its own, so an interrupt sent to
+the caller's process group (Ctrl-C in a terminal, a notebook kernel interrupt) does not reach
+it; it exits when the caller's process does. It uses only the standard library
+(``subprocess``, ``urllib``) and the emulator's :mod:`.runtime` helpers, so importing it needs
+neither aiohttp nor requests.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import urllib.parse
 import urllib.request
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional
 
-from ._linux import mounts_under
+from .runtime import SandboxRuntimeError, remove_tree
+from .runtime.linux import mounts_under
 
 if TYPE_CHECKING:
     from ..config import DeploymentConfig
@@ -64,6 +67,11 @@ class Emulator:
 
         with Emulator() as emu:
             provider = E2BSandboxProvider(emu.config())
+
+    or, in a notebook, ``emu = Emulator().start()`` … ``emu.close()``. The emulator runs in a
+    session of its own: a kernel interrupt or a terminal's Ctrl-C (SIGINT to this process's
+    group) does not stop it; it stops on :meth:`stop`/:meth:`close`, at the end of the
+    ``with`` block, and when this process exits.
 
     Args:
         api_key: the key clients must send; default: a random one chosen by the emulator.
@@ -157,6 +165,9 @@ class Emulator:
             # passed through the environment, not argv, so it does not show up in ps
             env["E2B_EMULATOR_API_KEY"] = self._requested_key
         self._stderr = tempfile.TemporaryFile(prefix="e2b-emulator-stderr-")
+        # A session of its own: an interrupt of this process's group (Ctrl-C in a terminal, a
+        # notebook kernel interrupt) must not stop the emulator; it still exits with this
+        # process (--exit-with-parent) and on stop().
         self._proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -164,6 +175,7 @@ class Emulator:
             stderr=self._stderr,
             env=env,
             close_fds=True,
+            start_new_session=True,
         )
         line = self._read_ready_line(self._proc, self._startup_timeout)
         fields = dict(part.split("=", 1) for part in line.split()[2:] if "=" in part)
@@ -249,6 +261,10 @@ class Emulator:
         if self._own_state_dir is not None:
             remove_state_dir(self._own_state_dir)
             self._own_state_dir = None
+
+    def close(self) -> None:
+        """Same as :meth:`stop` with its default bound."""
+        self.stop()
 
     def kill(self) -> None:
         """SIGKILL the emulator (no cleanup by it; for tests of crash behaviour)."""
@@ -402,7 +418,8 @@ class Emulator:
         self, sandbox_id: Optional[str] = None, after_bytes: int = 0, count: int = 1
     ) -> Dict[str, Any]:
         """The next Start stream sends ``after_bytes`` bytes, then nothing and never ends; the
-        connection stays open until the client goes away or :meth:`clear_faults`."""
+        connection stays open until the client goes away, its own sandbox is paused, rebooted
+        or killed, or :meth:`clear_faults` (other sandboxes never release it)."""
         return self._arm(
             "stream_stall", after_bytes=after_bytes, sandbox_id=sandbox_id, count=count
         )
@@ -482,8 +499,6 @@ def remove_state_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
         return
     # Rootless: files written inside sandboxes belong to the user's subuids.
-    from .runtime import SandboxRuntimeError, remove_tree
-
     try:
         remove_tree(path)
     except SandboxRuntimeError as exc:

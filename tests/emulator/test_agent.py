@@ -33,10 +33,10 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 import pytest
 
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
-from e2b_provider.emulator.agent_files import part_filename
-from e2b_provider.emulator.agent_fs import go_mode_string, rfc3339
-from e2b_provider.emulator.agent_proc import DEFAULT_PATH, exit_info_from_status
-from e2b_provider.emulator.agent_rpc import basic_username
+from e2b_provider.emulator.agent.files import part_filename
+from e2b_provider.emulator.agent.filesystem import go_mode_string, rfc3339
+from e2b_provider.emulator.agent.process import DEFAULT_PATH, exit_info_from_status
+from e2b_provider.emulator.agent.rpc import basic_username
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,

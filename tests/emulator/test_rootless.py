@@ -28,8 +28,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from e2b_provider.emulator import init, runtime
-from e2b_provider.emulator.runtime import IsolationUnavailable, check_isolation, subid_range
+from e2b_provider.emulator import runtime
+from e2b_provider.emulator.runtime import (
+    IsolationUnavailable,
+    check_isolation,
+    init,
+    namespaces,
+    subid_range,
+)
 
 _HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -82,12 +88,12 @@ def test_refusal_names_every_missing_piece(monkeypatch: pytest.MonkeyPatch, tmp_
     subgid = tmp_path / "subgid"
     subuid.write_text("someoneelse:100000:65536\n")
     subgid.write_text("4242:100000:1000\n")
-    monkeypatch.setattr(runtime, "_isolation_ok", False)
-    monkeypatch.setattr(runtime, "SUBUID_FILE", str(subuid))
-    monkeypatch.setattr(runtime, "SUBGID_FILE", str(subgid))
+    monkeypatch.setattr(namespaces, "_isolation_ok", False)
+    monkeypatch.setattr(namespaces, "SUBUID_FILE", str(subuid))
+    monkeypatch.setattr(namespaces, "SUBGID_FILE", str(subgid))
     monkeypatch.setattr(os, "geteuid", lambda: 4242)
-    monkeypatch.setattr(runtime, "_user_name", lambda uid: "dev")
-    monkeypatch.setattr(runtime, "_HOST_PATH", "/nonexistent")  # no unshare, no newuidmap
+    monkeypatch.setattr(namespaces, "_user_name", lambda uid: "dev")
+    monkeypatch.setattr(namespaces, "HOST_PATH", "/nonexistent")  # no unshare, no newuidmap
     with pytest.raises(IsolationUnavailable) as info:
         check_isolation()
     msg = str(info.value)
@@ -99,7 +105,7 @@ def test_refusal_names_every_missing_piece(monkeypatch: pytest.MonkeyPatch, tmp_
     assert "newuidmap and newgidmap (Debian package uidmap)" in missing
     assert f"a subuid range for dev in {subuid} (add 'dev:<start>:65536')" in missing
     assert f"the first one for dev in {subgid} has 1000 ids, need 65536" in missing
-    assert not runtime._isolation_ok
+    assert not namespaces._isolation_ok
 
 
 # --- as a throwaway unprivileged user ---------------------------------------------------------
@@ -227,7 +233,7 @@ SCRIPT = textwrap.dedent(
     r"""
     import asyncio, base64, http.client, json, os, socket, sys, time
     from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
-    from e2b_provider.emulator import _linux
+    from e2b_provider.emulator.runtime import linux
     from e2b_provider.emulator.runtime import (
         IsolationUnavailable, SandboxRuntime, SandboxSpec, check_isolation)
 
@@ -282,7 +288,7 @@ SCRIPT = textwrap.dedent(
         return code, out.decode()
 
     def states(rt):
-        return {p: _linux.process_state(p) for p in rt.host_pids()}
+        return {p: linux.process_state(p) for p in rt.host_pids()}
 
     async def scenario():
         rt = SandboxRuntime(SandboxSpec("rl1", "rootless-box"), os.path.join(base, "rl1"))
@@ -320,7 +326,7 @@ SCRIPT = textwrap.dedent(
              resumed=os.path.getsize(tick) > size, after=states(rt))
         pids = rt.host_pids()
         await rt.halt()
-        survivors = [p for p in pids if _linux.process_state(p) not in (None, "Z", "X")]
+        survivors = [p for p in pids if linux.process_state(p) not in (None, "Z", "X")]
         emit(step="halt", pids=rt.host_pids(), survivors=survivors)
         await rt.boot(timeout=30)
         emit(step="reboot", result=run(rt, "cat /workspace/hello.txt; echo; ls /workspace"))

@@ -26,14 +26,19 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, cast
 
 import pytest
 
+import e2b_provider
 from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
-from e2b_provider.emulator import _linux, init, runtime
+from e2b_provider.emulator import runtime
 from e2b_provider.emulator.runtime import (
     IsolationUnavailable,
     SandboxRuntime,
     SandboxRuntimeError,
     SandboxSpec,
+    cgroups,
     check_isolation,
+    init,
+    linux,
+    namespaces,
 )
 
 try:
@@ -242,7 +247,7 @@ def test_python_bind_paths_are_minimal_and_cover_the_interpreter() -> None:
         assert not any(p == "/" + d or p.startswith(f"/{d}/") for d in runtime.OVERLAY_DIRS)
         assert not any(p != q and p.startswith(q + "/") for q in paths)
     exe = os.path.realpath(sys.executable)
-    pkg = os.path.realpath(os.path.dirname(os.path.dirname(runtime.__file__)))
+    pkg = os.path.realpath(os.path.dirname(e2b_provider.__file__))
     for needed in (exe, pkg):
         covered = any(needed == p or needed.startswith(p + "/") for p in paths)
         assert covered or any(needed.startswith(f"/{d}/") for d in runtime.OVERLAY_DIRS)
@@ -254,7 +259,7 @@ def test_mountinfo_parser_decodes_escapes() -> None:
         "37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer\n"
         "50 27 0:40 /x /tmp/a\\040b rw shared:1 - tmpfs tmpfs rw\n"
     )
-    mounts = _linux.parse_mountinfo(text)
+    mounts = linux.parse_mountinfo(text)
     assert [m.mount_point for m in mounts] == [
         "/sys/fs/cgroup/unified",
         "/sys/fs/cgroup/freezer",
@@ -269,15 +274,15 @@ def test_check_isolation_explains_missing_root(
     # Not root and no subuid/subgid range: refused, naming root and the rootless requirements.
     empty = tmp_path / "empty"
     empty.write_text("")
-    monkeypatch.setattr(runtime, "_isolation_ok", False)
-    monkeypatch.setattr(runtime, "SUBUID_FILE", str(empty))
-    monkeypatch.setattr(runtime, "SUBGID_FILE", str(empty))
+    monkeypatch.setattr(namespaces, "_isolation_ok", False)
+    monkeypatch.setattr(namespaces, "SUBUID_FILE", str(empty))
+    monkeypatch.setattr(namespaces, "SUBGID_FILE", str(empty))
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(IsolationUnavailable, match="needs root, or unprivileged user") as info:
         check_isolation()
     assert isinstance(info.value, RuntimeError)
     assert "running as uid 1000, missing: " in str(info.value)
-    assert f"subuid range for {runtime._user_name(1000)} in {empty}" in str(info.value)
+    assert f"subuid range for {namespaces._user_name(1000)} in {empty}" in str(info.value)
 
 
 # --- real sandboxes ---------------------------------------------------------------------
@@ -413,9 +418,9 @@ def test_freezer_fallbacks(
     make: Callable[..., SandboxRuntime], monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     # Pretend the host lacks cgroup2 (v1 freezer) or every cgroup hierarchy (SIGSTOP).
-    monkeypatch.setattr(_linux, "cgroup2_mount", lambda: None)
+    monkeypatch.setattr(linux, "cgroup2_mount", lambda: None)
     if mode == "none":
-        monkeypatch.setattr(_linux, "cgroup1_mount", lambda controller: None)
+        monkeypatch.setattr(linux, "cgroup1_mount", lambda controller: None)
     rt = make()
     asyncio.run(rt.boot(timeout=20))
     assert rt._cgroups.mode == mode
@@ -456,7 +461,7 @@ def test_limits_and_cgroup_namespace(make: Callable[..., SandboxRuntime]) -> Non
                 with open(path) as f:
                     assert f.read().strip() == value, path
                 seen += 1
-    controllers = [c for c in ("memory", "cpu") if _linux.cgroup1_mount(c)]
+    controllers = [c for c in ("memory", "cpu") if linux.cgroup1_mount(c)]
     assert seen >= len(controllers)
 
 
@@ -484,7 +489,7 @@ def test_destroy_leaves_no_process_mount_file_or_cgroup(
     asyncio.run(rt.destroy())
     assert rt.host_pids() == [] and not any(alive(p) for p in pids)
     assert not os.path.exists(rt.state_dir)
-    assert _linux.mounts_under(rt.state_dir) == []
+    assert linux.mounts_under(rt.state_dir) == []
     with open("/proc/self/mountinfo") as f:
         assert rt.state_dir not in f.read()
     assert not any(os.path.exists(d) for d in cgroup_dirs)
@@ -597,7 +602,7 @@ def test_sandboxes_die_with_the_server_process(base_dir: str) -> None:
 
 def _all_parents() -> List[str]:
     found = []
-    for hierarchy in runtime._hierarchy_dirs():
+    for hierarchy in cgroups._hierarchy_dirs():
         found += [os.path.join(hierarchy, n) for n in os.listdir(hierarchy) if "e2b-emulator" in n]
     return found
 
@@ -610,10 +615,6 @@ def _read_procs(cgroup: str) -> List[int]:
         return []
 
 
-@pytest.mark.skipif(
-    not os.path.exists(os.path.join(os.path.dirname(runtime.__file__), "agent.py")),
-    reason="the real agent (e2b_provider/emulator/agent.py) is not there yet",
-)
 def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) -> None:
     sid = "t" + uuid.uuid4().hex[:12]
     rt = SandboxRuntime(SandboxSpec(sid, sid), os.path.join(base_dir, sid))

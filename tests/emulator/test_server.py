@@ -762,6 +762,39 @@ def test_fault_envd_unresponsive_released_by_clear(emu: Emulator, make_sandbox: 
     assert done.wait(10) and status["code"] == 204
 
 
+def test_faults_are_per_sandbox(emu: Emulator, api: requests.Session, make_sandbox: Make) -> None:
+    # A stalled stream of sandbox A stays stalled while other sandboxes' faults go away with
+    # them: B (envd_unresponsive, stream_cut) is killed, C (envd_unresponsive) is rebooted.
+    a, b, c = make_sandbox(), make_sandbox(), make_sandbox()
+    emu.stream_stall(sandbox_id=a["sandboxID"])
+    resp = open_start(emu, a, "echo hi", timeout=(10, 60))
+
+    def start_entry() -> Dict[str, Any]:
+        entries = emu.requests(sandbox_id=a["sandboxID"], path="/process.Process/Start")
+        return entries[-1] if entries else {}
+
+    wait_for(lambda: bool(start_entry().get("stalled")), 10, "A's Start stream to stall")
+    emu.envd_unresponsive(b["sandboxID"])
+    emu.stream_cut(after_bytes=1, sandbox_id=b["sandboxID"])  # goes with B
+    emu.envd_unresponsive(c["sandboxID"])
+    assert api.delete(f"{emu.api_url}/sandboxes/{b['sandboxID']}").status_code == 204
+    assert api.post(f"{emu.api_url}/sandboxes/{c['sandboxID']}/pause").status_code == 204
+    r = api.post(f"{emu.api_url}/v2/sandboxes/{c['sandboxID']}/connect", json={"memory": False})
+    assert r.status_code == 201
+    assert health(emu, c).status_code == 204  # C's fault went with its reboot
+    # (each request above ran after the server woke whatever B's and C's ends woke)
+    assert not start_entry().get("cut"), start_entry()
+    assert emu.faults() == []
+    # a fault of A is released by A's own end: clearing the faults closes the stall
+    emu.clear_faults()
+    with pytest.raises(
+        (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError)
+    ):
+        resp.raw.read()
+    resp.close()
+    assert start_entry().get("cut") is True
+
+
 def test_fault_admin_validation(emu: Emulator) -> None:
     with pytest.raises(EmulatorError, match="400"):
         emu.control_error("nowhere", 500)
@@ -806,7 +839,7 @@ def _cli(tmp_path: Any, *args: str) -> Tuple[subprocess.Popen[bytes], Dict[str, 
     line = proc.stdout.readline().decode()
     m = re.fullmatch(
         r"e2b-emulator ready api_url=(http://127\.0\.0\.1:\d+) "
-        r"sandbox_url=(http://127\.0\.0\.1:\d+) api_key=(\S+)\n",
+        r"sandbox_url=(http://127\.0\.0\.1:\d+) api_key=(\S+) template=base\n",
         line,
     )
     if m is None:
@@ -815,6 +848,15 @@ def _cli(tmp_path: Any, *args: str) -> Tuple[subprocess.Popen[bytes], Dict[str, 
         _close(proc)
         raise AssertionError(f"bad ready line {line!r}: {err!r}")
     return proc, {"api_url": m.group(1), "sandbox_url": m.group(2), "api_key": m.group(3)}
+
+
+_FROM_SHELL = """
+from e2b_provider import DeploymentConfig, E2BSandboxProvider
+with E2BSandboxProvider(DeploymentConfig.from_env()) as p:
+    h = p.create("from-shell")
+    print(p.exec(h, "echo hi").stdout, end="")
+    p.destroy(h)
+"""
 
 
 def test_cli_ready_line_and_sigterm_cleanup(short_tmp: str) -> None:
@@ -836,9 +878,28 @@ def test_cli_ready_line_and_sigterm_cleanup(short_tmp: str) -> None:
             assert got
             pids.update({p: proc_start_time(p) for p in got})
         requests.post(f"{info['api_url']}/sandboxes/{sid}/pause", headers=headers)
+        # after the ready line: what a shell needs, and it works as printed
+        assert proc.stdout is not None
+        shell = "".join(proc.stdout.readline().decode() for _ in range(5))
+        assert shell == (
+            "# point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:\n"
+            f"export E2B_API_KEY={info['api_key']}\n"
+            f"export E2B_API_URL={info['api_url']}\n"
+            f"export E2B_SANDBOX_URL={info['sandbox_url']}\n"
+            "export E2B_TEMPLATE=base\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+        done = subprocess.run(
+            ["sh", "-c", shell + 'exec "$0" -c "$1"', sys.executable, _FROM_SHELL],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert done.stdout == "hi\n", done.stderr
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert proc.stdout is not None and proc.stdout.read() == b""  # exactly one line
+        assert proc.stdout.read() == b""  # nothing else on stdout
         assert alive(pids) == []
         assert os.listdir(tmp_path) == []  # temporary state dir removed
     finally:
@@ -963,3 +1024,62 @@ def test_handle_owner_death_stops_the_emulator(how: str) -> None:
         assert not os.path.exists(state_dir)  # removed by the handle or by the emulator
     finally:
         _close(child)
+
+
+_IDLE_CHILD = """
+import json, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from e2b_provider import E2BSandboxProvider
+from e2b_provider.emulator import Emulator
+emu = Emulator().start()
+p = E2BSandboxProvider(emu.config(template="base"))
+h = p.create("idle-interrupt")
+info = {"emulator": emu.pid, "state_dir": emu.state_dir, "sandbox": emu.sandbox_pids(h.id)}
+print(json.dumps(info), flush=True)
+try:
+    print("idle", flush=True)
+    time.sleep(120)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+print(json.dumps({"after": p.exec(h, "echo alive", timeout=60.0).stdout}), flush=True)
+p.close()
+# exits without stopping the emulator: it must go with this process
+"""
+
+
+def _line(child: subprocess.Popen[str]) -> str:
+    assert child.stdout is not None and child.stderr is not None
+    line = child.stdout.readline()
+    if not line:
+        child.wait(timeout=60)
+        raise AssertionError(f"the child ended early ({child.returncode}): {child.stderr.read()}")
+    return line.rstrip("\n")
+
+
+def test_emulator_survives_an_interrupt_of_its_starters_group() -> None:
+    # A script or notebook kernel that started Emulator() gets SIGINT to its whole process
+    # group (a terminal's Ctrl-C, a kernel interrupt) while idle: it sees KeyboardInterrupt,
+    # the emulator keeps serving, and still goes (with its sandbox) when the starter exits.
+    child = subprocess.Popen(
+        [sys.executable, "-c", _IDLE_CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own, as a terminal's foreground job has
+    )
+    try:
+        info = json.loads(_line(child))
+        started = {p: proc_start_time(p) for p in [info["emulator"], *info["sandbox"]]}
+        assert len(started) >= 2 and None not in started.values(), started
+        assert _line(child) == "idle"
+        os.killpg(child.pid, signal.SIGINT)
+        assert _line(child) == "interrupted"
+        assert json.loads(_line(child)) == {"after": "alive\n"}
+        assert child.wait(timeout=60) == 0
+        wait_for(lambda: not alive(started), 30, "the emulator and its sandbox to exit")
+        wait_for(lambda: not os.path.exists(info["state_dir"]), 30, "the state dir removal")
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        _close(child)  # type: ignore[arg-type]

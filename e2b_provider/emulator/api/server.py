@@ -4,8 +4,8 @@ This module owns :class:`EmulatorServer`: the table of sandboxes, their lifecycl
 boot a real namespaced sandbox through :mod:`e2b_provider.emulator.runtime`; full pause =
 freeze; filesystem-only pause = halt; connect/resume = thaw or cold boot; kill = destroy;
 expiry = auto-pause or kill when a sandbox's end time passes), the request dispatch (envd
-traffic → :class:`~e2b_provider.emulator.proxy.EnvdProxy`, everything else → API-key check →
-:class:`~e2b_provider.emulator.control.ControlPlane` or the admin routes), the admin routes
+traffic → :class:`~.proxy.EnvdProxy`, everything else → API-key check →
+:class:`~.control.ControlPlane` or the admin routes), the admin routes
 under ``/_emulator/`` (faults, request log, sandbox pids, sandbox list — API key required), the
 bounded request log, and shutdown (every sandbox destroyed).
 
@@ -99,7 +99,7 @@ class EmulatorServer:
         boot_timeout: float = 30.0,
     ) -> None:
         if runtime_module is None:
-            runtime_module = importlib.import_module(".runtime", __package__)
+            runtime_module = importlib.import_module("..runtime", __package__)
         self._runtime_module = runtime_module
         self._api_key = api_key.encode()
         self.state_dir = state_dir
@@ -477,7 +477,7 @@ class EmulatorServer:
             return False
         del self.records[rec.sandbox_id]
         self._cut_streams(rec)
-        self.faults.clear_sandbox(rec.sandbox_id)
+        self.faults.forget_sandbox(rec.sandbox_id)
         async with rec.lock:
             await self.proxy.drop_session(rec.sandbox_id)
             self._graveyard[rec.sandbox_id] = rec.runtime

@@ -1,11 +1,12 @@
 """Host-side Linux helpers for the emulator runtime: prctl, mountinfo, cgroups, namespaces.
 
-This module owns the few kernel interfaces the host side of :mod:`.runtime` needs:
-``prctl(PR_SET_PDEATHSIG)`` through ctypes, parsing ``/proc/self/mountinfo`` (to find the
-cgroup2 and cgroup-v1 hierarchies and to check that no mount is left behind), capability
-masks from ``/proc/<pid>/status``, and namespace identities of processes. Standard library
-only; no sockets, no requests/urllib3. The sandbox side (mounts, pivot_root) lives in
-:mod:`.init`, which must stay importable without this package.
+This module owns the few kernel interfaces the host side of the runtime (and the
+:class:`~e2b_provider.emulator.Emulator` handle) needs: ``prctl(PR_SET_PDEATHSIG)`` through
+ctypes, parsing ``/proc/self/mountinfo`` (to find the cgroup2 and cgroup-v1 hierarchies and to
+check that no mount is left behind), capability masks from ``/proc/<pid>/status``, and process
+states, children and namespace identities. No sockets, no aiohttp/requests/urllib3. The
+sandbox side (mounts, pivot_root) lives in :mod:`.init`, which must stay runnable without this
+package.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "cap_effective",
     "cgroup1_mount",
     "cgroup2_mount",
+    "child_pids",
     "is_zombie",
     "mountinfo",
     "mounts_under",
@@ -179,13 +181,16 @@ def process_state(pid: int) -> Optional[str]:
 
 def is_zombie(pid: int) -> bool:
     """Return True if ``pid`` has exited but is not reaped yet (or is gone)."""
+    return process_state(pid) in (None, "Z", "X")
+
+
+def child_pids(pid: int) -> List[int]:
+    """Return the pids of the children of ``pid``'s main thread (empty if it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(x) for x in f.read().split()]
     except OSError:
-        return True
-    state = stat.rsplit(b")", 1)[-1].split()[:1]
-    return state in ([b"Z"], [b"X"], [])
+        return []
 
 
 def pids_in_pid_namespace(ns: Tuple[int, int]) -> List[int]:

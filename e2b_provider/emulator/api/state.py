@@ -25,6 +25,7 @@ import attrs
 __all__ = [
     "CLIENT_ID",
     "DEFAULT_DOMAIN",
+    "DEFAULT_TEMPLATE",
     "ENVD_PORT",
     "ENVD_VERSION",
     "KNOWN_TEMPLATES",
@@ -55,8 +56,10 @@ CLIENT_ID = "6532622b"
 DEFAULT_DOMAIN = "e2b.local"
 #: envd's port; any other port in ``E2b-Sandbox-Port`` or the Host label is "not open".
 ENVD_PORT = 49983
+#: The template every sandbox runs (E2B's ``base``), named in the CLI's ready line.
+DEFAULT_TEMPLATE = "base"
 #: Templates that always exist.
-KNOWN_TEMPLATES = frozenset({"base"})
+KNOWN_TEMPLATES = frozenset({DEFAULT_TEMPLATE})
 #: The largest ``timeout`` accepted (E2B Pro: 24 hours).
 MAX_TIMEOUT_SECONDS = 24 * 3600
 

@@ -14,7 +14,7 @@ Host-owned files of the overlaid ``/usr``, ``/etc``, ``/var``, ``/opt`` stay rea
 the sandbox's root (their owner is not mapped); new top-level entries there and the sandbox's
 own directories (``/workspace``, ``/home``, ``/root``, ``/tmp``, ``/opt/capybara``) are writable.
 
-:mod:`.runtime` starts it as ``unshare --pid --fork --mount … -- <python> -E -s -S
+:mod:`.boot` starts it as ``unshare --pid --fork --mount … -- <python> -E -s -S
 <path of this file> <config.json>``: run by path and with ``-S``, it must use the standard
 library only (no ``attrs``, nothing from ``e2b_provider``). It does no networking besides
 bringing ``lo`` up; no requests/urllib3. The pure helpers (``render_*``) are importable for tests.
@@ -434,7 +434,7 @@ def setup(cfg: Mapping[str, Any]) -> None:
     """Build the sandbox's root and enter it. Runs as PID 1 in the new namespaces.
 
     Args:
-        cfg: the boot configuration written by :class:`.runtime.SandboxRuntime`.
+        cfg: the boot configuration written by :class:`.boot.SandboxRuntime`.
     """
     global _rootless
     _rootless = bool(cfg.get("rootless", False))

@@ -33,8 +33,8 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import attrs
 
-from .._process import SIGNALS
-from .agent_rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
+from ..._process import SIGNALS
+from .rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
 
 __all__ = [
     "DEFAULT_PATH",

@@ -27,8 +27,8 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     an end of stream. The process keeps running in the sandbox.
 ``stream_stall(sandbox_id=None, after_bytes=0, count=1)``
     The next Start stream sends ``after_bytes`` bytes of response body and then nothing at all:
-    it never ends. The connection stays open until the client goes away or the fault is
-    cleared (clearing closes it).
+    it never ends. The connection stays open until the client goes away, its sandbox is
+    paused, rebooted or killed, or the faults are cleared (clearing closes it).
 ``edge_not_found(sandbox_id=None, count=1)``
     The next ``count`` envd requests (of that sandbox, or any) answer 502 "The sandbox was not
     found" without reaching envd, as E2B's edge answers for a sandbox paused between a client's
@@ -44,10 +44,15 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     followed by a few bytes), ``malformed`` (a data frame that is not JSON) or ``compressed``
     (a valid JSON frame with flag 0x01). The real stream follows.
 
+Faults are per sandbox: a fault limited to a sandbox acts on that sandbox only, is dropped when
+the sandbox is killed, and what it holds (a stalled stream, hanging requests) is released only
+by that sandbox's own events (its fault dropped by a reboot or kill) or by clearing all faults,
+never by another sandbox's.
+
 This module owns the registry of armed faults and the bytes of the bad frames. It does no I/O:
 no aiohttp, requests, urllib3 or socket. The server asks it, per request, whether a fault
-applies (:meth:`FaultRegistry.take`), and waits on :meth:`FaultRegistry.wait_changed` to learn
-when faults were cleared.
+applies (:meth:`FaultRegistry.take`), and waits on :meth:`FaultRegistry.wait_changed` (per
+sandbox) to learn when the faults of a sandbox changed.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import attrs
 
@@ -205,7 +210,7 @@ class FaultRegistry:
 
     def __init__(self) -> None:
         self._faults: List[Fault] = []
-        self._changed: Optional[asyncio.Event] = None
+        self._changed: Dict[str, asyncio.Event] = {}
 
     def arm(self, kind: str, params: Mapping[str, Any]) -> Fault:
         """Validate and arm a fault; returns it.
@@ -224,18 +229,27 @@ class FaultRegistry:
     def clear(self) -> None:
         """Disarm every fault and wake everything waiting on :meth:`wait_changed`."""
         self._faults.clear()
-        self._notify()
+        waiting = list(self._changed.values())
+        self._changed.clear()
+        for event in waiting:
+            event.set()
 
     def clear_sandbox(self, sandbox_id: str) -> None:
-        """Drop the ``envd_unresponsive`` fault of a sandbox (it was rebooted or removed)."""
-        before = len(self._faults)
-        self._faults = [
-            f
-            for f in self._faults
-            if not (f.kind == "envd_unresponsive" and f.sandbox_id == sandbox_id)
-        ]
-        if len(self._faults) != before:
-            self._notify()
+        """Drop the ``envd_unresponsive`` fault of a sandbox (it was rebooted).
+
+        Wakes only what waits on this sandbox's faults."""
+        self._drop(lambda f: f.kind == "envd_unresponsive" and f.sandbox_id == sandbox_id)
+        self._notify(sandbox_id)
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        """Drop every fault limited to a sandbox (it was killed).
+
+        Wakes only what waits on this sandbox's faults."""
+        self._drop(lambda f: f.sandbox_id == sandbox_id)
+        self._notify(sandbox_id)
+
+    def _drop(self, doomed: Callable[[Fault], bool]) -> None:
+        self._faults = [f for f in self._faults if not doomed(f)]
 
     def is_unresponsive(self, sandbox_id: str) -> bool:
         """True while an ``envd_unresponsive`` fault is set for this sandbox."""
@@ -266,13 +280,15 @@ class FaultRegistry:
             return fault
         return None
 
-    async def wait_changed(self) -> None:
-        """Return once faults were cleared (or a sandbox's unresponsive fault was dropped)."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        await self._changed.wait()
+    async def wait_changed(self, sandbox_id: str) -> None:
+        """Return once every fault was cleared, or the faults of ``sandbox_id`` were dropped
+        (it was rebooted or killed); never because of another sandbox."""
+        event = self._changed.get(sandbox_id)
+        if event is None:
+            event = self._changed[sandbox_id] = asyncio.Event()
+        await event.wait()
 
-    def _notify(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+    def _notify(self, sandbox_id: str) -> None:
+        event = self._changed.pop(sandbox_id, None)
+        if event is not None:
+            event.set()

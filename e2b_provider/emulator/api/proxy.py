@@ -21,17 +21,15 @@ import binascii
 import hmac
 import logging
 import re
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, Optional, Tuple
 
 import aiohttp
 import yarl
 from aiohttp import web
 
 from .faults import Fault, bad_frame
+from .lifecycle import SandboxLifecycle
 from .state import ENVD_PORT, SandboxRecord
-
-if TYPE_CHECKING:
-    from .server import EmulatorServer
 
 __all__ = ["EnvdProxy", "envd_route", "json_error"]
 
@@ -111,9 +109,9 @@ def basic_user(header: Optional[str]) -> Optional[str]:
 
 
 class EnvdProxy:
-    """Serves envd traffic for every sandbox of one :class:`EmulatorServer`."""
+    """Serves envd traffic for every sandbox of one emulator server."""
 
-    def __init__(self, server: EmulatorServer) -> None:
+    def __init__(self, server: SandboxLifecycle) -> None:
         self._server = server
         self._sessions: Dict[str, aiohttp.ClientSession] = {}
 
@@ -212,7 +210,7 @@ class EnvdProxy:
                 if not server.faults.is_unresponsive(sandbox_id):
                     break
                 entry["hung"] = True
-                await server.faults.wait_changed()
+                await server.faults.wait_changed(sandbox_id)
                 if task is not None:
                     rec.streams.discard(task)
             return await self._forward(request, rec, entry)
@@ -304,7 +302,7 @@ class EnvdProxy:
                 return resp
             if stall is not None and not finished:
                 entry["stalled"] = True
-                await faults.wait_changed()
+                await faults.wait_changed(rec.sandbox_id)
             if not finished:
                 entry["cut"] = True
                 self._abort(request)

@@ -1,15 +1,15 @@
-"""The emulator's envd look-alike agent: ``python -m e2b_provider.emulator.agent``.
+"""Routes and lifetime of the envd look-alike agent (``python -m e2b_provider.emulator.agent``).
 
-The runtime starts this inside each sandbox, as root, serving HTTP/1.1 (aiohttp) on a unix
+The runtime starts the agent inside each sandbox, as root, serving HTTP/1.1 (aiohttp) on a unix
 socket (``--socket /run/e2b/envd.sock``); it also runs directly on a host (as root) for its
 own tests. It owns the routes and the process lifetime of the agent:
 
 * ``GET /health`` (204), ``POST /init`` and ``GET /envs`` (internal, like envd's: default
   env vars, default user and workdir; the host server must not forward ``/init`` from clients);
 * ``POST /process.Process/{Start,Connect}`` (Connect JSON server streams) and
-  ``{List,SendSignal,SendInput,CloseStdin,Update}`` (unary JSON) — see :mod:`.agent_proc`;
-* ``POST /filesystem.Filesystem/{Stat,ListDir,MakeDir,Remove,Move}`` — see :mod:`.agent_fs`;
-* ``GET /files`` and ``POST /files`` — see :mod:`.agent_files`.
+  ``{List,SendSignal,SendInput,CloseStdin,Update}`` (unary JSON) — see :mod:`.process`;
+* ``POST /filesystem.Filesystem/{Stat,ListDir,MakeDir,Remove,Move}`` — see :mod:`.filesystem`;
+* ``GET /files`` and ``POST /files`` — see :mod:`.files`.
 
 It does not check ``X-Access-Token`` (the host server does). RPCs run as the user of
 ``Authorization: Basic base64("<user>:")``, else ``--default-user``; ``/files`` take
@@ -32,8 +32,9 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, TypeVar
 import attrs
 from aiohttp import web
 
-from . import agent_files, agent_fs
-from .agent_proc import (
+from . import files as agent_files
+from . import filesystem as agent_fs
+from .process import (
     ExitRecord,
     ManagedProcess,
     ProcessManager,
@@ -43,7 +44,7 @@ from .agent_proc import (
     parse_signal,
     parse_start_request,
 )
-from .agent_rpc import (
+from .rpc import (
     RpcError,
     ServerStream,
     UnsupportedMediaType,
@@ -528,6 +529,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     asyncio.run(serve(config))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ import shutil
 import stat
 from typing import Any, Dict, List, Mapping, Optional
 
-from .agent_rpc import RpcError, UserInfo, errno_text, group_name, os_error_text, user_name
+from .rpc import RpcError, UserInfo, errno_text, group_name, os_error_text, user_name
 
 __all__ = [
     "METADATA_PREFIX",

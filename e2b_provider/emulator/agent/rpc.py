@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import attrs
 from aiohttp import web
 
-from .._connect import EnvelopeDecoder, Message, encode_envelope
-from ..errors import ProtocolError
+from ..._connect import EnvelopeDecoder, Message, encode_envelope
+from ...errors import ProtocolError
 
 __all__ = [
     "CODE_TO_HTTP",

@@ -8,7 +8,8 @@ filter, state filter, paging with ``x-next-token``), get, connect (200 running /
 applies the control-plane faults (``control_error``, ``control_redirect``,
 ``connect_conflict``, ``no_token``) and shapes E2B's answers and error bodies
 (``{code, message[, error_code]}``). The lifecycle work itself (booting, freezing, halting,
-destroying sandboxes) is done by :class:`~e2b_provider.emulator.server.EmulatorServer`.
+destroying sandboxes) is done by the server, reached through
+:class:`~.lifecycle.SandboxLifecycle`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, Optional
 
 from aiohttp import web
 
+from .lifecycle import SandboxLifecycle
 from .state import (
     KNOWN_TEMPLATES,
     BadRequest,
@@ -34,9 +36,6 @@ from .state import (
     parse_timeout,
     sandbox_not_found,
 )
-
-if TYPE_CHECKING:
-    from .server import EmulatorServer
 
 __all__ = ["ControlPlane", "api_error"]
 
@@ -81,13 +80,13 @@ async def _json_body(request: web.Request, *, optional: bool) -> Dict[str, Any]:
 
 
 class ControlPlane:
-    """The control-plane handlers of one :class:`EmulatorServer`.
+    """The control-plane handlers of one emulator server.
 
-    Every handler may raise :class:`~e2b_provider.emulator.state.BadRequest`; the wrapper
+    Every handler may raise :class:`~.state.BadRequest`; the wrapper
     that :meth:`add_routes` puts around it turns that into E2B's error answer.
     """
 
-    def __init__(self, server: EmulatorServer) -> None:
+    def __init__(self, server: SandboxLifecycle) -> None:
         self._server = server
 
     def add_routes(self, app: web.Application) -> None:

@@ -26,8 +26,8 @@ from urllib.parse import quote, unquote
 
 from aiohttp import BodyPartReader, web
 
-from .agent_fs import ensure_dirs, validate_metadata, write_metadata
-from .agent_rpc import (
+from .filesystem import ensure_dirs, validate_metadata, write_metadata
+from .rpc import (
     RpcError,
     UserInfo,
     errno_text,

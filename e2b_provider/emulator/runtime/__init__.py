@@ -1,0 +1,39 @@
+"""The sandbox runtime: what runs on the host to give each sandbox its namespaces, and PID 1.
+
+Runs in the emulator's server process (host side), except :mod:`.init`, which runs inside
+each sandbox as its PID 1 (started by file path, standard library only) and then starts the
+envd agent (:mod:`e2b_provider.emulator.agent`). Modules: :mod:`.boot` (:class:`SandboxSpec`,
+:class:`SandboxRuntime`: boot, freeze, thaw, halt, destroy), :mod:`.namespaces` (the isolation
+check, rootless mode, overlaid host directories), :mod:`.cgroups` (freeze/kill/limits),
+:mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc), :mod:`.errors`. Nothing here
+imports the host API (:mod:`e2b_provider.emulator.api`) or the agent.
+"""
+
+from .boot import AGENT_SOCKET, SandboxRuntime, SandboxSpec, default_agent_argv, python_bind_paths
+from .cgroups import remove_stale_cgroups
+from .errors import IsolationUnavailable, SandboxRuntimeError
+from .namespaces import (
+    OVERLAY_DIRS,
+    check_isolation,
+    remove_tree,
+    rootless_message,
+    rootless_missing,
+    subid_range,
+)
+
+__all__ = [
+    "AGENT_SOCKET",
+    "OVERLAY_DIRS",
+    "IsolationUnavailable",
+    "SandboxRuntime",
+    "SandboxRuntimeError",
+    "SandboxSpec",
+    "check_isolation",
+    "default_agent_argv",
+    "python_bind_paths",
+    "remove_stale_cgroups",
+    "remove_tree",
+    "rootless_message",
+    "rootless_missing",
+    "subid_range",
+]

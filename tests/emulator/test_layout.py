@@ -1,0 +1,125 @@
+"""The emulator's layout: imports point one way (handle/api → runtime; agent and runtime
+never import the host API), no import cycle, and the sandbox's PID 1 uses the standard
+library only (it runs by file path with ``python -S``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+import sysconfig
+from typing import Dict, List, Set
+
+import e2b_provider.emulator as emulator
+
+ROOT = os.path.dirname(os.path.abspath(emulator.__file__))
+PKG = "e2b_provider.emulator"
+
+
+def _modules() -> Dict[str, str]:
+    found: Dict[str, str] = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts.pop()
+                found[".".join([PKG, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(mod: str) -> Set[str]:
+    """Every module ``mod`` imports (at any depth of its code), absolute names."""
+    path = MODULES[mod]
+    package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    out: Set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                base = base + "." + node.module if node.module else base
+            else:
+                base = node.module or ""
+            subs = {f"{base}.{a.name}" for a in node.names} & set(MODULES)
+            out.update(subs or {base})
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                name = arg.value
+                if name.startswith("."):
+                    dots = len(name) - len(name.lstrip("."))
+                    parts = package.split(".")
+                    name = ".".join(parts[: len(parts) - dots + 1]) + "." + name.lstrip(".")
+                out.add(name)
+    return out
+
+
+def _internal(mod: str) -> Set[str]:
+    """The emulator modules ``mod`` imports; its own parent packages (always initialised
+    before it) left out."""
+    return {m for m in _imports(mod) if m in MODULES and not (mod + ".").startswith(m + ".")}
+
+
+def test_agent_and_runtime_never_import_the_host_api_or_the_handle() -> None:
+    for mod in MODULES:
+        if mod.startswith((f"{PKG}.agent", f"{PKG}.runtime")):
+            bad = {
+                m
+                for m in _internal(mod)
+                if m.startswith((f"{PKG}.api", f"{PKG}.handle", f"{PKG}.__main__"))
+            }
+            assert not bad, f"{mod} imports {sorted(bad)}"
+    for mod in MODULES:
+        if mod.startswith(f"{PKG}.agent"):
+            assert not {m for m in _internal(mod) if m.startswith(f"{PKG}.runtime")}, mod
+
+
+def test_no_import_cycle() -> None:
+    graph = {mod: _internal(mod) for mod in MODULES}
+    state: Dict[str, int] = {}
+    cycles: List[List[str]] = []
+
+    def visit(mod: str, stack: List[str]) -> None:
+        state[mod] = 1
+        stack.append(mod)
+        for dep in sorted(graph[mod]):
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, stack)
+        stack.pop()
+        state[mod] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [])
+    assert cycles == []
+
+
+def _in_stdlib(name: str) -> bool:
+    if name in sys.builtin_module_names or name == "__future__":
+        return True
+    spec = importlib.util.find_spec(name)
+    origin = spec.origin if spec is not None else None
+    if origin in ("built-in", "frozen"):
+        return True
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return origin is not None and os.path.realpath(origin).startswith(
+        os.path.realpath(stdlib) + os.sep
+    ) and "site-packages" not in origin
+
+
+def test_sandbox_init_is_standard_library_only() -> None:
+    used = {m.split(".")[0] for m in _imports(f"{PKG}.runtime.init")}
+    assert used
+    assert [m for m in sorted(used) if not _in_stdlib(m)] == []
