@@ -186,6 +186,7 @@ def main() -> None:
                 name,
                 sum(x["errors"] for x in runs),
                 f"{wall[name]:.2f}",
+                " ".join(f"{x['wall']:.1f}" for x in runs),
                 b.ratio(wall[name], wall["sdk"]),
                 " ".join("{}/{}/{}".format(*x["threads"]) for x in runs),
             ]
@@ -194,7 +195,14 @@ def main() -> None:
         b.table(
             f"{args.threads} concurrent 'sleep 1' over {args.sandboxes} sandboxes, "
             f"{args.runs} rounds each (order alternated)",
-            ["contender", "errors", "wall s", "x sdk", "library threads before/peak/after"],
+            [
+                "contender",
+                "errors",
+                "median wall s",
+                "each round s",
+                "x sdk",
+                "library threads before/peak/after",
+            ],
             rows,
         )
     )
