@@ -15,17 +15,21 @@ scripts keep working while the library's internals change.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import statistics
 import struct
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import attrs
 import requests
 
-from e2b_provider import DeploymentConfig
+from e2b_provider import DeploymentConfig, E2BSandboxProvider
+from e2b_provider.emulator import Emulator
 
 ENVD_PORT = "49983"
 MiB = 1 << 20
@@ -50,6 +54,12 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
+def rotated(names: Sequence[str], r: int) -> List[str]:
+    """``names`` in round ``r``'s order: rotated by ``r`` so no contender is always first."""
+    k = r % len(names)
+    return list(names[k:]) + list(names[:k])
+
+
 def interleaved(
     contenders: Dict[str, Callable[[], Any]], rounds: int, warmup: int = 2
 ) -> Dict[str, List[float]]:
@@ -60,8 +70,7 @@ def interleaved(
     names = list(contenders)
     out: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(warmup + rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in rotated(names, r):
             t0 = time.perf_counter()
             contenders[name]()
             dt = time.perf_counter() - t0
@@ -96,6 +105,31 @@ def rss_bytes() -> int:
 def thread_count() -> int:
     """OS threads of this process (Python and native ones)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def run_child(script: str, args: Sequence[str], api_key: str, timeout: float) -> Dict[str, Any]:
+    """Run ``script args`` in a fresh Python process; the JSON object on its last line.
+
+    The API key travels in ``$BN_API_KEY`` (see :func:`child_endpoint`), not in argv, which
+    ``ps`` shows.
+    """
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(script), *args],
+        env=dict(os.environ, BN_API_KEY=api_key),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    result: Dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def child_endpoint(url: str) -> Endpoint:
+    """In a process started by :func:`run_child`: the emulator at ``url``."""
+    return Endpoint(url, url, os.environ["BN_API_KEY"])
 
 
 # -- endpoints --------------------------------------------------------------------------------
@@ -148,6 +182,22 @@ def sdk_connect(ep: Endpoint, sandbox_id: str) -> Any:
     from e2b import Sandbox
 
     return Sandbox.connect(sandbox_id, **sdk_opts(ep))
+
+
+@contextlib.contextmanager
+def on_emulator(*names: str) -> Iterator[Tuple[Endpoint, E2BSandboxProvider, List[Any]]]:
+    """A fresh local emulator, a provider on it and one sandbox per name (destroyed after)."""
+    with Emulator() as emu:
+        ep = Endpoint.of_emulator(emu)
+        with E2BSandboxProvider(provider_config(ep)) as provider:
+            handles: List[Any] = []
+            try:
+                for name in names:
+                    handles.append(provider.create(name))
+                yield ep, provider, handles
+            finally:
+                for h in handles:
+                    provider.destroy(h)
 
 
 # -- the bare floor -----------------------------------------------------------------------------
@@ -239,21 +289,33 @@ class RawEnvd:
     def start_body(self, cmd: str, args: Sequence[str]) -> bytes:
         return envelope({"process": {"cmd": cmd, "args": list(args)}, "stdin": False})
 
-    def start(self, cmd: str, args: Sequence[str] = ()) -> int:
-        """Run a command via ``process.Process/Start``; its exit code (stream read whole)."""
+    def rpc_headers(self, content_type: str = "application/connect+json") -> Dict[str, str]:
+        """Headers of a Connect call as user :attr:`user` (plus the session's own)."""
+        return {
+            "Content-Type": content_type,
+            "Connect-Protocol-Version": "1",
+            "Authorization": self.basic,
+        }
+
+    def post_start(
+        self, cmd: str, args: Sequence[str] = (), *, stream: bool = False
+    ) -> requests.Response:
+        """The ``process.Process/Start`` request of ``cmd args`` (the body not read yet when
+        ``stream``)."""
         r = self.session.post(
             f"{self.ep.sandbox_url}/process.Process/Start",
             data=self.start_body(cmd, args),
-            headers={
-                "Content-Type": "application/connect+json",
-                "Connect-Protocol-Version": "1",
-                "Authorization": self.basic,
-            },
-            timeout=(10, 120),
+            headers=self.rpc_headers(),
+            stream=stream,
+            timeout=(10, 600),
         )
         r.raise_for_status()
+        return r
+
+    def start(self, cmd: str, args: Sequence[str] = ()) -> int:
+        """Run a command via ``process.Process/Start``; its exit code (stream read whole)."""
         code: Optional[int] = None
-        for flags, msg in frames(r.content):
+        for flags, msg in frames(self.post_start(cmd, args).content):
             end = msg.get("event", {}).get("end")
             if end is not None:
                 code = int(end.get("exitCode", 0))
@@ -289,11 +351,7 @@ class RawEnvd:
         r = self.session.post(
             f"{self.ep.sandbox_url}/filesystem.Filesystem/Stat",
             data=json.dumps({"path": path}),
-            headers={
-                "Content-Type": "application/json",
-                "Connect-Protocol-Version": "1",
-                "Authorization": self.basic,
-            },
+            headers=self.rpc_headers("application/json"),
             timeout=(10, 60),
         )
         r.raise_for_status()

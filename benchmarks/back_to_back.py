@@ -23,9 +23,6 @@ from typing import Callable, Dict, List
 
 import _bench as b
 
-from e2b_provider import E2BSandboxProvider
-from e2b_provider.emulator import Emulator
-
 #: issue 7's goals: provider execs/s at least this times the SDK's; CPU per exec in ms
 RATE_GOAL, CPU_GOAL_MS = 1.0, 1.5
 
@@ -40,48 +37,40 @@ def main() -> None:
     args = ap.parse_args()
     blocks = max(1, args.calls // args.block)
 
-    with Emulator() as emu:
-        ep = b.Endpoint.of_emulator(emu)
-        with E2BSandboxProvider(b.provider_config(ep)) as provider:
-            h = provider.create("bn-b2b")
-            try:
-                sdk = b.sdk_connect(ep, h.id)
-                floor = b.RawEnvd(ep, h.id)
+    with b.on_emulator("bn-b2b") as (ep, provider, (h,)):
+        sdk = b.sdk_connect(ep, h.id)
+        floor = b.RawEnvd(ep, h.id)
 
-                def via_provider() -> None:
-                    if provider.exec(h, "echo hi").stdout != "hi\n":
-                        raise AssertionError("provider: wrong output")
+        def via_provider() -> None:
+            if provider.exec(h, "echo hi").stdout != "hi\n":
+                raise AssertionError("provider: wrong output")
 
-                def via_sdk() -> None:
-                    if sdk.commands.run("echo hi").stdout != "hi\n":
-                        raise AssertionError("sdk: wrong output")
+        def via_sdk() -> None:
+            if sdk.commands.run("echo hi").stdout != "hi\n":
+                raise AssertionError("sdk: wrong output")
 
-                def via_floor() -> None:
-                    if floor.start("/bin/echo", ["hi"]) != 0:
-                        raise AssertionError("floor: exit code")
+        def via_floor() -> None:
+            if floor.start("/bin/echo", ["hi"]) != 0:
+                raise AssertionError("floor: exit code")
 
-                contenders: Dict[str, Callable[[], None]] = {
-                    "provider": via_provider,
-                    "sdk": via_sdk,
-                    "floor": via_floor,
-                }
-                for fn in contenders.values():  # warm up: connections, imports
-                    for _ in range(5):
-                        fn()
-                wall: Dict[str, List[float]] = {n: [] for n in contenders}
-                cpu: Dict[str, List[float]] = {n: [] for n in contenders}
-                names = list(contenders)
-                for r in range(blocks):
-                    k = r % len(names)
-                    for name in names[k:] + names[:k]:
-                        fn = contenders[name]
-                        c0, t0 = time.process_time(), time.perf_counter()
-                        for _ in range(args.block):
-                            fn()
-                        wall[name].append(time.perf_counter() - t0)
-                        cpu[name].append(time.process_time() - c0)
-            finally:
-                provider.destroy(h)
+        contenders: Dict[str, Callable[[], None]] = {
+            "provider": via_provider,
+            "sdk": via_sdk,
+            "floor": via_floor,
+        }
+        for fn in contenders.values():  # warm up: connections, imports
+            for _ in range(5):
+                fn()
+        wall: Dict[str, List[float]] = {n: [] for n in contenders}
+        cpu: Dict[str, List[float]] = {n: [] for n in contenders}
+        for r in range(blocks):
+            for name in b.rotated(list(contenders), r):
+                fn = contenders[name]
+                c0, t0 = time.process_time(), time.perf_counter()
+                for _ in range(args.block):
+                    fn()
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
 
     n = blocks * args.block
     rate = {k: n / sum(v) for k, v in wall.items()}

@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 from typing import Any, Dict, List
@@ -36,7 +33,6 @@ from typing import Any, Dict, List
 import _bench as b
 
 from e2b_provider import E2BSandboxProvider
-from e2b_provider.emulator import Emulator
 
 #: issue 7's goals: provider CPU at most this times the discard reader's; RSS growth in MiB
 CPU_GOAL, RSS_GOAL_MIB = 2.0, 32
@@ -57,10 +53,8 @@ def discard_socket(ep: b.Endpoint, env: b.RawEnvd, cmd: str, args: List[str]) ->
     body = env.start_body(cmd, args)
     headers = {
         "Host": url.netloc,
-        "Content-Type": "application/connect+json",
-        "Connect-Protocol-Version": "1",
-        "Authorization": env.basic,
         "Content-Length": str(len(body)),
+        **env.rpc_headers(),
         **{k: str(v) for k, v in env.session.headers.items() if k.startswith(("E2b-", "X-"))},
     }
     head = "POST /process.Process/Start HTTP/1.1\r\n"
@@ -91,18 +85,7 @@ def discard_urllib3(ep: b.Endpoint, env: b.RawEnvd, cmd: str, args: List[str]) -
     """The same Start request with ``requests`` (urllib3 undoes the chunked framing); every
     byte of the body dropped without JSON or base64 decoding. Bytes read."""
     total = 0
-    with env.session.post(
-        f"{ep.sandbox_url}/process.Process/Start",
-        data=env.start_body(cmd, args),
-        headers={
-            "Content-Type": "application/connect+json",
-            "Connect-Protocol-Version": "1",
-            "Authorization": env.basic,
-        },
-        stream=True,
-        timeout=(10, 600),
-    ) as r:
-        r.raise_for_status()
+    with env.post_start(cmd, args, stream=True) as r:
         while True:
             chunk = r.raw.read(1 << 20, decode_content=False)
             if not chunk:
@@ -112,7 +95,7 @@ def discard_urllib3(ep: b.Endpoint, env: b.RawEnvd, cmd: str, args: List[str]) -
 
 def child(args: argparse.Namespace) -> None:
     """One measured run in this (fresh) process; prints one JSON line."""
-    ep = b.Endpoint(args.url, args.url, os.environ["BN_API_KEY"])
+    ep = b.child_endpoint(args.url)
     size, cap = args.mib * b.MiB, args.cap_kib * 1024
     command = f"head -c {size} /dev/zero"
     check: Dict[str, Any] = {}
@@ -159,42 +142,12 @@ def main() -> None:
         return
 
     results: Dict[str, List[Dict[str, Any]]] = {name: [] for name in CONTENDERS}
-    with Emulator() as emu:
-        ep = b.Endpoint.of_emulator(emu)
-        with E2BSandboxProvider(b.provider_config(ep)) as provider:
-            h = provider.create("bn-capped")
-            try:
-                env = dict(os.environ, BN_API_KEY=ep.api_key)  # not in argv: ps shows argv
-                names = list(results)
-                for r in range(args.runs):
-                    k = r % len(names)
-                    for name in names[k:] + names[:k]:
-                        out = subprocess.run(
-                            [
-                                sys.executable,
-                                os.path.abspath(__file__),
-                                "--child",
-                                name,
-                                "--url",
-                                ep.sandbox_url,
-                                "--sandbox",
-                                h.id,
-                                "--mib",
-                                str(args.mib),
-                                "--cap-kib",
-                                str(args.cap_kib),
-                            ],
-                            env=env,
-                            capture_output=True,
-                            text=True,
-                            timeout=1800,
-                            check=False,
-                        )
-                        if out.returncode != 0:
-                            raise RuntimeError(f"{name} run failed:\n{out.stderr[-3000:]}")
-                        results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            finally:
-                provider.destroy(h)
+    with b.on_emulator("bn-capped") as (ep, _, (h,)):
+        for r in range(args.runs):
+            for name in b.rotated(CONTENDERS, r):
+                child_args = ["--child", name, "--url", ep.sandbox_url, "--sandbox", h.id]
+                child_args += ["--mib", str(args.mib), "--cap-kib", str(args.cap_kib)]
+                results[name].append(b.run_child(__file__, child_args, ep.api_key, 1800))
 
     for run in results["provider"]:
         if run["stdout"] != args.cap_kib * 1024 or not run["truncated"]:

@@ -25,8 +25,6 @@ import argparse
 import collections
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable, Counter, Dict, List, Set
@@ -34,7 +32,6 @@ from typing import Any, Callable, Counter, Dict, List, Set
 import _bench as b
 
 from e2b_provider import E2BSandboxProvider
-from e2b_provider.emulator import Emulator
 
 #: issue 7's goal: provider wall at most this times the SDK's (with 0 errors)
 WALL_GOAL = 1.0
@@ -104,7 +101,7 @@ def one_round(
 
 def child(args: argparse.Namespace) -> None:
     """One round in this fresh process (so every other thread here is the library's)."""
-    ep = b.Endpoint(args.url, args.url, os.environ["BN_API_KEY"])
+    ep = b.child_endpoint(args.url)
     ids = args.ids.split(",")
     ours: Set[int] = {threading.get_native_id()}
     if args.child == "provider":
@@ -145,39 +142,15 @@ def main() -> None:
         return
 
     results: Dict[str, List[Dict[str, Any]]] = {"provider": [], "sdk": []}
-    with Emulator() as emu:
-        ep = b.Endpoint.of_emulator(emu)
-        with E2BSandboxProvider(b.provider_config(ep)) as provider:
-            handles = [provider.create(f"bn-conc-{i}") for i in range(args.sandboxes)]
-            try:
-                env = dict(os.environ, BN_API_KEY=ep.api_key)  # not in argv: ps shows argv
-                for r in range(args.runs):
-                    for name in list(results)[:: 1 if r % 2 == 0 else -1]:
-                        out = subprocess.run(
-                            [
-                                sys.executable,
-                                os.path.abspath(__file__),
-                                "--child",
-                                name,
-                                "--url",
-                                ep.sandbox_url,
-                                "--ids",
-                                ",".join(h.id for h in handles),
-                                "--threads",
-                                str(args.threads),
-                            ],
-                            env=env,
-                            capture_output=True,
-                            text=True,
-                            timeout=900,
-                            check=False,
-                        )
-                        if out.returncode != 0:
-                            raise RuntimeError(f"{name} round failed:\n{out.stderr[-3000:]}")
-                        results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            finally:
-                for h in handles:
-                    provider.destroy(h)
+    names = [f"bn-conc-{i}" for i in range(args.sandboxes)]
+    with b.on_emulator(*names) as (ep, _, handles):
+        ids = ",".join(h.id for h in handles)
+        for r in range(args.runs):
+            for name in b.rotated(list(results), r):
+                child_args = ["--child", name, "--url", ep.sandbox_url, "--ids", ids]
+                child_args += ["--threads", str(args.threads)]
+                results[name].append(b.run_child(__file__, child_args, ep.api_key, 900))
+
     wall = {k: b.median([x["wall"] for x in v]) for k, v in results.items()}
     rows = []
     for name, runs in results.items():

@@ -23,9 +23,6 @@ from typing import Callable, Dict
 
 import _bench as b
 
-from e2b_provider import E2BSandboxProvider
-from e2b_provider.emulator import Emulator
-
 #: The reference plugin's exec wrapper (``$1`` control path, ``$2`` command, ``$3`` seconds).
 REFERENCE_WRAPPER = (
     'c=$1; echo $$ > "$c.pid" 2>/dev/null; if [ -e "$c.kill" ]; then exit 137; fi; '
@@ -42,29 +39,23 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200, help="measured calls each (default 200)")
     args = ap.parse_args()
 
-    with Emulator() as emu:
-        ep = b.Endpoint.of_emulator(emu)
-        with E2BSandboxProvider(b.provider_config(ep)) as provider:
-            h = provider.create("bn-exec-latency")
-            try:
-                sdk = b.sdk_connect(ep, h.id)
-                floor = b.RawEnvd(ep, h.id)
+    with b.on_emulator("bn-exec-latency") as (ep, provider, (h,)):
+        sdk = b.sdk_connect(ep, h.id)
+        floor = b.RawEnvd(ep, h.id)
 
-                def wrapped() -> None:
-                    ctl = f"/tmp/.bn-exec-{uuid.uuid4()}"
-                    argv = ["-w", "/bin/sh", "-c", REFERENCE_WRAPPER, "bn-exec", ctl, "true", "65"]
-                    if floor.start("setsid", argv) != 0:
-                        raise AssertionError("wrapped: exit code")
+        def wrapped() -> None:
+            ctl = f"/tmp/.bn-exec-{uuid.uuid4()}"
+            argv = ["-w", "/bin/sh", "-c", REFERENCE_WRAPPER, "bn-exec", ctl, "true", "65"]
+            if floor.start("setsid", argv) != 0:
+                raise AssertionError("wrapped: exit code")
 
-                contenders: Dict[str, Callable[[], object]] = {
-                    "provider": lambda: provider.exec(h, "true"),
-                    "sdk": lambda: sdk.commands.run("true"),
-                    "floor": lambda: floor.start("/bin/true"),
-                    "wrapped": wrapped,
-                }
-                results = b.interleaved(contenders, args.runs, warmup=10)
-            finally:
-                provider.destroy(h)
+        contenders: Dict[str, Callable[[], object]] = {
+            "provider": lambda: provider.exec(h, "true"),
+            "sdk": lambda: sdk.commands.run("true"),
+            "floor": lambda: floor.start("/bin/true"),
+            "wrapped": wrapped,
+        }
+        results = b.interleaved(contenders, args.runs, warmup=10)
 
     med = {k: b.median(v) for k, v in results.items()}
     rows = [

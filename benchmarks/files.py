@@ -25,7 +25,6 @@ from typing import Any, Callable, Dict, List
 import _bench as b
 
 from e2b_provider import E2BSandboxProvider
-from e2b_provider.emulator import Emulator
 
 #: issue 7's goals at 64 MiB: provider speed as a fraction of the floor's
 GOALS = {"read": 0.5, "write": 0.8}
@@ -54,52 +53,46 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     rows: List[List[object]] = []
-    with Emulator() as emu:
-        ep = b.Endpoint.of_emulator(emu)
-        with E2BSandboxProvider(b.provider_config(ep)) as provider:
-            h = provider.create("bn-files")
-            try:
-                sdk = b.sdk_connect(ep, h.id)
-                floor = b.RawEnvd(ep, h.id)
-                for mib in sizes:
-                    size = mib * b.MiB
-                    data = os.urandom(size)
-                    src = f"/workspace/bn-src-{mib}"
-                    floor.write_file(src, data)
+    with b.on_emulator("bn-files") as (ep, provider, (h,)):
+        sdk = b.sdk_connect(ep, h.id)
+        floor = b.RawEnvd(ep, h.id)
+        for mib in sizes:
+            size = mib * b.MiB
+            data = os.urandom(size)
+            src = f"/workspace/bn-src-{mib}"
+            floor.write_file(src, data)
 
-                    reads: Dict[str, Callable[[], Any]] = {
-                        "provider": partial(provider_read, provider, h, src, size),
-                        "sdk": lambda src=src, size=size: check(
-                            sdk.files.read(src, format="bytes", user="sandbox"), size
-                        ),
-                        "floor": lambda src=src, size=size: check(floor.read_file(src), size),
-                    }
-                    writes: Dict[str, Callable[[], Any]] = {
-                        "provider": lambda data=data, mib=mib: provider.write_file(
-                            h, f"/workspace/bn-w-provider-{mib}", data
-                        ),
-                        "sdk": lambda data=data, mib=mib: sdk.files.write(
-                            f"/workspace/bn-w-sdk-{mib}", data, user="sandbox"
-                        ),
-                        "floor": lambda data=data, mib=mib: floor.write_file(
-                            f"/workspace/bn-w-floor-{mib}", data
-                        ),
-                    }
-                    for op, contenders in (("read", reads), ("write", writes)):
-                        times = b.interleaved(contenders, args.runs, args.warmup)
-                        med = {k: b.median(v) for k, v in times.items()}
-                        for name in contenders:
-                            goal = GOALS.get(op) if name == "provider" and mib == 64 else None
-                            speed = med["floor"] / med[name]
-                            rows.append([
-                                f"{op} {mib} MiB", name, b.ms(med[name]),
-                                f"{mib / med[name]:.0f}",
-                                f"{speed:.2f}x", b.ratio(med["sdk"], med[name]),
-                                "-" if goal is None
-                                else ("ok" if speed >= goal else f"< {goal}"),
-                            ])  # fmt: skip
-            finally:
-                provider.destroy(h)
+            reads: Dict[str, Callable[[], Any]] = {
+                "provider": partial(provider_read, provider, h, src, size),
+                "sdk": lambda src=src, size=size: check(
+                    sdk.files.read(src, format="bytes", user="sandbox"), size
+                ),
+                "floor": lambda src=src, size=size: check(floor.read_file(src), size),
+            }
+            writes: Dict[str, Callable[[], Any]] = {
+                "provider": lambda data=data, mib=mib: provider.write_file(
+                    h, f"/workspace/bn-w-provider-{mib}", data
+                ),
+                "sdk": lambda data=data, mib=mib: sdk.files.write(
+                    f"/workspace/bn-w-sdk-{mib}", data, user="sandbox"
+                ),
+                "floor": lambda data=data, mib=mib: floor.write_file(
+                    f"/workspace/bn-w-floor-{mib}", data
+                ),
+            }
+            for op, contenders in (("read", reads), ("write", writes)):
+                times = b.interleaved(contenders, args.runs, args.warmup)
+                med = {k: b.median(v) for k, v in times.items()}
+                for name in contenders:
+                    goal = GOALS.get(op) if name == "provider" and mib == 64 else None
+                    speed = med["floor"] / med[name]
+                    rows.append([
+                        f"{op} {mib} MiB", name, b.ms(med[name]),
+                        f"{mib / med[name]:.0f}",
+                        f"{speed:.2f}x", b.ratio(med["sdk"], med[name]),
+                        "-" if goal is None
+                        else ("ok" if speed >= goal else f"< {goal}"),
+                    ])  # fmt: skip
     print(
         b.table(
             f"file transfers on loopback, median of {args.runs} interleaved rounds",

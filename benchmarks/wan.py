@@ -368,8 +368,7 @@ class Recorder:
         """Interleave contenders (order rotated per round), local and WAN back to back."""
         names = list(contenders)
         for r in range(warmup + rounds):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:
+            for name in b.rotated(names, r):
                 local_fn, wan_fn = contenders[name]
                 paths = [(False, local_fn), (True, wan_fn)]
                 for wan, fn in paths if r % 2 == 0 else paths[::-1]:
