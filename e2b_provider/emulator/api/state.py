@@ -203,7 +203,7 @@ def parse_timeout(body: Mapping[str, Any], name: str, default: Optional[int]) ->
         raise BadRequest("Timeout must be greater than 0")
     if value > MAX_TIMEOUT_SECONDS:
         raise BadRequest(f"Timeout cannot be greater than {MAX_TIMEOUT_SECONDS // 3600} hours")
-    return value
+    return int(value)
 
 
 @attrs.frozen
