@@ -212,6 +212,7 @@ class EnvdClient:
         cwd: Optional[str] = None,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
         token: Optional[CancelToken] = None,
+        tag: Optional[str] = None,
     ) -> ProcessStream:
         """Start a process and return its event stream: ``POST /process.Process/Start``.
 
@@ -231,6 +232,7 @@ class EnvdClient:
                 which would crash envd).
             token: guards only the opening of the stream (until envd answers); once
                 returned, stop the stream with :meth:`ProcessStream.abort`.
+            tag: a label envd keeps with the process (see :meth:`signal_tag`).
 
         Returns:
             The event stream.
@@ -261,7 +263,12 @@ class EnvdClient:
             if not isinstance(cwd, str):
                 raise InvalidArgument("cwd must be a string")
             process["cwd"] = cwd
-        body = encode_envelope({"process": process, "stdin": False})
+        request: Dict[str, Any] = {"process": process, "stdin": False}
+        if tag is not None:
+            if not isinstance(tag, str) or not tag:
+                raise InvalidArgument("tag must be a non-empty string")
+            request["tag"] = tag
+        body = encode_envelope(request)
         headers = self._headers(
             {
                 "Content-Type": "application/connect+json",
@@ -323,6 +330,40 @@ class EnvdClient:
         """
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise InvalidArgument("pid must be a positive int")
+        return self._signal({"pid": pid}, signal, token, timeout)
+
+    def signal_tag(
+        self,
+        tag: str,
+        signal: str = "SIGNAL_SIGKILL",
+        *,
+        token: Optional[CancelToken] = None,
+        timeout: float = 15.0,
+    ) -> bool:
+        """Signal the live process started with ``tag`` (see :meth:`start`).
+
+        envd looks the tag up among the processes it started and has not yet reaped, so a
+        True answer proves that process was alive (or an unreaped zombie, its pid still
+        taken) when the signal was sent; a pid reused by another process is never hit.
+
+        Returns:
+            True when the signal was sent; False when no live process has that tag.
+
+        Raises:
+            E2BHttpError: any other error answer.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        if not isinstance(tag, str) or not tag:
+            raise InvalidArgument("tag must be a non-empty string")
+        return self._signal({"tag": tag}, signal, token, timeout)
+
+    def _signal(
+        self,
+        selector: Dict[str, Any],
+        signal: str,
+        token: Optional[CancelToken],
+        timeout: float,
+    ) -> bool:
         if signal not in SIGNALS:
             raise InvalidArgument(f"signal must be one of {sorted(SIGNALS)}")
         op = "process signal"
@@ -332,7 +373,7 @@ class EnvdClient:
             headers=self._headers(
                 {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
             ),
-            json={"process": {"pid": pid}, "signal": signal},
+            json={"process": selector, "signal": signal},
             read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
@@ -432,6 +473,89 @@ class EnvdClient:
             raise error_from_response(resp, op)
         if len(resp.body) > max_bytes:
             raise ProtocolError(f"E2B {op}: the file is larger than {max_bytes} bytes")
+        return resp.body
+
+    def upload_raw(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        user: str,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """Write a file from a raw body: ``POST /files?path=<path>&username=<user>`` with
+        ``Content-Type: application/octet-stream`` (envd >= 0.5.7; no multipart encoding,
+        so the bytes are sent as they are).
+
+        Raises:
+            E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("data must be bytes")
+        op = "file upload"
+        resp = self._transport.request(
+            "POST",
+            self._base + "/files",
+            headers=self._headers({"Content-Type": "application/octet-stream"}),
+            params={"path": path, "username": user},
+            data=data,
+            read_timeout=_check_timeout(timeout, "timeout"),
+            token=token,
+            operation=op,
+            max_body=ERROR_BODY_BYTES,
+        )
+        if not resp.ok:
+            raise error_from_response(resp, op)
+
+    def download_head(
+        self,
+        path: str,
+        *,
+        user: str,
+        length: int,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> bytes:
+        """Read at most the first ``length`` bytes of a file: ``GET /files`` with
+        ``Range: bytes=0-<length-1>`` (identity encoding).
+
+        As :meth:`download`, envd reads as root: no permission check.
+
+        Returns:
+            The bytes (``b""`` for an empty file).
+
+        Raises:
+            E2BHttpError: an error answer (404 missing, 400 a directory, ...).
+            ProtocolError: a whole-file answer longer than ``length``.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise InvalidArgument("length must be a positive int")
+        op = "file download"
+        resp = self._transport.request(
+            "GET",
+            self._base + "/files",
+            headers=self._headers(
+                {"Accept-Encoding": "identity", "Range": f"bytes=0-{length - 1}"}
+            ),
+            params={"path": path, "username": user},
+            read_timeout=_check_timeout(timeout, "timeout"),
+            token=token,
+            operation=op,
+            max_body=max(length, ERROR_BODY_BYTES),
+        )
+        if resp.status == 416:
+            return b""  # a range that starts past the end: the file is empty
+        if not resp.ok:
+            raise error_from_response(resp, op)
+        if len(resp.body) > length:
+            raise ProtocolError(f"E2B {op}: the answer is longer than the {length} bytes asked")
         return resp.body
 
     def health(self, *, timeout: float = 5.0) -> bool:

@@ -12,6 +12,7 @@ access token (the host server does); ``?username=`` picks the user (default: the
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import errno
 import logging
@@ -412,8 +413,13 @@ async def _write_file(
         raise _Fail(500, err.message) from None
     if os.path.isdir(path):
         raise _Fail(400, f"path is a directory: {path}")
+    loop = asyncio.get_running_loop()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        # Off the event loop, as envd opens in its own goroutine: opening a FIFO waits for
+        # its reader, and must not stop the agent meanwhile.
+        fd = await loop.run_in_executor(
+            None, os.open, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666
+        )
     except OSError as exc:
         if _disk_full(exc):
             raise _Fail(507, f"not enough inodes available: {errno_text(exc)}") from None
@@ -425,9 +431,13 @@ async def _write_file(
             os.fchown(fd, user.uid, user.gid)
         except OSError as exc:
             raise _Fail(500, f"error changing file ownership: {errno_text(exc)}") from None
+        blocking = not stat.S_ISREG(os.fstat(fd).st_mode)  # a FIFO waits for its reader
         async for chunk in chunks:
             try:
-                _write_all(fd, chunk)
+                if blocking:
+                    await loop.run_in_executor(None, _write_all, fd, chunk)
+                else:
+                    _write_all(fd, chunk)
             except OSError as exc:
                 if _disk_full(exc):
                     raise _Fail(
