@@ -108,6 +108,7 @@ def run_process(
     interrupt_kill_seconds: float = 10.0,
     keepalive_seconds: int = 50,
     on_wedged: Optional[Callable[[], None]] = None,
+    tag: Optional[str] = None,
 ) -> RunOutcome:
     """Run one process through envd and return what it produced.
 
@@ -129,6 +130,7 @@ def run_process(
         keepalive_seconds: envd keepalive interval asked for.
         on_wedged: called (on the caller's thread, after the stream ended) when the command
             could not be stopped cleanly: the provider reboots the sandbox there.
+        tag: envd's tag for the process (see :meth:`EnvdClient.signal_tag`).
 
     Returns:
         The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
@@ -218,6 +220,7 @@ def run_process(
                     cwd=cwd,
                     keepalive_seconds=keepalive_seconds,
                     token=run.abort_token,
+                    tag=tag,
                 )
             except E2BProviderError as exc:
                 # As the reference: an opening that fails (or is aborted by us) after a

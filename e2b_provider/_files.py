@@ -25,8 +25,9 @@ How many requests each call costs on a warm sandbox:
   ``python3`` in the template the read is streamed by ``head -c`` as before.
 
 A file operation that ends early (cancel, timeout, Ctrl-C, a failed request) kills every
-process it started — all carry :data:`~._scripts.FILEOP_MARKER` in their environment — and
-clears its FIFO, before the error reaches the caller.
+process it started — its top process is named :data:`~._scripts.FILEOP_MARKER` ``<id>`` and
+tagged for envd; the rest are found as its descendants — and clears its FIFO, before the
+error reaches the caller.
 """
 
 from __future__ import annotations
@@ -110,21 +111,19 @@ class Files:
     ) -> Optional[FileContent]:
         want = max_bytes + 1
         deadline = Deadline.after(FILE_OP_TIMEOUT)
-        large = scripts.LARGE_READ_MIN
-        if want > large and not self._lacks(sid, "python3"):
-            args = scripts.read_probe_args(path, want, large)
-        else:
-            args = scripts.read_args(path, want)
+        fast = want > scripts.LARGE_READ_MIN and not self._lacks(sid, "python3")
+        # the probe never asks for the fast path when the threshold is ``want`` itself
+        args = scripts.read_probe_args(path, want, scripts.LARGE_READ_MIN if fast else want)
         r = self._script(sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline)
-        if r.exit_code == scripts.LARGE_READ_EXIT and args[1] == scripts.READ_PROBE_SCRIPT:
+        if r.exit_code == scripts.LARGE_READ_EXIT and fast:
             try:
                 return self._ctx.on_target(
                     sid, cancel, lambda t: self._read_fast(t, path, want, cancel, deadline)
                 )
             except _Slow:
+                args = scripts.read_probe_args(path, want, want)
                 r = self._script(
-                    sid, scripts.SANDBOX_USER, scripts.read_args(path, want),
-                    want + STDERR_ROOM, cancel, deadline,
+                    sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline
                 )
         if r.exit_code in (3, 4):
             return None
@@ -206,12 +205,14 @@ class Files:
         left = deadline.remaining()
         if left <= 0:
             raise OperationTimeout("sandbox file operation timed out")
+        if marked:  # the script's $0 becomes the operation's marked name
+            args = [args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
         r = run_process(
             ctx.envd(target),
             user=user,
             cmd="/bin/sh",
             args=args,
-            env={scripts.FILEOP_MARKER: op_id} if marked else None,
+            tag=_tag(op_id) if marked else None,
             cwd="/",
             max_output_bytes=max_output_bytes,
             timeout=left,
@@ -234,15 +235,20 @@ class Files:
         self, target: Target, op_id: str, fifo: str, bound: float, block: bool = False
     ) -> bool:
         """Kill file operation ``op_id``'s processes and remove its FIFO (bounded; ``block``
-        leaves a directory in its place); True if the clean-up script ran to its end."""
+        leaves a directory in its place); True if the clean-up worked.
+
+        The clean-up script kills the marked process and its descendants; then the process
+        envd started is killed by its tag, in case it had ``exec``-ed away its marked name.
+        """
         guard = CancelToken()
+        envd = self._ctx.envd(target)
         def expire() -> None:
             guard.cancel(CancelReason("deadline", "clean-up bound"))
 
         timer = self._ctx.watchdog.call_later(bound, expire)
         try:
             r = run_process(
-                self._ctx.envd(target),
+                envd,
                 user=scripts.ROOT_USER,
                 cmd="/bin/sh",
                 args=scripts.fileop_cleanup_args(op_id, fifo, block),
@@ -253,7 +259,8 @@ class Files:
                 watchdog=self._ctx.watchdog,
                 keepalive_seconds=self._ctx.bounds.keepalive,
             )
-            return r.exit_code == 0
+            envd.signal_tag(_tag(op_id), token=guard, timeout=max(0.5, bound / 4))
+            return r.exit_code == 0 and not guard.cancelled
         except E2BProviderError as exc:
             log.warning("e2b_provider: file operation clean-up failed in sandbox %s: %s",
                         target.sandbox_id, exc)
@@ -280,6 +287,7 @@ class Files:
     def _helped(
         self,
         target: Target,
+        op_id: str,
         argv: List[str],
         fifo: str,
         cancel: Optional[CancelToken],
@@ -288,7 +296,6 @@ class Files:
     ) -> _T:
         """Start ``argv`` as root (marked), run ``body`` with it, and clean up whatever it
         started when ``body`` ends early (an error, a cancel, Ctrl-C)."""
-        op_id = uuid.uuid4().hex
         helper = _Helper(self._ctx, target, argv, op_id, cancel, deadline)
         try:
             with helper:
@@ -311,9 +318,10 @@ class Files:
         deadline: Deadline,
     ) -> None:
         fifo = scripts.staging_path()
+        op_id = uuid.uuid4().hex
         bound = f"{max(1.0, deadline.remaining()) + _HELPER_GRACE:.0f}"
         argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
-                *scripts.stream_write_args(path, fifo, len(payload), skills)]
+                *scripts.stream_write_args(path, fifo, len(payload), skills, op_id)]
 
         def body(helper: _Helper) -> None:
             if helper.first_line() != b"ready":
@@ -340,7 +348,7 @@ class Files:
             if helper.exit_code != 0:
                 raise script_failed(f"cannot write {path}", helper.outcome())
 
-        self._helped(target, argv, fifo, cancel, deadline, body)
+        self._helped(target, op_id, argv, fifo, cancel, deadline, body)
 
     def _read_fast(
         self,
@@ -368,9 +376,10 @@ class Files:
           minute — the bytes are thrown away and the file is read the ordinary way.
         """
         max_bytes = want - 1
+        op_id = uuid.uuid4().hex
         bound = max(1.0, deadline.remaining()) + _HELPER_GRACE
         argv = ["/bin/sh", *scripts.hold_args(
-            path, want, scripts.SANDBOX_USER, bound, scripts.LARGE_READ_MIN)]
+            path, want, scripts.SANDBOX_USER, bound, scripts.LARGE_READ_MIN, op_id)]
 
         def body(helper: _Helper) -> Optional[FileContent]:
             line = helper.first_line()
@@ -406,7 +415,12 @@ class Files:
                 raise _Slow()
             return _content(data, max_bytes)
 
-        return self._helped(target, argv, "", cancel, deadline, body)
+        return self._helped(target, op_id, argv, "", cancel, deadline, body)
+
+
+def _tag(op_id: str) -> str:
+    """envd's tag for the process a file operation starts."""
+    return scripts.fileop_name(op_id)
 
 
 def _content(data: bytes, max_bytes: int) -> FileContent:
@@ -435,7 +449,7 @@ class _Helper:
         self.envd: EnvdClient = ctx.envd(target)
         self._argv = argv
         self.op_id = op_id
-        self.tag = f"capybara-fileop-{op_id}"
+        self.tag = _tag(op_id)
         self._cancel = cancel
         self._deadline = deadline
         #: Fires on the caller's cancel or at the deadline; guards every request.
@@ -473,7 +487,6 @@ class _Helper:
                 user=scripts.ROOT_USER,
                 cmd=self._argv[0],
                 args=self._argv[1:],
-                envs={scripts.FILEOP_MARKER: self.op_id},
                 cwd="/",
                 keepalive_seconds=self._ctx.bounds.keepalive,
                 token=self.guard,

@@ -262,10 +262,12 @@ INLINE_WRITE_MAX = 64 * 1024
 #: path (``GET /files`` of a file the sandbox user opened); anything smaller is printed by
 #: ``head -c`` in the one request that examined it.
 LARGE_READ_MIN = 2 * 1024 * 1024
-#: The environment variable that marks every process of one file operation (its value is
-#: the operation's id): the clean-up finds the whole tree by it, including the processes
-#: ``runuser`` moves to a session of their own.
-FILEOP_MARKER = "CAPYBARA_FILEOP"
+#: Prefix of the name (``$0``, so in ``/proc/<pid>/cmdline``) that marks the top process of
+#: one file operation; the operation's id (32 hex digits) follows. The clean-up finds the
+#: top by it and then every descendant by parent pid (``runuser`` puts its child in a
+#: session of its own, so neither sessions nor process groups hold the whole tree; and
+#: another user's ``/proc/<pid>/environ`` is closed to a root without CAP_SYS_PTRACE).
+FILEOP_MARKER = "capybara-fileop-"
 #: Exit status of a file script that found a tool it needs missing (``base64``,
 #: ``python3``): the provider then takes the slower path that needs only the reference's.
 MISSING_TOOL_EXIT = 97
@@ -288,12 +290,13 @@ INLINE_SKILLS_WRITE_SCRIPT = (
 )
 
 #: As the sandbox user: :data:`READ_SCRIPT`, except that a regular file larger than ``$3``
-#: bytes (when ``$2`` is larger too) exits :data:`LARGE_READ_EXIT` instead of printing.
+#: bytes (when ``$2`` is larger too) exits :data:`LARGE_READ_EXIT` instead of printing, and
+#: ``head`` runs as a child (not ``exec``), so the marked shell stays its parent.
 READ_PROBE_SCRIPT = (
     'if [ ! -e "$1" ]; then exit 3; fi; if [ -d "$1" ]; then exit 4; fi; '
     'if [ -f "$1" ] && [ "$2" -gt "$3" ]; then s=$(stat -L -c %s -- "$1" 2>/dev/null) && '
     f'[ "$s" -gt "$3" ] && exit {LARGE_READ_EXIT}; fi; '
-    'exec head -c "$2" -- "$1"'
+    'head -c "$2" -- "$1"'
 )
 
 #: The fast read's holder (Python, run as root): opens ``argv[1]`` with the credentials of
@@ -362,22 +365,31 @@ STREAM_WRITE_SCRIPT = (
     'rm -f -- "$f"; exit $s'
 )
 
-#: As root: stops file operation ``$1`` (every process whose environment carries
-#: :data:`FILEOP_MARKER` ``=$1``; an empty ``$1`` means every file operation) and removes
-#: its FIFO ``$2`` if given, after opening it once so that a ``POST /files`` blocked on it
-#: fails instead of hanging. With ``$3`` = 1 the FIFO is replaced by an empty directory,
-#: so that an upload still on its way is refused (400) instead of written to a new file
-#: (later writes sweep such directories). With no ``$1``, every FIFO and file in the
-#: staging directory is removed too. Exit 0.
+#: As root: stops file operation ``$1`` (the process whose command line carries
+#: :data:`FILEOP_MARKER` ``$1``, and all its descendants: each is stopped before its
+#: children are listed, so none can fork away, then all are killed; an empty ``$1`` means
+#: every file operation) and removes its FIFO ``$2`` if given, after opening it once so
+#: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 the FIFO
+#: is replaced by an empty directory, so that an upload still on its way is refused (400)
+#: instead of written to a new file (later writes sweep such directories). With no ``$1``,
+#: every FIFO and file in the staging directory is removed too. Exit 0.
 FILEOP_CLEANUP_SCRIPT = (
-    'u=$1; f=$2; for d in /proc/[0-9]*; do '
-    'if [ "${d#/proc/}" != "$$" ] && grep -qsz -- "^' + FILEOP_MARKER + '=${u:-.*}\\$" '
-    '"$d/environ" 2>/dev/null; then kill -9 "${d#/proc/}" 2>/dev/null; fi; done; '
+    't() { kill -STOP "$1" 2>/dev/null; echo "$1"; for c in $(pgrep -P "$1"); do t "$c"; '
+    'done; }; m=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
+    'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; '
+    'for p in $q; do kill -9 "$p" 2>/dev/null; done; '
     'if [ -n "$f" ]; then if [ -p "$f" ]; then exec 3<>"$f"; fi; rm -f -- "$f"; '
     'if [ "$3" = 1 ]; then mkdir -m 0700 -- "$f" 2>/dev/null; fi; exec 3>&-; fi; '
-    'if [ -z "$u" ]; then find ' + UPLOAD_DIR + ' -mindepth 1 -maxdepth 1 ! -type d '
+    'if [ -z "$1" ]; then find ' + UPLOAD_DIR + ' -mindepth 1 -maxdepth 1 ! -type d '
     '-exec rm -f -- {} + 2>/dev/null; fi; exit 0'
 )
+
+
+def fileop_name(op_id: str) -> str:
+    """The marked ``$0`` of file operation ``op_id`` (32 hex digits)."""
+    if re.fullmatch(r"[0-9a-f]{32}", op_id) is None:
+        raise InvalidArgument("a file operation id is 32 hex digits")
+    return FILEOP_MARKER + op_id
 
 
 def inline_write_args(path: str, data: bytes, skills: bool) -> List[str]:
@@ -398,19 +410,26 @@ def read_probe_args(path: str, want: int, large: int) -> List[str]:
     return ["-c", READ_PROBE_SCRIPT, "capybara-read", path, str(want), str(large)]
 
 
-def hold_args(path: str, want: int, user: str, bound: float, large: int) -> List[str]:
-    """The args for cmd ``/bin/sh`` (as root) that run :data:`HOLD_PROGRAM`."""
-    return ["-c", HOLD_SCRIPT, HOLD_PROGRAM, path, str(want), user, f"{bound:g}", str(large)]
+def hold_args(
+    path: str, want: int, user: str, bound: float, large: int, op_id: str
+) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that run :data:`HOLD_PROGRAM` (its command
+    line ends with the operation's marked name)."""
+    return ["-c", HOLD_SCRIPT, HOLD_PROGRAM, path, str(want), user, f"{bound:g}", str(large),
+            fileop_name(op_id)]
 
 
-def stream_write_args(path: str, fifo: str, size: int, skills: bool) -> List[str]:
+def stream_write_args(
+    path: str, fifo: str, size: int, skills: bool, op_id: str
+) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that run :data:`STREAM_WRITE_SCRIPT`."""
-    return ["-c", STREAM_WRITE_SCRIPT, "capybara-write", path, fifo, str(size),
+    return ["-c", STREAM_WRITE_SCRIPT, fileop_name(op_id), path, fifo, str(size),
             "1" if skills else "0"]
 
 
 def fileop_cleanup_args(op_id: str, fifo: str = "", block: bool = False) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that stop file operation ``op_id`` (all of
     them for ``""``) and remove its FIFO (``block``: leave a directory in its place)."""
-    return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-fileop-cleanup", op_id, fifo,
-            "1" if block else "0"]
+    if op_id:
+        fileop_name(op_id)  # checks it
+    return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo, "1" if block else "0"]
