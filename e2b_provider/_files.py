@@ -303,9 +303,11 @@ class Files:
         except KeyboardInterrupt:
             self._cleanup_now(target, op_id, fifo, interrupted=True)
             raise
-        except BaseException:
-            if not helper.ended_cleanly:
+        except BaseException as exc:
+            if not helper.ended:
                 self._cleanup_now(target, op_id, fifo, interrupted=False)
+            if isinstance(exc, Cancelled):
+                helper.raise_stopped()  # the caller's cancel, or the operation's bound
             raise
 
     def _write_stream(
@@ -464,11 +466,6 @@ class _Helper:
         self._undo: List[Callable[[], None]] = []
         self._timed_out = False
 
-    @property
-    def ended_cleanly(self) -> bool:
-        """True once the helper's end event arrived (nothing of it is left running)."""
-        return self.ended
-
     def __enter__(self) -> _Helper:
         if self._cancel is not None:
             self._cancel.raise_if_cancelled()
@@ -495,7 +492,7 @@ class _Helper:
         except BaseException as exc:
             self.__exit__()
             if isinstance(exc, Cancelled):
-                self._raise_stopped()
+                self.raise_stopped()
             raise
         self._stream = stream
         self._events = iter(stream)
@@ -520,7 +517,7 @@ class _Helper:
         if stream is not None:
             stream.abort()
 
-    def _raise_stopped(self) -> None:
+    def raise_stopped(self) -> None:
         """Raise what stopped the helper, if it was stopped (a cancel or the deadline)."""
         if self._cancel is not None and self._cancel.cancelled:
             raise Cancelled(self._cancel.reason)
@@ -537,7 +534,7 @@ class _Helper:
         except StopIteration:
             raise ProtocolError("E2B process stream ended without an exit status") from None
         except E2BProviderError:
-            self._raise_stopped()
+            self.raise_stopped()
             raise
         if isinstance(ev, StartEvent):
             self.pid = ev.pid
