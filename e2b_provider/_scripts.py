@@ -1,12 +1,12 @@
 """The reference plugin's shell snippets, byte-exact, and the argument lists that run them.
 
 This module owns every shell script the provider sends into a sandbox (``EXEC_WRAPPER``,
-``KILL_TREE``, ``KILL_*_SCRIPT``, ``READ_SCRIPT``, ``STAT_SCRIPT``, ``*_WRITE_SCRIPT``), the
-constants they depend on, and small builders for the ``args`` lists the reference passes to
-envd's ``process.Process/Start``. The scripts are copied byte for byte from the reference
-bundle (``plugin-sandbox-e2b.mjs``) with its JavaScript template literals expanded
-(``${KILL_TREE}``, ``${SANDBOX_USER}``); a change of a single character changes behaviour in
-every sandbox, so tests compare them against the reference.
+``KILL_TREE``, ``KILL_*_SCRIPT``, ``READ_SCRIPT``, ``STAT_SCRIPT``, ``*_WRITE_SCRIPT``, and the
+library's own file scripts below them), the constants they depend on, and small builders for
+the ``args`` lists passed to envd's ``process.Process/Start``. The reference's scripts are
+copied byte for byte from its bundle (``plugin-sandbox-e2b.mjs``) with its JavaScript
+template literals expanded (``${KILL_TREE}``, ``${SANDBOX_USER}``); a change of a single
+character changes behaviour in every sandbox, so tests compare them against the reference.
 
 Strings only: it does no I/O and imports no requests, urllib3 or socket.
 """
@@ -23,30 +23,48 @@ from .errors import InvalidArgument
 
 __all__ = [
     "EXEC_WRAPPER",
+    "FILEOP_CLEANUP_SCRIPT",
+    "FILEOP_MARKER",
+    "HOLD_PROGRAM",
+    "HOLD_SCRIPT",
+    "INLINE_SKILLS_WRITE_SCRIPT",
+    "INLINE_USER_WRITE_SCRIPT",
+    "INLINE_WRITE_MAX",
     "IN_SANDBOX_GRACE_SECONDS",
     "KILL_ALL_SCRIPT",
     "KILL_SCRIPT",
     "KILL_TAGGED_SCRIPT",
     "KILL_TREE",
+    "LARGE_READ_EXIT",
+    "LARGE_READ_MIN",
     "METADATA_NAME",
+    "MISSING_TOOL_EXIT",
+    "READ_PROBE_SCRIPT",
     "READ_SCRIPT",
     "ROOT_USER",
     "SANDBOX_USER",
     "SKILLS_WRITE_SCRIPT",
     "STAT_SCRIPT",
+    "STREAM_WRITE_SCRIPT",
     "TAG_PATTERN",
     "UPLOAD_DIR",
     "USER_WRITE_SCRIPT",
     "check_tag",
     "control_path",
     "exec_args",
+    "fileop_cleanup_args",
+    "fileop_name",
+    "hold_args",
+    "inline_write_args",
     "is_skills_path",
     "kill_all_args",
     "kill_args",
     "kill_tagged_args",
     "read_args",
+    "read_probe_args",
     "staging_path",
     "stat_args",
+    "stream_write_args",
     "write_args",
 ]
 

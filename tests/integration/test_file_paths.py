@@ -209,7 +209,7 @@ def test_kill_all_reaps_a_stuck_write(
         try:
             p.write_file(box, fifo, b"z" * (1 << 20))
             errors.append(None)
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+        except BaseException as exc:  # recorded for the assertion
             errors.append(exc)
 
     t = threading.Thread(target=write, daemon=True)
