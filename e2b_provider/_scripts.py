@@ -317,35 +317,53 @@ READ_PROBE_SCRIPT = (
     'head -c "$2" -- "$1"'
 )
 
-#: The fast read's holder (Python, run as root): opens ``argv[1]`` with the credentials of
-#: user ``argv[3]`` (its groups, gid and uid, as effective ids: the process stays root's,
-#: so that user can neither signal nor trace it), drops back to root, and for a regular
-#: file prints ``hold <pid> <fd> <size>``, then waits (at most ``argv[4]`` seconds) while
-#: envd serves ``/proc/<pid>/fd/<fd>``. Exit 3: missing; 4: a directory; 11: no longer a
-#: large regular file (read it the ordinary way); 1: the user may not open it.
+#: The fast read's holder (Python, run as root). A forked child drops to user ``argv[3]``
+#: for good (its groups, gid, uid), opens ``argv[1]`` and passes the descriptor back over a
+#: socket pair (SCM_RIGHTS), then exits; the holder itself never changes its credentials,
+#: so it stays a plain root process (the sandbox user can neither signal nor trace it, and
+#: root needs no extra capability to open ``/proc/<pid>/fd``). For a regular file larger
+#: than ``argv[5]`` it prints ``hold <pid> <fd> <size>`` and waits (at most ``argv[4]``
+#: seconds, an interval timer) while envd serves ``/proc/<pid>/fd/<fd>``. Exit 3: missing;
+#: 4: a directory; 11: no longer a large regular file (read it the ordinary way); 1: the
+#: user may not open it.
 HOLD_PROGRAM = """\
-import errno, os, pwd, signal, stat, sys, time
-path, want, name, bound = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-signal.signal(signal.SIGALRM, signal.SIG_DFL)
+import array, errno, os, pwd, signal, socket, stat, sys, time
+path, name, bound, large = sys.argv[1], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
 signal.setitimer(signal.ITIMER_REAL, bound)
 pw = pwd.getpwnam(name)
-os.setgroups(os.getgrouplist(name, pw.pw_gid))
-os.setegid(pw.pw_gid)
-os.seteuid(pw.pw_uid)
-try:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-except OSError as e:
-    code = 3 if e.errno in (errno.ENOENT, errno.ENOTDIR) else 1
-    sys.stderr.write("cannot open %s: %s\\n" % (path, os.strerror(e.errno)))
-    sys.exit(code)
-finally:
-    os.seteuid(0)
-    os.setegid(0)
-    os.setgroups([])
+a, b = socket.socketpair()
+child = os.fork()
+if child == 0:
+    try:
+        a.close()
+        os.setgroups(os.getgrouplist(name, pw.pw_gid))
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as e:
+            b.sendall(b"E%d" % e.errno)
+        else:
+            rights = array.array("i", [fd])
+            b.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    finally:
+        os._exit(0)
+b.close()
+msg, anc, _, _ = a.recvmsg(32, socket.CMSG_SPACE(array.array("i").itemsize))
+os.waitpid(child, 0)
+fds = array.array("i")
+for level, kind, data in anc:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+if msg[:1] != b"F" or len(fds) != 1:
+    err = int(msg[1:]) if msg[:1] == b"E" and msg[1:].isdigit() else errno.EIO
+    sys.stderr.write("cannot open %s: %s\\n" % (path, os.strerror(err)))
+    sys.exit(3 if err in (errno.ENOENT, errno.ENOTDIR) else 1)
+fd = fds[0]
 st = os.fstat(fd)
 if stat.S_ISDIR(st.st_mode):
     sys.exit(4)
-if not stat.S_ISREG(st.st_mode) or st.st_size <= int(sys.argv[5]):
+if not stat.S_ISREG(st.st_mode) or st.st_size <= large:
     sys.exit(11)
 sys.stdout.write("hold %d %d %d\\n" % (os.getpid(), fd, st.st_size))
 sys.stdout.flush()

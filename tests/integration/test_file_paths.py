@@ -7,7 +7,7 @@ import hashlib
 import os
 import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
 
@@ -129,11 +129,19 @@ def test_root_only_and_symlinked_files_refused_for_reads(
 
 
 def test_large_read_caps_and_holder_leaves(
-    shared_provider: E2BSandboxProvider, box: SandboxHandle
+    shared_provider: E2BSandboxProvider, box: SandboxHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     p = shared_provider
     data = os.urandom(8 << 20)
     p.write_file(box, "/workspace/big.bin", data)
+    sent: List[str] = []
+    send = p._ctx.transport._send
+
+    def counting(method: str, url: str, **kw: Any) -> Any:
+        sent.append(f"{method} {url.rsplit('/', 1)[-1].split('?')[0]}")
+        return send(method, url, **kw)
+
+    monkeypatch.setattr(p._ctx.transport, "_send", counting)
     assert root(p, box, "sha256sum < /workspace/big.bin").split()[0] == (
         hashlib.sha256(data).hexdigest()
     )
@@ -143,6 +151,8 @@ def test_large_read_caps_and_holder_leaves(
         )
     assert p.read_file(box, "/workspace/big.bin", max_bytes=len(data)) == FileContent(data)
     assert p.read_file(box, "/workspace/big.bin", max_bytes=16 << 20) == FileContent(data)
+    # each of those five reads went through the held descriptor, none the slow way
+    assert sent.count("GET files") == 5 and sent.count("POST SendSignal") == 5
     assert p.stat(box, "/workspace/big.bin") is not None
     assert root(p, box, LEFTOVERS) == ""
     # the staging directory is root's alone
