@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import collections
 import posixpath
+import urllib.parse
 from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
 
 from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
@@ -47,6 +48,8 @@ ERROR_BODY_BYTES = 64 * 1024
 #: The signals envd's SendSignal accepts.
 SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _READ_SIZE = 64 * 1024
+#: Read size for file bodies.
+_BODY_READ = 1024 * 1024
 _START_OP = "process start"
 
 
@@ -538,25 +541,43 @@ class EnvdClient:
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise InvalidArgument("length must be a positive int")
         op = "file download"
-        resp = self._transport.request(
+        query = urllib.parse.urlencode({"path": path, "username": user})
+        stream = self._transport.open_stream(
             "GET",
-            self._base + "/files",
+            f"{self._base}/files?{query}",
             headers=self._headers(
                 {"Accept-Encoding": "identity", "Range": f"bytes=0-{length - 1}"}
             ),
-            params={"path": path, "username": user},
+            data=b"",
             read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
-            max_body=max(length, ERROR_BODY_BYTES),
         )
-        if resp.status == 416:
-            return b""  # a range that starts past the end: the file is empty
-        if not resp.ok:
-            raise error_from_response(resp, op)
-        if len(resp.body) > length:
-            raise ProtocolError(f"E2B {op}: the answer is longer than the {length} bytes asked")
-        return resp.body
+        unregister = token.on_cancel(lambda _r: stream.abort()) if token is not None else None
+        try:
+            if stream.status == 416:
+                return b""  # a range that starts past the end: the file is empty
+            if not 200 <= stream.status < 300:
+                raw = stream.read_all(ERROR_BODY_BYTES, truncate=True)
+                raise error_from_response(HttpResponse(stream.status, stream.headers, raw), op)
+            buf = bytearray()
+            while True:
+                chunk = stream.read1(_BODY_READ)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > length:
+                    raise ProtocolError(
+                        f"E2B {op}: the answer is longer than the {length} bytes asked"
+                    )
+            return bytes(buf)
+        except BaseException:
+            stream.abort()
+            raise
+        finally:
+            if unregister is not None:
+                unregister()
+            stream.close()
 
     def health(self, *, timeout: float = 5.0) -> bool:
         """Whether envd answers ``GET /health`` (200/204) within ``timeout`` seconds.
