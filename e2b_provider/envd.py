@@ -409,22 +409,45 @@ class EnvdClient:
             E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
+        name = posixpath.basename(_check_path(path)) or "file"
+        self._post_file(path, user, data, token, timeout, raw=False, name=name)
+
+    def _post_file(
+        self,
+        path: str,
+        user: str,
+        data: bytes,
+        token: Optional[CancelToken],
+        timeout: float,
+        *,
+        raw: bool,
+        name: str = "file",
+    ) -> None:
+        """``POST /files``: one multipart part named ``file``, or (``raw``) the bare bytes."""
         _check_path(path)
         _check_user(user)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes")
-        name = posixpath.basename(path) or "file"
         op = "file upload"
+        if raw:
+            body: Dict[str, Any] = {
+                "headers": self._headers({"Content-Type": "application/octet-stream"}),
+                "data": data,
+            }
+        else:
+            body = {
+                "headers": self._headers(),
+                "files": {"file": (name, bytes(data), "application/octet-stream")},
+            }
         resp = self._transport.request(
             "POST",
             self._base + "/files",
-            headers=self._headers(),
             params={"path": path, "username": user},
-            files={"file": (name, bytes(data), "application/octet-stream")},
             read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
             max_body=ERROR_BODY_BYTES,
+            **body,
         )
         if not resp.ok:
             raise error_from_response(resp, op)
@@ -495,24 +518,7 @@ class EnvdClient:
             E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        _check_path(path)
-        _check_user(user)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidArgument("data must be bytes")
-        op = "file upload"
-        resp = self._transport.request(
-            "POST",
-            self._base + "/files",
-            headers=self._headers({"Content-Type": "application/octet-stream"}),
-            params={"path": path, "username": user},
-            data=data,
-            read_timeout=_check_timeout(timeout, "timeout"),
-            token=token,
-            operation=op,
-            max_body=ERROR_BODY_BYTES,
-        )
-        if not resp.ok:
-            raise error_from_response(resp, op)
+        self._post_file(path, user, data, token, timeout, raw=True)
 
     def download_head(
         self,
