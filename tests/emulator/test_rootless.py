@@ -446,7 +446,7 @@ def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
     assert lines[:4] == [
         "/workspace sandbox 755",
         "/home/user user 755",
-        "/opt/capybara/upload root 755",
+        "/opt/capybara/upload root 700",
         "/skills root 755",
     ], text
     assert lines[4:6] == ["lo", "1"], text  # loopback only, empty routing table

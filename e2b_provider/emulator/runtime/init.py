@@ -378,7 +378,9 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
         if os.path.islink(resolv):
             os.unlink(resolv)
         _write_new(resolv, RESOLV_CONF, 0o644)
-    os.makedirs(os.path.join(cfg["root"], "opt", "capybara", "upload"), mode=0o755, exist_ok=True)
+    upload = os.path.join(cfg["root"], "opt", "capybara", "upload")
+    os.makedirs(upload, mode=0o700, exist_ok=True)
+    os.chmod(upload, 0o700)  # the staging directory is root-only
 
 
 def _ro_binds(cfg: Mapping[str, Any]) -> None:
