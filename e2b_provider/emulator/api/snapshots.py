@@ -88,7 +88,7 @@ class SnapshotRoutes:
         r.add_get(
             "/templates/aliases/{alias}", route("template", self.alias), allow_head=False
         )
-        r.add_delete("/templates/{tid:.+}", route("template", self.delete_template))
+        r.add_delete("/templates/{tid}", route("template", self.delete_template))
 
     def _new_files_dir(self, prefix: str) -> str:
         return os.path.join(self._server.snapshots_dir, f"{prefix}{uuid.uuid4().hex}")
@@ -157,6 +157,8 @@ class SnapshotRoutes:
         """``DELETE /templates/{id}`` (id, ``[local/]name``; a tag is ignored): deletes a
         snapshot template with every build; 204, 404 unknown, 403 for ``base``."""
         raw = request.match_info["tid"]
+        if raw == "tags":  # E2B's DELETE /templates/tags (template build tags): not emulated
+            raise BadRequest("validation error: no matching operation was found", status=404)
         try:
             identifier, _ = parse_name(raw)
         except ValueError as exc:
