@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import uuid
-from typing import Any, Awaitable, Iterator, List, TypeVar
+from typing import Any, Awaitable, List, TypeVar
 
 import pytest
 import requests
@@ -44,15 +44,6 @@ def arun(coro: Awaitable[T]) -> T:
     return asyncio.run(main())
 
 
-@pytest.fixture(scope="module")
-def sdk_env(emulator: Emulator) -> Iterator[Emulator]:
-    """Point the SDK at the emulator for this module (environment variables)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in emulator.sdk_env().items():
-            mp.setenv(key, value)
-        yield emulator
-
-
 def _port_get(emu: Emulator, sandbox_id: str, **headers: str) -> requests.Response:
     """A request to port 8000 of a sandbox through the emulator's edge."""
     base = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "8000"}
@@ -67,7 +58,7 @@ def _check_pages(pages: List[List[str]], expected: List[str]) -> None:
     assert [p[0] for p in pages] == expected
 
 
-def test_list_query_and_paging_sync(sdk_env: Emulator) -> None:
+def test_list_query_and_paging_sync(sdk: Emulator) -> None:
     tag = uuid.uuid4().hex
     boxes = [Sandbox.create(metadata={"tag": tag}) for _ in range(3)]
     try:
@@ -105,7 +96,7 @@ def test_list_query_and_paging_sync(sdk_env: Emulator) -> None:
             b.kill()
 
 
-def test_list_query_and_paging_async(sdk_env: Emulator) -> None:
+def test_list_query_and_paging_async(sdk: Emulator) -> None:
     async def scenario() -> None:
         tag = uuid.uuid4().hex
         boxes = [await AsyncSandbox.create(metadata={"tag": tag}) for _ in range(3)]
@@ -143,7 +134,7 @@ def _check_info(info: Any, sandbox_id: str) -> None:
     assert abs((info.end_at - now).total_seconds() - 120) < 30
 
 
-def test_info_timeout_and_template_exists_sync(sdk_env: Emulator) -> None:
+def test_info_timeout_and_template_exists_sync(sdk: Emulator) -> None:
     assert Template.exists("base") is True
     assert Template.exists("no-such-template") is False
     with Sandbox.create(timeout=30) as sb:
@@ -152,7 +143,7 @@ def test_info_timeout_and_template_exists_sync(sdk_env: Emulator) -> None:
         _check_info(Sandbox.get_info(sb.sandbox_id), sb.sandbox_id)
 
 
-def test_info_timeout_and_template_exists_async(sdk_env: Emulator) -> None:
+def test_info_timeout_and_template_exists_async(sdk: Emulator) -> None:
     async def scenario() -> None:
         assert await AsyncTemplate.exists("base") is True
         assert await AsyncTemplate.exists("no-such-template") is False
@@ -187,9 +178,9 @@ def _check_traffic_token(emu: Emulator, sandbox_id: str, token: Any) -> None:
     assert reached.status_code == 502 and reached.json()["message"].endswith("port is not open")
 
 
-def test_network_update_and_traffic_token_sync(sdk_env: Emulator) -> None:
+def test_network_update_and_traffic_token_sync(sdk: Emulator) -> None:
     with Sandbox.create(network={"allow_public_traffic": False}) as sb:
-        _check_traffic_token(sdk_env, sb.sandbox_id, sb.traffic_access_token)
+        _check_traffic_token(sdk, sb.sandbox_id, sb.traffic_access_token)
         assert Sandbox.connect(sb.sandbox_id).traffic_access_token == sb.traffic_access_token
         assert sb.get_info().network == {"allow_public_traffic": False}
         sb.update_network(UPDATE)
@@ -203,11 +194,11 @@ def test_network_update_and_traffic_token_sync(sdk_env: Emulator) -> None:
         assert open_box.traffic_access_token is None
 
 
-def test_network_update_and_traffic_token_async(sdk_env: Emulator) -> None:
+def test_network_update_and_traffic_token_async(sdk: Emulator) -> None:
     async def scenario() -> None:
         sb = await AsyncSandbox.create(network={"allow_public_traffic": False})
         try:
-            _check_traffic_token(sdk_env, sb.sandbox_id, sb.traffic_access_token)
+            _check_traffic_token(sdk, sb.sandbox_id, sb.traffic_access_token)
             await sb.update_network(UPDATE)
             _check_network(await sb.get_info())
             await AsyncSandbox.update_network(sb.sandbox_id, {})
@@ -230,7 +221,7 @@ def _check_metrics(metrics: List[Any]) -> None:
     assert abs((m.timestamp - datetime.datetime.now(datetime.timezone.utc)).total_seconds()) < 60
 
 
-def test_metrics_sync(sdk_env: Emulator) -> None:
+def test_metrics_sync(sdk: Emulator) -> None:
     with Sandbox.create() as sb:
         _check_metrics(sb.get_metrics())
         _check_metrics(Sandbox.get_metrics(sb.sandbox_id))
@@ -238,7 +229,7 @@ def test_metrics_sync(sdk_env: Emulator) -> None:
         assert sb.get_metrics(start=future) == []
 
 
-def test_metrics_async(sdk_env: Emulator) -> None:
+def test_metrics_async(sdk: Emulator) -> None:
     async def scenario() -> None:
         sb = await AsyncSandbox.create()
         try:
@@ -252,7 +243,7 @@ def test_metrics_async(sdk_env: Emulator) -> None:
 # -- snapshots and forks --------------------------------------------------------------------
 
 
-def test_snapshots_sync(sdk_env: Emulator) -> None:
+def test_snapshots_sync(sdk: Emulator) -> None:
     name = f"snap-{uuid.uuid4().hex[:8]}"
     with Sandbox.create() as sb:
         sb.files.write("/home/user/state.txt", "from the source")
@@ -275,7 +266,7 @@ def test_snapshots_sync(sdk_env: Emulator) -> None:
         assert sb.list_snapshots().next_items() == []
 
 
-def test_snapshots_async(sdk_env: Emulator) -> None:
+def test_snapshots_async(sdk: Emulator) -> None:
     async def scenario() -> None:
         sb = await AsyncSandbox.create()
         try:
@@ -296,7 +287,7 @@ def test_snapshots_async(sdk_env: Emulator) -> None:
     arun(scenario())
 
 
-def test_fork_sync(sdk_env: Emulator) -> None:
+def test_fork_sync(sdk: Emulator) -> None:
     with Sandbox.create(metadata={"role": "source"}) as sb:
         sb.files.write("/home/user/state.txt", "before the fork")
         handle = sb.commands.run("sleep 300", background=True)
@@ -321,7 +312,7 @@ def test_fork_sync(sdk_env: Emulator) -> None:
         assert ei.value.status_code == 409
 
 
-def test_fork_async(sdk_env: Emulator) -> None:
+def test_fork_async(sdk: Emulator) -> None:
     async def scenario() -> None:
         sb = await AsyncSandbox.create()
         try:

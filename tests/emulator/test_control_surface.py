@@ -317,8 +317,8 @@ def test_snapshot_create_list_boot_and_delete(
     # a sandbox from the snapshot: the files, not the processes, and its own hostname
     new = make_sandbox(templateID=f"local/{name}")
     assert new["templateID"] == alias.json()["templateID"] and new["alias"] == name
-    out, _ = run(emu, new, "cat /home/user/note /opt/added; hostname")
-    assert out == f"kept\nsys\n{new['sandboxID']}\n"
+    out, _ = run(emu, new, "cat /home/user/note /opt/added /etc/hostname; hostname")
+    assert out == f"kept\nsys\n{new['sandboxID']}\n{new['sandboxID']}\n"
     assert _pids_of(emu, new, "sleep 321") == ""
     from_id = make_sandbox(templateID=unnamed["snapshotID"])
     assert run(emu, from_id, "cat /home/user/note")[0] == "kept\n"
