@@ -5,13 +5,15 @@ each sandbox as its PID 1 (started by file path, standard library only) and then
 envd agent (:mod:`e2b_provider.emulator.agent`). Modules: :mod:`.boot` (:class:`SandboxSpec`,
 :class:`SandboxRuntime`: boot, freeze, thaw, halt, destroy), :mod:`.namespaces` (the isolation
 check, rootless mode, overlaid host directories), :mod:`.cgroups` (freeze/kill/limits),
-:mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc), :mod:`.errors`. Nothing here
-imports the host API (:mod:`e2b_provider.emulator.api`) or the agent.
+:mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc), :mod:`.files` (copying a
+sandbox's files for forks and snapshots), :mod:`.usage` (CPU, memory and disk use),
+:mod:`.errors`. Nothing here imports the host API (:mod:`e2b_provider.emulator.api`) or the agent.
 """
 
 from .boot import AGENT_SOCKET, SandboxRuntime, SandboxSpec, default_agent_argv, python_bind_paths
 from .cgroups import remove_stale_cgroups
 from .errors import IsolationUnavailable, SandboxRuntimeError
+from .files import copy_sandbox_files
 from .namespaces import (
     OVERLAY_DIRS,
     check_isolation,
@@ -20,15 +22,18 @@ from .namespaces import (
     rootless_missing,
     subid_range,
 )
+from .usage import ResourceUsage
 
 __all__ = [
     "AGENT_SOCKET",
     "OVERLAY_DIRS",
     "IsolationUnavailable",
+    "ResourceUsage",
     "SandboxRuntime",
     "SandboxRuntimeError",
     "SandboxSpec",
     "check_isolation",
+    "copy_sandbox_files",
     "default_agent_argv",
     "python_bind_paths",
     "remove_stale_cgroups",

@@ -43,6 +43,7 @@ from . import linux
 from .cgroups import SandboxCgroups
 from .errors import IsolationUnavailable, SandboxRuntimeError
 from .namespaces import HOST_PATH, OVERLAY_DIRS, check_isolation, remove_tree, usr_merge_links
+from .usage import ResourceUsage, read_usage
 
 __all__ = [
     "AGENT_SOCKET",
@@ -269,6 +270,13 @@ class SandboxRuntime:
         if self._proc is not None and self._proc.poll() is None:
             pids.add(self._proc.pid)
         return sorted(pids)
+
+    def resource_usage(self) -> ResourceUsage:
+        """Read the sandbox's CPU, memory and disk use now (blocking: run it off the loop)."""
+        cg = self._cgroups
+        dirs = ([cg.control] if cg.control else []) + list(cg.extra)
+        files = [os.path.join(self.state_dir, "root"), os.path.join(self.state_dir, "upper")]
+        return read_usage(dirs, self.host_pids() if self.running else [], files)
 
     def _guard(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
