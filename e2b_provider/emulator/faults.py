@@ -33,6 +33,11 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     The next ``count`` envd requests (of that sandbox, or any) answer 502 "The sandbox was not
     found" without reaching envd, as E2B's edge answers for a sandbox paused between a client's
     connect and its next request.
+``envd_error(status, sandbox_id=None, count=1)``
+    The next ``count`` envd requests (of that sandbox, or any) answer ``status`` with the
+    body ``{"code": status, "message": "Bad gateway"}`` without reaching envd: a generic
+    error of the edge or a proxy in between, which a client cannot tell from one that came
+    after envd acted (so it must not retry a process start on it).
 ``envd_unresponsive(sandbox_id)``
     Every new envd request to that sandbox (``GET /health`` included) hangs without an answer
     until the sandbox is rebooted (a filesystem-only pause, or a connect with ``memory:
@@ -83,6 +88,7 @@ FAULT_KINDS: Mapping[str, Tuple[str, ...]] = {
     "stream_stall": ("after_bytes", "sandbox_id"),
     "envd_unresponsive": ("sandbox_id",),
     "edge_not_found": ("sandbox_id",),
+    "envd_error": ("status", "sandbox_id"),
     "bad_envelope": ("mode", "sandbox_id"),
 }
 
@@ -150,11 +156,12 @@ def validate(kind: str, params: Mapping[str, Any]) -> Fault:
         if route not in ROUTES:
             raise FaultError(f"route must be one of {', '.join(ROUTES)}")
         out["route"] = route
-    if kind == "control_error":
+    if "status" in FAULT_KINDS[kind]:
         status = _int(params, "status")
         if not 400 <= status <= 599:
             raise FaultError("status must be an HTTP error status (400-599)")
         out["status"] = status
+    if kind == "control_error":
         retry_after = params.get("retry_after")
         if retry_after is not None:
             if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)):
@@ -206,6 +213,9 @@ class FaultRegistry:
     def __init__(self) -> None:
         self._faults: List[Fault] = []
         self._changed: Optional[asyncio.Event] = None
+        #: Counts the changes :meth:`wait_changed` reports, so a waiter can tell whether one
+        #: happened since it took its fault (and not wait for the next one).
+        self.changes = 0
 
     def arm(self, kind: str, params: Mapping[str, Any]) -> Fault:
         """Validate and arm a fault; returns it.
@@ -273,6 +283,7 @@ class FaultRegistry:
         await self._changed.wait()
 
     def _notify(self) -> None:
+        self.changes += 1
         if self._changed is not None:
             self._changed.set()
             self._changed = None

@@ -193,6 +193,12 @@ class EnvdProxy:
                     entry["status"] = 502
                     entry["fault"] = "edge_not_found"
                     return _edge_502(sandbox_id, "The sandbox was not found")
+                error = server.faults.take("envd_error", sandbox_id=sandbox_id)
+                if error is not None:
+                    status = int(error.params["status"])
+                    entry["status"] = status
+                    entry["fault"] = "envd_error"
+                    return json_error(status, {"code": status, "message": "Bad gateway"})
                 if port != ENVD_PORT:
                     entry["status"] = 502
                     return self._port_closed(sandbox_id)
@@ -241,6 +247,7 @@ class EnvdProxy:
             for fault in (bad, cut, stall):
                 if fault is not None:
                     entry["fault"] = fault.kind
+        changes = faults.changes
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         data: Any = None
@@ -304,7 +311,8 @@ class EnvdProxy:
                 return resp
             if stall is not None and not finished:
                 entry["stalled"] = True
-                await faults.wait_changed()
+                if faults.changes == changes:  # not cleared while the stream was forwarded
+                    await faults.wait_changed()
             if not finished:
                 entry["cut"] = True
                 self._abort(request)
