@@ -2,7 +2,7 @@
 
 Each sandbox runs a stand-in agent (a stdlib HTTP server on the agent socket that answers
 ``GET /health`` and runs ``POST /run {"cmd": …}`` with ``/bin/sh`` inside the sandbox), so these
-tests do not depend on the real agent; ``test_real_agent_boots`` uses the real one when present.
+tests do not depend on the real agent; ``test_real_agent_boots`` uses the real one.
 Every sandbox is destroyed by the ``make`` fixture, and no test leaves processes behind.
 """
 
@@ -382,7 +382,7 @@ def test_freeze_stops_a_ticker_and_thaw_resumes_it(make: Callable[..., SandboxRu
     asyncio.run(rt.freeze())
     assert rt.frozen and rt.running
     frozen_at = size()
-    time.sleep(0.3)
+    time.sleep(0.3)  # a window in which a frozen ticker must not write
     assert size() == frozen_at
     asyncio.run(rt.thaw())
     assert not rt.frozen
@@ -425,7 +425,7 @@ def test_freezer_fallbacks(
     assert wait_for(lambda: os.path.exists(tick) and os.path.getsize(tick) > 10)
     asyncio.run(rt.freeze())
     frozen_at = os.path.getsize(tick)
-    time.sleep(0.3)
+    time.sleep(0.3)  # a window in which a frozen ticker must not write
     assert os.path.getsize(tick) == frozen_at
     asyncio.run(rt.thaw())
     assert wait_for(lambda: os.path.getsize(tick) > frozen_at + 10)
@@ -610,10 +610,6 @@ def _read_procs(cgroup: str) -> List[int]:
         return []
 
 
-@pytest.mark.skipif(
-    not os.path.exists(os.path.join(os.path.dirname(runtime.__file__), "agent.py")),
-    reason="the real agent (e2b_provider/emulator/agent.py) is not there yet",
-)
 def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) -> None:
     sid = "t" + uuid.uuid4().hex[:12]
     rt = SandboxRuntime(SandboxSpec(sid, sid), os.path.join(base_dir, sid))

@@ -29,6 +29,7 @@ from waiting import last_request
 
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.emulator import Emulator, EmulatorError, EmulatorUnavailable
+from e2b_provider.errors import ProtocolError
 
 pytestmark = pytest.mark.integration
 
@@ -746,7 +747,7 @@ def test_fault_bad_envelope(emu: Emulator, make_sandbox: Make) -> None:
         resp.close()
         assert check(head), (mode, head)
         dec = EnvelopeDecoder()
-        with pytest.raises(Exception):  # noqa: B017 - the library's codec must refuse it
+        with pytest.raises(ProtocolError):  # the library's codec must refuse it
             dec.feed(head)
             list(dec)
             dec.close()
