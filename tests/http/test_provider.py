@@ -148,7 +148,8 @@ def test_edge_not_found_502_reconnects_and_retries_once(
     )
     p = make_provider()
     r = p.exec(SID, "echo ran", timeout=30.0)
-    assert (r.exit_code, r.stdout) == (0, "ran\n")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "ran\n", "")
+    assert (r.truncated, r.timed_out, r.cancelled, r.wedged) == (False, False, False, False)
     # connect (resumes the paused sandbox), start → 502, connect again, start again
     assert [q.path for q in server.received()] == [CONNECT, START, CONNECT, START]
 

@@ -118,10 +118,13 @@ def test_control_path_shapes() -> None:
     "tag", ["", "a b", "a.b", "x" * 65, "a*", "ä", "tag\n", "a/b", "(x)", "a$", "a|b", "-\x00"]
 )
 def test_bad_tags_are_refused(tag: str) -> None:
-    with pytest.raises(InvalidArgument):
+    message = "invalid sandbox tag: use 1-64 characters from A-Z a-z 0-9 _ -"
+    with pytest.raises(InvalidArgument) as ei:
         S.control_path(tag)
-    with pytest.raises(InvalidArgument):
+    assert str(ei.value) == message
+    with pytest.raises(InvalidArgument) as ei:
         S.kill_tagged_args(["ok", tag])
+    assert str(ei.value) == message
 
 
 def test_exec_args() -> None:
@@ -133,8 +136,9 @@ def test_exec_args() -> None:
     assert S.exec_args(ctl, "x", 0)[-1] == "5"
     assert S.exec_args(ctl, "x", 0.001)[-1] == "6"
     for bad in (-1, float("inf"), float("nan")):
-        with pytest.raises(InvalidArgument):
+        with pytest.raises(InvalidArgument) as ei:
             S.exec_args(ctl, "x", bad)
+        assert str(ei.value) == "timeout must be a finite, non-negative number of seconds"
 
 
 def test_script_args() -> None:
@@ -144,12 +148,15 @@ def test_script_args() -> None:
         "-c", S.KILL_TAGGED_SCRIPT, "capybara-killtagged", "a", "b-1",
     ]  # fmt: skip
     assert S.kill_tagged_args([]) == ["-c", S.KILL_TAGGED_SCRIPT, "capybara-killtagged"]
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument) as ei:
         S.kill_tagged_args("abc")
+    assert str(ei.value) == "tags must be a list of tags, not one string"
     assert S.read_args("/a b", 11) == ["-c", S.READ_SCRIPT, "capybara-read", "/a b", "11"]
+    assert S.read_args("/a", 0)[-1] == "0"  # nothing but whether the file exists
     for bad in (-1, 1.5, True):
-        with pytest.raises(InvalidArgument):
+        with pytest.raises(InvalidArgument) as ei:
             S.read_args("/a", bad)  # type: ignore[arg-type]
+        assert str(ei.value) == "want must be a non-negative integer"
     assert S.stat_args("/x") == ["-c", S.STAT_SCRIPT, "capybara-stat", "/x"]
     assert S.write_args("/w/f", "/s", False) == [
         "-c", S.USER_WRITE_SCRIPT, "capybara-write", "/w/f", "/s",
