@@ -493,6 +493,7 @@ def test_bounds_are_inclusive() -> None:
 def test_only_urls_lose_trailing_slashes() -> None:
     c = cfg(api_url="http://127.0.0.1:8080/X/", sandbox_url="http://h.example/XX//")
     assert (c.api_url, c.sandbox_url) == ("http://127.0.0.1:8080/X", "http://h.example/XX")
+    assert cfg(api_url="http://X/").api_url == "http://X"
     m = DeploymentConfig.from_mapping({"apiKey": KEY, "template": "tpl/"})
     assert m.template == "tpl/"
 

@@ -326,6 +326,8 @@ def test_each_end_says_what_happened(outcomes: Sequence[Outcome], finish: Finish
 def test_plan_gives_up_after_max_steps() -> None:
     plan = RebootPlan(T, max_pause_retries=1000)  # a healthy envd, pause busy forever
     step = plan.first()
+    assert plan.steps == 1
+    yielded = 1
     while not isinstance(step, Finish):
         if isinstance(step, Pause):
             step = plan.next(step, A(503))
@@ -333,6 +335,8 @@ def test_plan_gives_up_after_max_steps() -> None:
             step = plan.next(step, Healthy(True))
         else:
             step = plan.next(step, Waited())
+        yielded += not isinstance(step, Finish)
+    assert yielded == MAX_STEPS  # every step counted once
     assert step == Finish(
         "not_rebooted", False, f"gave up after {MAX_STEPS} steps; {STILL_RUNNING}"
     )

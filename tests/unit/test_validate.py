@@ -479,6 +479,8 @@ MESSAGES = [
      "has a label longer than 63 characters"),
     (v.check_hostname, NAME_253 + "c", f"invalid host name {v.show(NAME_253 + 'c')}: longer "
      "than 253 characters"),
+    (v.check_hostname, "X" + NAME_253, f"invalid host name {v.show('X' + NAME_253)}: longer "
+     f"than 253 characters; {GRAMMAR_HOST}"),
     (v.check_tag, "a b", "invalid sandbox tag 'a b': must be 1-64 ASCII letters, digits, '_' "
      "or '-'"),
     (v.check_tag, 1, "invalid sandbox tag: must be a string, not int"),
