@@ -550,7 +550,7 @@ def test_disconnect_keeps_the_process_and_drops_output(agent: Agent) -> None:
     pid = st.next_event()["start"]["pid"]  # type: ignore[index]
     st.close()
     try:
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window in which `yes` writes with nobody reading the stream
         t0 = time.monotonic()
         assert request(agent.sock, "GET", "/health")[0] == 204
         assert time.monotonic() - t0 < 1.0  # unread output does not starve the agent

@@ -214,6 +214,12 @@ class EnvdProxy:
                     entry["status"] = 502
                     entry["fault"] = "edge_not_found"
                     return _edge_502(sandbox_id, "The sandbox was not found")
+                error = server.faults.take("envd_error", sandbox_id=sandbox_id)
+                if error is not None:
+                    status = int(error.params["status"])
+                    entry["status"] = status
+                    entry["fault"] = "envd_error"
+                    return json_error(status, {"code": status, "message": "Bad gateway"})
                 if port != ENVD_PORT:
                     refused = _traffic_token_refusal(request, rec)
                     if refused is not None:
@@ -266,6 +272,7 @@ class EnvdProxy:
             for fault in (bad, cut, stall):
                 if fault is not None:
                     entry["fault"] = fault.kind
+        changes = faults.version(rec.sandbox_id)
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         data: Any = None
@@ -329,7 +336,8 @@ class EnvdProxy:
                 return resp
             if stall is not None and not finished:
                 entry["stalled"] = True
-                await faults.wait_changed(rec.sandbox_id)
+                if faults.version(rec.sandbox_id) == changes:  # not cleared meanwhile
+                    await faults.wait_changed(rec.sandbox_id)
             if not finished:
                 entry["cut"] = True
                 self._abort(request)
