@@ -21,6 +21,8 @@ import time
 import uuid
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+import pytest
+
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
 
 Body = Union[bytes, Iterable[bytes], None]
@@ -285,3 +287,26 @@ def running_agent(base: str) -> Iterator[Agent]:
             proc.kill()
             proc.wait(5)
     assert not os.path.exists(sock)
+
+
+def agent_fixture() -> Any:
+    """A module-scoped ``agent`` fixture: one running agent for the test module."""
+
+    @pytest.fixture(scope="module")
+    def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+        with running_agent(str(tmp_path_factory.mktemp("agent"))) as running:
+            yield running
+
+    return agent
+
+
+def workdir_fixture() -> Any:
+    """A ``workdir`` fixture: an empty directory per test."""
+
+    @pytest.fixture
+    def workdir(tmp_path: Any) -> str:
+        path = str(tmp_path / "w")
+        os.mkdir(path)
+        return path
+
+    return workdir

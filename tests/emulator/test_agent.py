@@ -25,7 +25,7 @@ import stat
 import sys
 import time
 import uuid
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
@@ -39,6 +39,7 @@ from .agent_client import (
     Stream,
     UnixConnection,
     agent_children,
+    agent_fixture,
     b64,
     basic,
     list_pids,
@@ -48,11 +49,11 @@ from .agent_client import (
     request,
     rss_kib,
     run_stream,
-    running_agent,
     signal_pid,
     start,
     unary,
     wait_until,
+    workdir_fixture,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -66,17 +67,8 @@ NOBODY = pwd.getpwnam("nobody")
 # ---- fixture --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    with running_agent(str(tmp_path_factory.mktemp("agent"))) as running:
-        yield running
-
-
-@pytest.fixture
-def workdir(tmp_path: Any) -> str:
-    path = str(tmp_path / "w")
-    os.mkdir(path)
-    return path
+agent = agent_fixture()
+workdir = workdir_fixture()
 
 
 # ---- pure helpers ---------------------------------------------------------------------

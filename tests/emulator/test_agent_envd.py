@@ -34,6 +34,7 @@ from .agent_client import (
     Agent,
     Stream,
     UnixConnection,
+    agent_fixture,
     b64,
     basic,
     multipart,
@@ -41,6 +42,7 @@ from .agent_client import (
     running_agent,
     unary,
     wait_until,
+    workdir_fixture,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -52,17 +54,8 @@ NOBODY = pwd.getpwnam("nobody")
 OCTET = {"Content-Type": "application/octet-stream"}
 
 
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    with running_agent(str(tmp_path_factory.mktemp("agent"))) as running:
-        yield running
-
-
-@pytest.fixture
-def workdir(tmp_path: Any) -> str:
-    path = str(tmp_path / "w")
-    os.mkdir(path)
-    return path
+agent = agent_fixture()
+workdir = workdir_fixture()
 
 
 def upload(

@@ -30,6 +30,7 @@ __all__ = [
     "list_dir",
     "make_dir",
     "move",
+    "os_rpc_error",
     "read_metadata",
     "remove",
     "rfc3339",
@@ -372,16 +373,21 @@ def ensure_dirs(path: str, uid: int, gid: int) -> None:
             raise RpcError("internal", f"path is a file: {current}")
 
 
+def os_rpc_error(exc: OSError, op: str, path: str, missing: str, other: str) -> RpcError:
+    """envd's wrapping of a failed ``op`` on ``path``: ``not_found`` with the ``missing``
+    prefix for ENOENT, else ``internal`` with the ``other`` prefix."""
+    detail = os_error_text(op, path, exc)
+    if isinstance(exc, FileNotFoundError):
+        return RpcError("not_found", f"{missing}: {detail}")
+    return RpcError("internal", f"{other}: {detail}")
+
+
 def _entry_or_error(path: str) -> Dict[str, Any]:
     try:
         return entry_info(path)
-    except FileNotFoundError as exc:
-        raise RpcError(
-            "not_found", "file not found: " + os_error_text("lstat", path, exc)
-        ) from None
     except OSError as exc:
-        raise RpcError(
-            "internal", "error getting file info: " + os_error_text("lstat", path, exc)
+        raise os_rpc_error(
+            exc, "lstat", path, "file not found", "error getting file info"
         ) from None
 
 
@@ -414,13 +420,9 @@ def _resolve_dir(path: str) -> str:
         ) from None
     try:
         st = os.stat(resolved)
-    except FileNotFoundError as exc:
-        raise RpcError(
-            "not_found", "directory not found: " + os_error_text("stat", resolved, exc)
-        ) from None
     except OSError as exc:
-        raise RpcError(
-            "internal", "error getting file info: " + os_error_text("stat", resolved, exc)
+        raise os_rpc_error(
+            exc, "stat", resolved, "directory not found", "error getting file info"
         ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise RpcError("invalid_argument", f"path is not a directory: {resolved}")

@@ -520,32 +520,26 @@ def http_date(seconds: float) -> str:
 
 def parse_http_date(text: str) -> Optional[int]:
     """Go's ``http.ParseTime`` (IMF-fixdate, RFC 850, ANSI C) as Unix seconds, else None."""
-    try:
-        m = _IMF.fullmatch(text)
-        if m:
-            day, mon, year, hh, mm, ss = m.groups()
-            when = datetime.datetime(
-                int(year), _MONTHS.index(mon.lower()) + 1, int(day), int(hh), int(mm), int(ss)
-            )
-            return calendar.timegm(when.timetuple())
+    m = _IMF.fullmatch(text)
+    if m:
+        day, mon, year, hh, mm, ss = m.groups()
+    else:
         m = _RFC850.fullmatch(text)
         if m:
             day, mon, yy, hh, mm, ss = m.groups()
-            year = int(yy) + (1900 if int(yy) >= 69 else 2000)
-            when = datetime.datetime(
-                year, _MONTHS.index(mon.lower()) + 1, int(day), int(hh), int(mm), int(ss)
-            )
-            return calendar.timegm(when.timetuple())
-        m = _ANSIC.fullmatch(text)
-        if m:
+            year = str(int(yy) + (1900 if int(yy) >= 69 else 2000))
+        else:
+            m = _ANSIC.fullmatch(text)
+            if m is None:
+                return None
             mon, day, hh, mm, ss, year = m.groups()
-            when = datetime.datetime(
-                int(year), _MONTHS.index(mon.lower()) + 1, int(day), int(hh), int(mm), int(ss)
-            )
-            return calendar.timegm(when.timetuple())
+    try:
+        when = datetime.datetime(
+            int(year), _MONTHS.index(mon.lower()) + 1, int(day), int(hh), int(mm), int(ss)
+        )
     except ValueError:
         return None
-    return None
+    return calendar.timegm(when.timetuple())
 
 
 # ---- ranges and preconditions --------------------------------------------------------------

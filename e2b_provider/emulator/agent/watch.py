@@ -39,8 +39,8 @@ import string
 import struct
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .filesystem import entry_info
-from .rpc import RpcError, errno_text, os_error_text
+from .filesystem import entry_info, os_rpc_error
+from .rpc import RpcError, errno_text
 
 __all__ = [
     "MAX_PENDING",
@@ -115,13 +115,9 @@ def check_watch_path(path: str, allow_network_mounts: bool) -> None:
     """
     try:
         st = os.stat(path)
-    except FileNotFoundError as exc:
-        raise RpcError(
-            "not_found", f"path {path} not found: " + os_error_text("stat", path, exc)
-        ) from None
     except OSError as exc:
-        raise RpcError(
-            "internal", f"error statting path {path}: " + os_error_text("stat", path, exc)
+        raise os_rpc_error(
+            exc, "stat", path, f"path {path} not found", f"error statting path {path}"
         ) from None
     if not stat.S_ISDIR(st.st_mode):
         # envd formats a nil error here, hence the odd suffix
