@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -92,7 +91,7 @@ OVERFLOW = "fsnotify: queue or buffer overflow"
 # Filesystem magic numbers of network mounts (linux/magic.h): NFS, CIFS, SMB, SMB2, FUSE.
 _NETWORK_FS = frozenset({0x6969, 0xFF534D42, 0x517B, 0xFE534D42, 0x65735546})
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _os_error(what: str = "") -> OSError:
