@@ -13,6 +13,7 @@ Go-compatibility helpers (content sniffing, media types, ranges, dates).
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import gzip
 import json
 import os
@@ -382,6 +383,20 @@ def test_multipart_edge_cases(agent: Agent, workdir: str) -> None:
         f"you cannot upload multiple files to the same path '{workdir}/d1' in one upload "
         "request, only the first specified file was uploaded",
     )
+
+
+def test_upload_into_a_fifo_waits_for_its_reader(agent: Agent, workdir: str) -> None:
+    fifo = f"{workdir}/pipe"
+    os.mkfifo(fifo)
+    data = os.urandom(300_000)  # more than a pipe holds: the writer waits for the reader too
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(upload, agent, f"path={fifo}", data)
+        assert request(agent.sock, "GET", "/health")[0] == 204  # the agent is not blocked
+        assert not pending.done()
+        with open(fifo, "rb") as reader:
+            got = reader.read()
+        status, _, body = pending.result(timeout=20)
+    assert (status, got) == (200, data) and body[0]["path"] == fifo
 
 
 # ---- GET /files --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ agent's).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -37,6 +38,7 @@ from aiohttp import web
 from . import gohttp
 from .bodies import BodyError, ByteSource, GzipSource, MultipartReader, multipart_boundary
 from .filesystem import ensure_dirs, read_metadata, validate_metadata, write_metadata_fd
+from .process import _wait_writable
 from .rpc import RpcError, UserInfo, errno_text, expand_and_resolve, lookup_user
 
 __all__ = ["FILE_CHUNK", "download", "go_json", "upload"]
@@ -418,10 +420,27 @@ async def _multipart(
         results.append(await writer.write(path, part.read))
 
 
-def _write_all(fd: int, data: bytes) -> None:
+async def _open_for_write(path: str) -> int:
+    """Open ``path`` as envd does (create, truncate) without stopping the agent: a FIFO with
+    no reader yet is retried until one comes (envd's open waits for it too)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+    while True:
+        try:
+            return os.open(path, flags, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+        await asyncio.sleep(0.01)
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (the descriptor is non-blocking: a full FIFO is waited for)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            await _wait_writable(fd, None)
 
 
 class _Writer:
@@ -460,7 +479,7 @@ class _Writer:
                     500, f"error changing file ownership: chown {path}: {errno_text(exc)}"
                 ) from None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            fd = await _open_for_write(path)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise _Fail(
@@ -494,7 +513,7 @@ class _Writer:
             if not chunk:
                 return
             try:
-                _write_all(fd, chunk)
+                await _write_all(fd, chunk)
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     message = "not enough disk space available"
