@@ -857,6 +857,19 @@ def test_watch_dir_of_the_watched_directory_itself(agent: Agent, workdir: str) -
         w.events(has((".", "REMOVE")))
     finally:
         w.close()
+    os.makedirs(f"{target}/sub")
+    w = Watch(agent, target, recursive=True)
+    try:
+        assert w.first() == {"start": {}}
+        os.rename(target, f"{workdir}/renamed")
+        w.events(has((".", "RENAME")))
+        # the moved tree is no longer watched: the stream only keeps its keepalives
+        wait_until(lambda: not watching(agent, *tree(f"{workdir}/renamed")), what="unwatch")
+        write(f"{workdir}/renamed/sub/late", b"")
+        before = w.keepalives
+        assert w.events(lambda _: w.keepalives >= before + 1) == []
+    finally:
+        w.close()
 
 
 def test_watch_dir_errors_and_deadline(agent: Agent, workdir: str) -> None:
