@@ -76,6 +76,8 @@ def _template_problem(value: Any) -> Optional[str]:
         return f"must be at most {MAX_TEMPLATE_CHARS} characters"
     if _bad_char(value):
         return f"must not contain whitespace or control characters: {show(value)}"
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        return f"must be valid Unicode text (no lone surrogates): {show(value)}"
     return None
 
 
@@ -150,6 +152,18 @@ def _validator(checker: Checker) -> Callable[[Any, attrs.Attribute[Any], Any], N
     return validate
 
 
+def _validate_api_key(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # The first validator attrs runs: the key is known (and scrubbed from every message)
+    # before any other field's validator can quote a value that happens to contain it.
+    if isinstance(value, str):
+        errors.register_secret(value, owner=inst)
+    _validator(_api_key_problem)(inst, attribute, value)
+
+
+class _KeyHolder:
+    """Owns an API key while a mapping is checked (see :meth:`DeploymentConfig._build`)."""
+
+
 def _meta(camel: str, zh: str, en: str, description: str, **extra: Any) -> Dict[str, Any]:
     return {"camel": camel, "label": {"zh": zh, "en": en}, "description": description, **extra}
 
@@ -182,7 +196,7 @@ class DeploymentConfig:
 
     api_key: str = attrs.field(
         repr=False,
-        validator=_validator(_api_key_problem),
+        validator=_validate_api_key,
         metadata=_meta("apiKey", "API 密钥", "API key", "The E2B API key (e2b_...).", secret=True),
     )
     template: str = attrs.field(
@@ -268,7 +282,7 @@ class DeploymentConfig:
     )
 
     def __attrs_post_init__(self) -> None:
-        errors.register_secret(self.api_key)
+        errors.register_secret(self.api_key, owner=self)
 
     @property
     def effective_api_url(self) -> str:
@@ -362,8 +376,9 @@ class DeploymentConfig:
     ) -> DeploymentConfig:
         """Check every field of ``items`` (name -> (label, value)), then construct."""
         api_key = items.get("api_key", ("", None))[1]
+        holder = _KeyHolder()  # the key stays a known secret while this runs
         if isinstance(api_key, str):
-            errors.register_secret(api_key)
+            errors.register_secret(api_key, owner=holder)
         for name in ("api_key", "template"):
             if name not in items:
                 problems.append(f"{_CAMEL[name]}: required{hints.get(name, '')}")
@@ -378,7 +393,9 @@ class DeploymentConfig:
             kwargs[name] = value
         if problems:
             raise ConfigError(_summary(problems), problems)
-        return cls(**kwargs)
+        config = cls(**kwargs)
+        del holder  # the config holds the key now
+        return config
 
 
 def _summary(problems: List[str]) -> str:
