@@ -44,6 +44,7 @@ from .errors import (
     OperationTimeout,
     ProviderClosed,
     SandboxPaused,
+    TransportTimeout,
 )
 from .models import Target
 
@@ -56,6 +57,7 @@ __all__ = [
     "ProviderContext",
     "never_reached_envd",
     "script_failed",
+    "silence_is_timeout",
 ]
 
 log = logging.getLogger("e2b_provider")
@@ -96,6 +98,16 @@ def script_failed(what: str, r: RunOutcome, hint: str = "") -> CommandFailed:
     if not stderr.strip():
         reason = f"{what}: {reason}"
     return command_failed(f"{reason}; {hint}" if hint else reason, r.exit_code, stderr)
+
+
+@contextlib.contextmanager
+def silence_is_timeout() -> Iterator[None]:
+    """A stream that went silent past its read timeout ends a bounded operation (a script,
+    a file operation) as :class:`OperationTimeout`, as documented for them."""
+    try:
+        yield
+    except TransportTimeout as exc:
+        raise OperationTimeout("the sandbox stopped answering") from exc
 
 
 class KeyedLocks:
@@ -386,20 +398,22 @@ class ProviderContext:
 
         Raises:
             Cancelled: ``cancel`` fired.
-            OperationTimeout: the script ran longer than the bound.
+            OperationTimeout: the script ran longer than the bound, or the sandbox stopped
+                answering.
         """
-        r = run_process(
-            self.envd(target),
-            user=user,
-            cmd="/bin/sh",
-            args=args,
-            cwd="/",
-            max_output_bytes=max_output_bytes,
-            timeout=FILE_OP_TIMEOUT,
-            token=cancel,
-            watchdog=self.watchdog,
-            keepalive_seconds=self.bounds.keepalive,
-        )
+        with silence_is_timeout():
+            r = run_process(
+                self.envd(target),
+                user=user,
+                cmd="/bin/sh",
+                args=args,
+                cwd="/",
+                max_output_bytes=max_output_bytes,
+                timeout=FILE_OP_TIMEOUT,
+                token=cancel,
+                watchdog=self.watchdog,
+                keepalive_seconds=self.bounds.keepalive,
+            )
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
         if r.timed_out:

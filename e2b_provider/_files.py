@@ -50,7 +50,13 @@ import uuid
 from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import _scripts as scripts
-from ._context import FILE_OP_TIMEOUT, STDERR_ROOM, ProviderContext, script_failed
+from ._context import (
+    FILE_OP_TIMEOUT,
+    STDERR_ROOM,
+    ProviderContext,
+    script_failed,
+    silence_is_timeout,
+)
 from ._exec import RunOutcome, run_process
 from ._messages import is_ambiguous, script_reason
 from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent
@@ -63,7 +69,6 @@ from .errors import (
     E2BProviderError,
     OperationTimeout,
     ProtocolError,
-    TransportTimeout,
 )
 from .models import FileContent, FileStat, Target
 
@@ -263,18 +268,18 @@ class Files:
             raise self._ctx.paused_error(sid, what) from exc
         if retry and not (cancel is not None and cancel.cancelled):
             return
-        if isinstance(exc, TransportTimeout):
-            raise OperationTimeout("the sandbox stopped answering") from exc
-        raise exc
+        with silence_is_timeout():
+            raise exc
 
     def sweep(self, sid: str, cancel: Optional[CancelToken]) -> None:
         """Kill every file operation's processes in the sandbox and remove staged FIFOs."""
         deadline = Deadline.after(FILE_OP_TIMEOUT)
         args = scripts.fileop_cleanup_args("")
-        r = self._ctx.on_target(
-            sid, cancel,
-            lambda t: self._run(t, scripts.ROOT_USER, args, cancel, deadline, marked=False),
-        )
+        with silence_is_timeout():
+            r = self._ctx.on_target(
+                sid, cancel,
+                lambda t: self._run(t, scripts.ROOT_USER, args, cancel, deadline, marked=False),
+            )
         if r.exit_code != 0:
             raise script_failed("the clean-up script failed", r)
 

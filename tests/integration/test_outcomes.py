@@ -107,7 +107,7 @@ def test_a_write_whose_answer_is_lost_every_time_fails_typed_and_bounded(  # typ
 # -- typed outcomes ------------------------------------------------------------------------
 
 
-def test_a_stalled_file_operation_is_an_operation_timeout(emu, fresh) -> None:  # type: ignore[no-untyped-def]
+def test_a_stalled_file_operation_or_script_is_an_operation_timeout(emu, fresh) -> None:  # type: ignore[no-untyped-def]
     # keepalive 1 s: a stream silent for 12 s counts as dead (110 s by default)
     with E2BSandboxProvider(emu.config(template="base"), keepalive_seconds=1) as p:
         p.write_file(fresh, "/workspace/s.txt", b"s")
@@ -119,6 +119,10 @@ def test_a_stalled_file_operation_is_an_operation_timeout(emu, fresh) -> None:  
         emu.stream_stall(sandbox_id=fresh.id)
         with pytest.raises(OperationTimeout):
             p.stat(fresh, "/workspace/s.txt")
+        emu.stream_stall(sandbox_id=fresh.id)  # the leftover-command sweep is bounded alike
+        with pytest.raises(OperationTimeout) as ei:
+            p.kill_all(fresh)
+        assert f"stopping leftover commands in sandbox {fresh.id} failed" in str(ei.value)
         # a write is done again instead: the same bytes give the same file
         emu.stream_stall(sandbox_id=fresh.id)
         p.write_file(fresh, "/workspace/s.txt", b"again")
