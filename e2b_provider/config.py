@@ -7,8 +7,9 @@ variables, and the JSON-schema-like description the platform's extension registr
 (:func:`config_schema`).
 
 The API key is a secret: it is kept out of ``repr``/``str``, registered with
-:func:`~e2b_provider.errors.register_secret` so every library error scrubs it, and never
-quoted in a validation message, even when the key itself is what is invalid. Pure code: no
+:func:`~e2b_provider.errors.register_secret` (for the life of the process, as soon as it is
+seen, before any other field is checked) so every library error scrubs it, and never quoted
+in a validation message, even when the key itself is what is invalid. Pure code: no
 I/O, and no requests, urllib3 or socket imports.
 """
 
@@ -154,14 +155,11 @@ def _validator(checker: Checker) -> Callable[[Any, attrs.Attribute[Any], Any], N
 
 def _validate_api_key(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     # The first validator attrs runs: the key is known (and scrubbed from every message)
-    # before any other field's validator can quote a value that happens to contain it.
+    # before any other field's validator can quote a value that happens to contain it. API
+    # keys are few (one per deployment, not one per sandbox): they stay known for good.
     if isinstance(value, str):
-        errors.register_secret(value, owner=inst)
+        errors.register_secret(value)
     _validator(_api_key_problem)(inst, attribute, value)
-
-
-class _KeyHolder:
-    """Owns an API key while a mapping is checked (see :meth:`DeploymentConfig._build`)."""
 
 
 def _meta(camel: str, zh: str, en: str, description: str, **extra: Any) -> Dict[str, Any]:
@@ -376,9 +374,8 @@ class DeploymentConfig:
     ) -> DeploymentConfig:
         """Check every field of ``items`` (name -> (label, value)), then construct."""
         api_key = items.get("api_key", ("", None))[1]
-        holder = _KeyHolder()  # the key stays a known secret while this runs
         if isinstance(api_key, str):
-            errors.register_secret(api_key, owner=holder)
+            errors.register_secret(api_key)  # for good: also if the config is refused
         for name in ("api_key", "template"):
             if name not in items:
                 problems.append(f"{_CAMEL[name]}: required{hints.get(name, '')}")
@@ -393,9 +390,7 @@ class DeploymentConfig:
             kwargs[name] = value
         if problems:
             raise ConfigError(_summary(problems), problems)
-        config = cls(**kwargs)
-        del holder  # the config holds the key now
-        return config
+        return cls(**kwargs)
 
 
 def _summary(problems: List[str]) -> str:

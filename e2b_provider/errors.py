@@ -49,8 +49,9 @@ text that crosses this module.
 Known secrets are bounded: a secret registered with an ``owner`` (the config, client or target
 object that holds it) is known exactly as long as some such owner is alive — a secret still
 held can still be sent, so it can still come back in a message, and it is never forgotten
-before the last object holding it is gone. A secret registered without an owner is kept for
-the life of the process.
+before the last object holding it is gone (envd access tokens: one per sandbox connect). A
+secret registered without an owner is kept for the life of the process (API keys: a few per
+process, known from the moment a config sees one, even one it refuses).
 """
 
 from __future__ import annotations
