@@ -7,16 +7,22 @@ cache, the escalation bounds, and the two helpers every sandbox call goes throug
 :meth:`ProviderContext.on_target` (a live envd target, retried once when the request provably
 never reached envd) and :meth:`ProviderContext.run_script` (one of the reference's scripts,
 bounded like a file operation). It owns the fork check: a provider made before ``os.fork``
-gets fresh connections and the child's watchdog.
+gets fresh connections and the child's watchdog. It also owns what the parts share about
+sandboxes between calls, bounded: :class:`KeyedLocks` (one lock per sandbox or name, dropped
+when unused) and the marks of sandboxes this provider paused (so a command cut by a pause is
+reported as such, :meth:`ProviderContext.paused_during`).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import math
 import os
 import threading
-from typing import Callable, List, Optional, TypeVar
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 import attrs
 
@@ -24,8 +30,9 @@ from . import _scripts as scripts
 from ._exec import RunOutcome, run_process
 from ._http import Transport
 from ._leases import LeaseCache
+from ._messages import command_failed, script_reason
 from ._watchdog import Watchdog
-from .cancel import CancelToken
+from .cancel import CancelReason, CancelToken
 from .config import DeploymentConfig
 from .control import ControlPlane
 from .envd import EnvdClient
@@ -35,7 +42,9 @@ from .errors import (
     E2BHttpError,
     E2BProviderError,
     OperationTimeout,
-    register_secret,
+    ProviderClosed,
+    SandboxPaused,
+    TransportTimeout,
 )
 from .models import Target
 
@@ -44,9 +53,11 @@ __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "STDERR_ROOM",
     "Bounds",
+    "KeyedLocks",
     "ProviderContext",
     "never_reached_envd",
     "script_failed",
+    "silence_is_timeout",
 ]
 
 log = logging.getLogger("e2b_provider")
@@ -56,6 +67,12 @@ MAX_TIMEOUT_SECONDS = 86400
 FILE_OP_TIMEOUT = 120.0
 #: Room kept for a script's standard error.
 STDERR_ROOM = 64 * 1024
+#: Sandboxes whose pause by this provider is remembered (least recently paused dropped).
+MAX_PAUSE_MARKS = 4096
+#: Seconds the look-up of a sandbox's state after a cut connection may take.
+PAUSE_LOOKUP_BOUND = 10.0
+#: Slice of every wait for a keyed lock (cancel and Ctrl-C stay responsive).
+_LOCK_SLICE_S = 0.25
 
 _T = TypeVar("_T")
 
@@ -71,10 +88,88 @@ class Bounds:
     keepalive: int
 
 
-def script_failed(message: str, r: RunOutcome) -> CommandFailed:
-    """The error for a script that failed: ``message``, its exit code and standard error."""
-    stderr = r.stderr.decode("utf-8", "replace").strip()[:500]
-    return CommandFailed(message, exit_code=r.exit_code, stderr=stderr)
+def script_failed(what: str, r: RunOutcome, hint: str = "") -> CommandFailed:
+    """The error for a sandbox script that failed: why, in plain words, from its standard
+    error (without the script's internal names), then ``hint``; ``what`` (the script's
+    purpose) is said only when the script gave no reason. ``.stderr`` keeps the cleaned
+    standard error, ``.exit_code`` its status."""
+    stderr = r.stderr.decode("utf-8", "replace")
+    reason = script_reason(stderr, r.exit_code)
+    if not stderr.strip():
+        reason = f"{what}: {reason}"
+    return command_failed(f"{reason}; {hint}" if hint else reason, r.exit_code, stderr)
+
+
+@contextlib.contextmanager
+def silence_is_timeout() -> Iterator[None]:
+    """A stream that went silent past its read timeout ends a bounded operation (a script,
+    a file operation) as :class:`OperationTimeout`, as documented for them."""
+    try:
+        yield
+    except TransportTimeout as exc:
+        raise OperationTimeout("the sandbox stopped answering") from exc
+
+
+class KeyedLocks:
+    """One lock per key (a sandbox id, a name), created on first use and dropped when no
+    thread holds or waits for it, so the table never outgrows the keys in use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: Dict[str, Tuple[threading.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._locks)
+
+    def _enter(self, key: str) -> threading.Lock:
+        with self._lock:
+            lock, users = self._locks.get(key, (None, 0))
+            if lock is None:
+                lock = threading.Lock()
+            self._locks[key] = (lock, users + 1)
+            return lock
+
+    def _leave(self, key: str) -> None:
+        with self._lock:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    @contextlib.contextmanager
+    def hold(
+        self,
+        key: str,
+        *,
+        cancel: Optional[CancelToken] = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[bool]:
+        """Hold ``key``'s lock for the block; yields False (without the lock) if it was not
+        free within ``timeout`` seconds (None: as long as it takes).
+
+        Raises:
+            Cancelled: ``cancel`` fired while waiting.
+        """
+        lock = self._enter(key)
+        got = False
+        try:
+            ends = None if timeout is None else time.monotonic() + timeout
+            while not got:
+                if cancel is not None:
+                    cancel.raise_if_cancelled()
+                left = _LOCK_SLICE_S
+                if ends is not None:
+                    left = max(0.0, min(left, ends - time.monotonic()))
+                got = lock.acquire(timeout=left)
+                if not got and ends is not None and time.monotonic() >= ends:
+                    break
+            yield got
+        finally:
+            if got:
+                lock.release()
+            self._leave(key)
 
 
 def never_reached_envd(exc: E2BHttpError) -> bool:
@@ -115,6 +210,8 @@ class ProviderContext:
         self._closed = False
         self._pid = -1
         self._fork_hooks: List[Callable[[], None]] = []
+        # sandbox id -> when this provider last asked to pause it (monotonic)
+        self._paused: collections.OrderedDict[str, float] = collections.OrderedDict()
         self.transport: Transport
         self.control: ControlPlane
         self.watchdog: Watchdog
@@ -161,7 +258,10 @@ class ProviderContext:
     def check_open(self) -> None:
         """Raise :class:`ProviderClosed` after :meth:`close`; start afresh after a fork."""
         if self._closed:
-            raise E2BProviderError("the provider is closed")
+            raise ProviderClosed(
+                "this E2BSandboxProvider is closed (close() was called); make a new provider "
+                "to go on (closing one leaves the sandboxes as they are)"
+            )
         if self._pid != os.getpid():
             # Forked (multiprocessing, gunicorn, ...): the parent's watchdog thread and pooled
             # sockets do not exist here. Start afresh; the parent's sockets are left alone.
@@ -175,6 +275,65 @@ class ProviderContext:
         """Call ``hook`` in a forked child before its first call (parts reset their state)."""
         self._fork_hooks.append(hook)
 
+    def closed_error(self) -> Optional[ProviderClosed]:
+        """After :meth:`close`, the error for a call whose connection broke meanwhile (closing
+        ended it); None while the provider is open."""
+        if not self._closed:
+            return None
+        return ProviderClosed(
+            "this E2BSandboxProvider was closed while the call ran, which ended it; its "
+            "outcome is unknown. Make a new provider to go on"
+        )
+
+    # -- pauses --------------------------------------------------------------------------
+
+    def note_pause(self, sid: str) -> None:
+        """Remember that this provider is pausing ``sid`` now (bounded: the oldest marks are
+        dropped first)."""
+        with self._lock:
+            self._paused[sid] = time.monotonic()
+            self._paused.move_to_end(sid)
+            while len(self._paused) > MAX_PAUSE_MARKS:
+                self._paused.popitem(last=False)
+
+    def paused_during(self, sid: str, began: float, cancel: Optional[CancelToken]) -> bool:
+        """Whether ``sid`` was paused after ``began`` (monotonic): by this provider (its own
+        mark), or as the control plane says now (another client, or E2B itself). A failed
+        look-up counts as "not known to be paused"."""
+        with self._lock:
+            mark = self._paused.get(sid)
+        if mark is not None and mark >= began:
+            return True
+        # One look-up, bounded (an error path must not add minutes) and cancellable.
+        guard = CancelToken()
+
+        def stop(reason: CancelReason) -> None:
+            guard.cancel(reason)
+
+        timer = self.watchdog.call_later(
+            PAUSE_LOOKUP_BOUND, lambda: stop(CancelReason("deadline", "look-up bound"))
+        )
+        unlink = cancel.on_cancel(stop) if cancel is not None else None
+        try:
+            state = self.control.get(sid, token=guard).get("state")
+        except (E2BProviderError, Cancelled) as exc:
+            log.debug("e2b_provider: could not look up the state of sandbox %s: %s", sid, exc)
+            return False
+        finally:
+            timer.cancel()
+            if unlink is not None:
+                unlink()
+        return state in ("paused", "pausing")
+
+    def paused_error(self, sid: str, what: str) -> SandboxPaused:
+        """The error for a call on ``sid`` that a pause cut short; ``what`` says what the
+        call was doing and what its outcome may be."""
+        return SandboxPaused(
+            f"sandbox {sid} was paused while {what}; resume() it (any call does), and use "
+            "kill_all() to stop commands that may go on running",
+            sandbox_id=sid,
+        )
+
     # -- sandbox targets ------------------------------------------------------------------
 
     def lease_seconds(self, min_seconds: int = 0) -> int:
@@ -183,9 +342,7 @@ class ProviderContext:
 
     def _connect(self, sid: str, lease: int, cancel: Optional[CancelToken]) -> Target:
         info = self.control.attach(sid, timeout_seconds=lease, token=cancel)
-        target = self.control.target_for(info)
-        register_secret(target.access_token)
-        return target
+        return self.control.target_for(info)
 
     def attach(self, sid: str, cancel: Optional[CancelToken], min_seconds: int = 0) -> Target:
         """Connect to the sandbox now (resuming it if paused), extend and remember its lease."""
@@ -241,24 +398,26 @@ class ProviderContext:
 
         Raises:
             Cancelled: ``cancel`` fired.
-            OperationTimeout: the script ran longer than the bound.
+            OperationTimeout: the script ran longer than the bound, or the sandbox stopped
+                answering.
         """
-        r = run_process(
-            self.envd(target),
-            user=user,
-            cmd="/bin/sh",
-            args=args,
-            cwd="/",
-            max_output_bytes=max_output_bytes,
-            timeout=FILE_OP_TIMEOUT,
-            token=cancel,
-            watchdog=self.watchdog,
-            keepalive_seconds=self.bounds.keepalive,
-        )
+        with silence_is_timeout():
+            r = run_process(
+                self.envd(target),
+                user=user,
+                cmd="/bin/sh",
+                args=args,
+                cwd="/",
+                max_output_bytes=max_output_bytes,
+                timeout=FILE_OP_TIMEOUT,
+                token=cancel,
+                watchdog=self.watchdog,
+                keepalive_seconds=self.bounds.keepalive,
+            )
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
         if r.timed_out:
-            raise OperationTimeout("sandbox file operation timed out")
+            raise OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT:.0f} s")
         return r
 
     def script_on(

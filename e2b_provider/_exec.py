@@ -181,8 +181,9 @@ def run_process(
 
     Raises:
         Cancelled: ``token`` had fired before the process was started.
-        TransportError, ProtocolError, RemoteError, E2BHttpError: the stream failed while
-            the run was neither timed out nor cancelled.
+        TransportError, ProtocolError, RemoteError, E2BHttpError: the stream failed before
+            the process's end event while the run was neither timed out nor cancelled (once
+            the end event arrived, its exit status is the outcome).
         KeyboardInterrupt: re-raised unchanged after the bounded kill.
         Exception: whatever ``on_stdout``/``on_stderr`` raised, after the bounded kill.
     """
@@ -341,10 +342,15 @@ def run_process(
     timed_out = run.esc.timed_out
     cancelled = run.esc.cancelled
     if not (timed_out or cancelled):
-        if stream_error is not None:
-            raise stream_error
         if not saw_end:
+            if stream_error is not None:
+                raise stream_error
             raise ProtocolError("E2B process stream ended without an exit status")
+        if stream_error is not None:
+            # The end event is the result: the process has exited, whatever happened to the
+            # stream after it (a caller told "failed" might run the command again).
+            log.info("e2b_provider: the process stream failed after its exit status: %s",
+                     stream_error)
     try:
         for live in (live_out, live_err):
             if live is not None:

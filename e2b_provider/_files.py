@@ -28,6 +28,15 @@ A file operation that ends early (cancel, timeout, Ctrl-C, a failed request) kil
 process it started — its top process is named :data:`~._scripts.FILEOP_MARKER` ``<id>`` and
 tagged for envd; the rest are found as its descendants — and clears its FIFO, before the
 error reaches the caller.
+
+When the answer is lost (the connection broke or went silent, or the stream could not be
+read), the operation may or may not have taken effect. A write is then done once more
+(its first attempt's processes stopped first): writing the same bytes again gives the same
+file, so the caller gets the write's real outcome instead of an error for a write that
+happened. A sandbox paused under the operation is reported as
+:class:`~e2b_provider.SandboxPaused`; an answer that stopped coming within the bound, as
+:class:`~e2b_provider.OperationTimeout`. A path that only *seems* missing because a
+directory on the way is closed to the user is "permission denied", not None.
 """
 
 from __future__ import annotations
@@ -36,12 +45,20 @@ import collections
 import logging
 import re
 import threading
+import time
 import uuid
 from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import _scripts as scripts
-from ._context import FILE_OP_TIMEOUT, STDERR_ROOM, ProviderContext, script_failed
+from ._context import (
+    FILE_OP_TIMEOUT,
+    STDERR_ROOM,
+    ProviderContext,
+    script_failed,
+    silence_is_timeout,
+)
 from ._exec import RunOutcome, run_process
+from ._messages import is_ambiguous, script_reason
 from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent
 from .cancel import CancelReason, CancelToken, Deadline
 from .envd import EnvdClient, ProcessStream
@@ -67,6 +84,35 @@ _HELPER_GRACE = 60.0
 _HELPER_OUTPUT = 64 * 1024
 #: Sandboxes remembered as lacking a tool the fast paths need.
 _MAX_REMEMBERED = 1024
+#: A write whose answer was lost is done again only with at least this many seconds left.
+_RETRY_MIN_S = 1.0
+#: What users are told when the sandbox user may not touch a path.
+_ACCESS_HINT = (
+    "files are read and written as user 'sandbox' (as root under /skills): use a path it may "
+    "access, such as one under /workspace"
+)
+
+
+def _timed_out() -> OperationTimeout:
+    return OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT:.0f} s")
+
+
+def _failed(what: str, r: RunOutcome) -> CommandFailed:
+    """:func:`script_failed` with the access hint when the user was refused."""
+    reason = script_reason(r.stderr.decode("utf-8", "replace"), r.exit_code)
+    denied = reason.startswith(("permission denied", "operation not permitted"))
+    return script_failed(what, r, _ACCESS_HINT if denied else "")
+
+
+def _no_entry(path: str, r: RunOutcome) -> CommandFailed:
+    """The error for a path behind a directory the sandbox user may not enter."""
+    where = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    closed = where[-1] if where else "a directory on the way"
+    return CommandFailed(
+        f"permission denied: user 'sandbox' may not enter {closed}, so {path} cannot be "
+        f"examined (it may exist); {_ACCESS_HINT}",
+        exit_code=r.exit_code,
+    )
 
 _T = TypeVar("_T")
 
@@ -109,6 +155,17 @@ class Files:
     def read(
         self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
     ) -> Optional[FileContent]:
+        began = time.monotonic()
+        try:
+            return self._read(sid, path, max_bytes, cancel)
+        except E2BProviderError as exc:
+            if is_ambiguous(exc):
+                self._settle(sid, exc, began, cancel, f"reading {path}", retry=False)
+            raise
+
+    def _read(
+        self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
+    ) -> Optional[FileContent]:
         want = max_bytes + 1
         deadline = Deadline.after(FILE_OP_TIMEOUT)
         fast = want > scripts.LARGE_READ_MIN and not self._lacks(sid, "python3")
@@ -127,12 +184,38 @@ class Files:
                 )
         if r.exit_code in (3, 4):
             return None
+        if r.exit_code == scripts.NO_ENTRY_EXIT:
+            raise _no_entry(path, r)
         if r.exit_code != 0:
-            raise script_failed(f"cannot read {path}", r)
+            raise _failed("the read script failed", r)
         return _content(r.stdout, max_bytes)
 
     def write(self, sid: str, path: str, payload: bytes, cancel: Optional[CancelToken]) -> None:
         deadline = Deadline.after(FILE_OP_TIMEOUT)
+        what = f"writing {path} (it may or may not have been written)"
+        for attempt in (1, 2):
+            began = time.monotonic()
+            try:
+                self._write(sid, path, payload, cancel, deadline)
+                return
+            except E2BProviderError as exc:
+                if not is_ambiguous(exc):
+                    raise
+                again = attempt == 1 and deadline.remaining() >= _RETRY_MIN_S
+                self._settle(sid, exc, began, cancel, what, retry=again)
+                # The answer was lost, so the write may or may not have happened; what it
+                # started was stopped. The same bytes written again give the same file.
+                log.info("e2b_provider: the answer to a write of %s in sandbox %s was lost "
+                         "(%s); writing it again", path, sid, exc)
+
+    def _write(
+        self,
+        sid: str,
+        path: str,
+        payload: bytes,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> None:
         skills = scripts.is_skills_path(path)
         if len(payload) <= scripts.INLINE_WRITE_MAX and not self._lacks(sid, "base64"):
             user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
@@ -141,7 +224,7 @@ class Files:
             if r.exit_code == 0:
                 return
             if r.exit_code != scripts.MISSING_TOOL_EXIT:
-                raise script_failed(f"cannot write {path}", r)
+                raise _failed("the write script failed", r)
             self._mark_missing(sid, "base64")
         self._ctx.on_target(
             sid, cancel, lambda t: self._write_stream(t, path, payload, skills, cancel, deadline)
@@ -149,26 +232,56 @@ class Files:
 
     def stat(self, sid: str, path: str, cancel: Optional[CancelToken]) -> Optional[FileStat]:
         deadline = Deadline.after(FILE_OP_TIMEOUT)
-        r = self._script(
-            sid, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel, deadline
-        )
+        began = time.monotonic()
+        try:
+            r = self._script(
+                sid, scripts.SANDBOX_USER, scripts.stat_probe_args(path), STDERR_ROOM, cancel,
+                deadline,
+            )
+        except E2BProviderError as exc:
+            if is_ambiguous(exc):
+                self._settle(sid, exc, began, cancel, f"examining {path}", retry=False)
+            raise
         if r.exit_code == 3:
             return None
+        if r.exit_code == scripts.NO_ENTRY_EXIT:
+            raise _no_entry(path, r)
         m = _STAT_LINE.fullmatch(r.stdout.decode("utf-8", "replace"))
         if r.exit_code != 0 or m is None:
-            raise script_failed(f"cannot stat {path}", r)
+            raise _failed("the stat script failed", r)
         return FileStat(size=int(m.group(1)), is_dir=m.group(2) == "directory")
+
+    def _settle(
+        self,
+        sid: str,
+        exc: E2BProviderError,
+        began: float,
+        cancel: Optional[CancelToken],
+        what: str,
+        *,
+        retry: bool,
+    ) -> None:
+        """Say what an operation whose answer was lost (``exc``) ran into: return when
+        ``retry`` allows doing it again; else raise :class:`SandboxPaused` if a pause cut
+        it, :class:`OperationTimeout` if the answer stopped coming, or ``exc`` itself."""
+        if self._ctx.paused_during(sid, began, cancel):
+            raise self._ctx.paused_error(sid, what) from exc
+        if retry and not (cancel is not None and cancel.cancelled):
+            return
+        with silence_is_timeout():
+            raise exc
 
     def sweep(self, sid: str, cancel: Optional[CancelToken]) -> None:
         """Kill every file operation's processes in the sandbox and remove staged FIFOs."""
         deadline = Deadline.after(FILE_OP_TIMEOUT)
         args = scripts.fileop_cleanup_args("")
-        r = self._ctx.on_target(
-            sid, cancel,
-            lambda t: self._run(t, scripts.ROOT_USER, args, cancel, deadline, marked=False),
-        )
+        with silence_is_timeout():
+            r = self._ctx.on_target(
+                sid, cancel,
+                lambda t: self._run(t, scripts.ROOT_USER, args, cancel, deadline, marked=False),
+            )
         if r.exit_code != 0:
-            raise script_failed("cannot stop leftover file operations", r)
+            raise script_failed("the clean-up script failed", r)
 
     # -- one script, killed with its whole tree when it ends early ------------------------
 
@@ -199,36 +312,43 @@ class Files:
         marked: bool = True,
     ) -> RunOutcome:
         """Run ``/bin/sh args`` as ``user`` until ``deadline``; on a timeout, cancel or
-        Ctrl-C every process it started is killed (the reference only dropped the stream)."""
+        Ctrl-C — or when its answer is lost — every process it started is killed (the
+        reference only dropped the stream)."""
         ctx = self._ctx
         op_id = uuid.uuid4().hex
         left = deadline.remaining()
         if left <= 0:
-            raise OperationTimeout("sandbox file operation timed out")
+            raise _timed_out()
         if marked:  # the script's $0 becomes the operation's marked name
             args = [args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
-        r = run_process(
-            ctx.envd(target),
-            user=user,
-            cmd="/bin/sh",
-            args=args,
-            tag=_tag(op_id) if marked else None,
-            cwd="/",
-            max_output_bytes=max_output_bytes,
-            timeout=left,
-            token=cancel,
-            watchdog=ctx.watchdog,
-            killer=(lambda _pid, bound: self._cleanup(target, op_id, "", bound))
-            if marked else None,
-            kill_seconds=ctx.bounds.kill,
-            grace_seconds=ctx.bounds.grace,
-            interrupt_kill_seconds=ctx.bounds.interrupt_kill,
-            keepalive_seconds=ctx.bounds.keepalive,
-        )
+        try:
+            r = run_process(
+                ctx.envd(target),
+                user=user,
+                cmd="/bin/sh",
+                args=args,
+                tag=_tag(op_id) if marked else None,
+                cwd="/",
+                max_output_bytes=max_output_bytes,
+                timeout=left,
+                token=cancel,
+                watchdog=ctx.watchdog,
+                killer=(lambda _pid, bound: self._cleanup(target, op_id, "", bound))
+                if marked else None,
+                kill_seconds=ctx.bounds.kill,
+                grace_seconds=ctx.bounds.grace,
+                interrupt_kill_seconds=ctx.bounds.interrupt_kill,
+                keepalive_seconds=ctx.bounds.keepalive,
+            )
+        except E2BProviderError as exc:
+            if marked and is_ambiguous(exc):
+                # The answer was lost, not the script: stop whatever it still runs.
+                self._cleanup_now(target, op_id, "", interrupted=False, block=False)
+            raise
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
         if r.timed_out:
-            raise OperationTimeout("sandbox file operation timed out")
+            raise _timed_out()
         return r
 
     def _cleanup(
@@ -328,7 +448,7 @@ class Files:
         def body(helper: _Helper) -> None:
             if helper.first_line() != b"ready":
                 helper.finish()
-                raise script_failed(f"cannot write {path}", helper.outcome())
+                raise _failed("the write script failed", helper.outcome())
             try:
                 helper.envd.upload_raw(
                     fifo, payload, user=scripts.ROOT_USER, token=helper.guard,
@@ -343,12 +463,13 @@ class Files:
                 helper.finish()
                 out = helper.outcome()
                 if out.stderr.strip():
-                    raise script_failed(f"cannot write {path}", out) from None
-                raise CommandFailed(f"cannot write {path}: {exc.message}", exit_code=None,
-                                    stderr="") from None
+                    raise _failed("the write script failed", out) from None
+                raise CommandFailed(
+                    f"the upload was refused: HTTP {exc.status}: {exc.message}", exit_code=None
+                ) from None
             helper.finish()
             if helper.exit_code != 0:
-                raise script_failed(f"cannot write {path}", helper.outcome())
+                raise _failed("the write script failed", helper.outcome())
 
         self._helped(target, op_id, argv, fifo, cancel, deadline, body)
 
@@ -395,7 +516,7 @@ class Files:
                     raise _Slow()
                 if code == 11 or code == 0:
                     raise _Slow()  # no longer a large regular file, or not our pid
-                raise script_failed(f"cannot read {path}", helper.outcome())
+                raise _failed("the read helper failed", helper.outcome())
             try:
                 data = helper.envd.download_head(
                     f"/proc/{m.group(1)}/fd/{m.group(2)}", user=scripts.ROOT_USER,
@@ -472,7 +593,7 @@ class _Helper:
             self._undo.append(self._cancel.on_cancel(self._stop))
         left = self._deadline.remaining()
         if left <= 0:
-            raise OperationTimeout("sandbox file operation timed out")
+            raise _timed_out()
         timer = self._ctx.watchdog.call_later(left, self._expire)
 
         def cancel_timer() -> None:
@@ -522,7 +643,7 @@ class _Helper:
         if self._cancel is not None and self._cancel.cancelled:
             raise Cancelled(self._cancel.reason)
         if self._timed_out:
-            raise OperationTimeout("sandbox file operation timed out")
+            raise _timed_out()
 
     def _next(self) -> bool:
         """Take in one more event; False after the end."""
@@ -532,7 +653,9 @@ class _Helper:
             assert self._events is not None
             ev = next(self._events)
         except StopIteration:
-            raise ProtocolError("E2B process stream ended without an exit status") from None
+            raise ProtocolError(
+                "the sandbox's answer ended without the helper's exit status"
+            ) from None
         except E2BProviderError:
             self.raise_stopped()
             raise

@@ -33,7 +33,7 @@ from typing import Callable, Dict, Optional
 import attrs
 
 from .cancel import CancelToken
-from .errors import Cancelled, E2BProviderError, SandboxGoneError
+from .errors import Cancelled, E2BProviderError, MissingAccessToken, SandboxGoneError
 from .models import Target
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Lease", "LeaseCache"]
@@ -207,8 +207,8 @@ class LeaseCache:
             target = self._connect(sandbox_id, lease_seconds, cancel)
             lease = Lease(target, sent_at + lease_seconds, lease_seconds)
         except BaseException as exc:
-            if isinstance(exc, SandboxGoneError):
-                self.forget(sandbox_id)
+            if isinstance(exc, (SandboxGoneError, MissingAccessToken)):
+                self.forget(sandbox_id)  # what was remembered is no use any more
             with self._lock:
                 self._flights.pop(sandbox_id, None)
             # Followers get the leader's error; a Ctrl-C of the leader's thread is its own

@@ -5,10 +5,18 @@ about whole sandboxes: create-by-name (older sandboxes of the name destroyed fir
 suspend, destroy, destroy-by-name, and the driver of the sans-IO reboot plan
 (:mod:`._reboot`) that the exec engine calls when a command could not be stopped cleanly.
 Arguments arrive validated (the provider facade checks them before any I/O).
+
+Create-by-name is serialized per name within one provider (concurrent ``create("job")``
+calls run one after the other, and each destroys the one before: one sandbox of the name
+is left). Across processes or providers nothing serializes them: two creates of one name
+that overlap may both leave a sandbox (the later ``create`` or ``destroy_by_name`` of the
+name removes the extra one). Per-sandbox bookkeeping is bounded: reboot locks exist only
+while used, and the reboot times of at most :data:`MAX_REBOOT_MARKS` sandboxes are kept.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import logging
 import math
@@ -19,7 +27,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Literal, Optional
 
 from . import _scripts as scripts
-from ._context import MAX_TIMEOUT_SECONDS, ProviderContext
+from ._context import MAX_TIMEOUT_SECONDS, KeyedLocks, ProviderContext
 from ._reboot import (
     Answer,
     Connect,
@@ -38,6 +46,7 @@ from .errors import (
     Conflict,
     E2BHttpError,
     E2BProviderError,
+    MissingAccessToken,
     NotFound,
     OperationTimeout,
     SandboxGoneError,
@@ -49,6 +58,10 @@ __all__ = ["Lifecycle", "ResumeOutcome", "parse_time"]
 log = logging.getLogger("e2b_provider")
 
 ResumeOutcome = Literal["resumed", "gone"]
+
+#: Sandboxes whose last reboot time is remembered (least recently rebooted dropped first;
+#: forgetting one costs at most an extra reboot of a sandbox that needs one).
+MAX_REBOOT_MARKS = 4096
 
 
 _TIME_RE = re.compile(
@@ -86,16 +99,31 @@ class Lifecycle:
         self._ctx = ctx
         self._lock = threading.Lock()
         # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
-        self._reboot_locks: Dict[str, threading.Lock] = {}
-        self._rebooted_at: Dict[str, float] = {}
+        self._reboot_locks = KeyedLocks()
+        self._rebooted_at: collections.OrderedDict[str, float] = collections.OrderedDict()
+        # One create per name at a time.
+        self._create_locks = KeyedLocks()
 
     def after_fork(self) -> None:
-        """Forget the parent's reboot bookkeeping (its locks may be held by dead threads)."""
+        """Forget the parent's bookkeeping (its locks may be held by dead threads)."""
         self._lock = threading.Lock()
-        self._reboot_locks = {}
-        self._rebooted_at = {}
+        self._reboot_locks = KeyedLocks()
+        self._rebooted_at = collections.OrderedDict()
+        self._create_locks = KeyedLocks()
+
+    def bookkeeping(self) -> int:
+        """How many sandboxes and names this part keeps state for now (for leak checks)."""
+        with self._lock:
+            marks = len(self._rebooted_at)
+        return marks + len(self._reboot_locks) + len(self._create_locks)
 
     def create(
+        self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
+    ) -> SandboxHandle:
+        with self._create_locks.hold(name, cancel=cancel):
+            return self._create(name, limits, cancel)
+
+    def _create(
         self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
     ) -> SandboxHandle:
         ctx = self._ctx
@@ -123,15 +151,22 @@ class Lifecycle:
         info = ctx.control.create(body, token=cancel, idempotency_key=str(uuid.uuid4()))
         try:
             target = ctx.control.target_for(info)
-        except SandboxGoneError:
+        except MissingAccessToken as exc:
             # Fail closed: never keep (or leak) a sandbox we will not talk to.
+            sid = info.sandbox_id
             try:
-                ctx.control.delete(info.sandbox_id, token=None)
-            except E2BProviderError as exc:
-                log.warning(
-                    "e2b_provider: could not delete tokenless sandbox %s: %s", info.sandbox_id, exc
-                )
-            raise
+                ctx.control.delete(sid, token=None)
+                fate = "it was deleted again"
+            except E2BProviderError as err:
+                log.warning("e2b_provider: could not delete tokenless sandbox %s: %s", sid, err)
+                fate = f"deleting it failed too ({err}); destroy it by name"
+            raise SandboxGoneError(
+                f"E2B created sandbox {sid} without an envd access token and {fate} (a "
+                "sandbox is never used unauthenticated); if this persists, check that the "
+                "deployment issues access tokens (secure sandboxes)",
+                status=exc.status,
+                code=None,
+            ) from None
         ctx.leases.remember(info.sandbox_id, target, ctx.config.timeout_seconds, sent_at)
         return SandboxHandle(info.sandbox_id, name)
 
@@ -144,6 +179,7 @@ class Lifecycle:
 
     def suspend(self, sid: str, cancel: Optional[CancelToken]) -> None:
         ctx = self._ctx
+        ctx.note_pause(sid)  # a command this pause cuts is then reported as such
         ctx.leases.forget(sid)
         try:
             ctx.control.pause(sid, token=cancel)
@@ -159,6 +195,8 @@ class Lifecycle:
             ctx.control.delete(sid, token=cancel)
         finally:
             ctx.leases.forget(sid)
+        with self._lock:
+            self._rebooted_at.pop(sid, None)
 
     def destroy_by_name(self, name: str, cancel: Optional[CancelToken]) -> int:
         ids = [s.id for s in self.list(name, cancel)]
@@ -190,20 +228,24 @@ class Lifecycle:
         it. So many commands on one stuck sandbox that time out together share one reboot
         instead of pausing and cold-booting the same sandbox over each other.
         """
-        with self._lock:
-            lock = self._reboot_locks.setdefault(sid, threading.Lock())
-        if not lock.acquire(timeout=self._ctx.bounds.reboot):
-            log.warning("e2b_provider: another reboot of sandbox %s did not finish in time", sid)
-            return
-        try:
-            if self._rebooted_at.get(sid, -math.inf) >= began:
+        with self._reboot_locks.hold(sid, timeout=self._ctx.bounds.reboot) as got:
+            if not got:
+                log.warning(
+                    "e2b_provider: another reboot of sandbox %s did not finish in time", sid
+                )
+                return
+            with self._lock:
+                last = self._rebooted_at.get(sid, -math.inf)
+            if last >= began:
                 log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
                 return
             started = time.monotonic()
             self._reboot(sid, target)
-            self._rebooted_at[sid] = started
-        finally:
-            lock.release()
+            with self._lock:
+                self._rebooted_at[sid] = started
+                self._rebooted_at.move_to_end(sid)
+                while len(self._rebooted_at) > MAX_REBOOT_MARKS:
+                    self._rebooted_at.popitem(last=False)
 
     def _reboot(self, sid: str, target: Target) -> None:
         """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""

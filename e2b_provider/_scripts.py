@@ -39,11 +39,14 @@ __all__ = [
     "LARGE_READ_MIN",
     "METADATA_NAME",
     "MISSING_TOOL_EXIT",
+    "NOT_THERE",
+    "NO_ENTRY_EXIT",
     "READ_PROBE_SCRIPT",
     "READ_SCRIPT",
     "ROOT_USER",
     "SANDBOX_USER",
     "SKILLS_WRITE_SCRIPT",
+    "STAT_PROBE_SCRIPT",
     "STAT_SCRIPT",
     "STREAM_WRITE_SCRIPT",
     "TAG_PATTERN",
@@ -64,6 +67,7 @@ __all__ = [
     "read_probe_args",
     "staging_path",
     "stat_args",
+    "stat_probe_args",
     "stream_write_args",
     "write_args",
 ]
@@ -307,14 +311,34 @@ INLINE_SKILLS_WRITE_SCRIPT = (
     'chmod 0644 "$1"'
 )
 
+#: Exit status of the read and stat probes when a directory on the way to the path is
+#: closed to the user: it names that directory on standard error.
+NO_ENTRY_EXIT = 5
+#: Shell function ``gone PATH`` for a path that does not seem to exist: exit 3 when it is
+#: missing, or :data:`NO_ENTRY_EXIT` when the nearest ancestor that exists is a directory
+#: the user may not enter (so the path may well exist: "permission denied", not "missing").
+NOT_THERE = (
+    'gone() { p=$1; while [ ! -e "$p" ] && [ ! -L "$p" ]; do p=$(dirname -- "$p"); done; '
+    f'if [ -d "$p" ] && [ ! -x "$p" ]; then echo "$p" >&2; exit {NO_ENTRY_EXIT}; fi; '
+    "exit 3; }; "
+)
+
 #: As the sandbox user: :data:`READ_SCRIPT`, except that a regular file larger than ``$3``
-#: bytes (when ``$2`` is larger too) exits :data:`LARGE_READ_EXIT` instead of printing, and
-#: ``head`` runs as a child (not ``exec``), so the marked shell stays its parent.
+#: bytes (when ``$2`` is larger too) exits :data:`LARGE_READ_EXIT` instead of printing, a
+#: path behind a directory the user may not enter exits :data:`NO_ENTRY_EXIT` (see
+#: :data:`NOT_THERE`), and ``head`` runs as a child (not ``exec``), so the marked shell stays
+#: its parent.
 READ_PROBE_SCRIPT = (
-    'if [ ! -e "$1" ]; then exit 3; fi; if [ -d "$1" ]; then exit 4; fi; '
+    NOT_THERE + 'if [ ! -e "$1" ]; then gone "$1"; fi; if [ -d "$1" ]; then exit 4; fi; '
     'if [ -f "$1" ] && [ "$2" -gt "$3" ]; then s=$(stat -L -c %s -- "$1" 2>/dev/null) && '
     f'[ "$s" -gt "$3" ] && exit {LARGE_READ_EXIT}; fi; '
     'head -c "$2" -- "$1"'
+)
+
+#: As the sandbox user: :data:`STAT_SCRIPT`, except that a path behind a directory the user
+#: may not enter exits :data:`NO_ENTRY_EXIT` (see :data:`NOT_THERE`) instead of 3.
+STAT_PROBE_SCRIPT = NOT_THERE + STAT_SCRIPT.replace(
+    'if [ ! -e "$1" ]; then exit 3; fi; ', 'if [ ! -e "$1" ]; then gone "$1"; fi; ', 1
 )
 
 #: The fast read's holder (Python, run as root). A forked child drops to user ``argv[3]``
@@ -444,6 +468,11 @@ def read_probe_args(path: str, want: int, large: int) -> List[str]:
     if isinstance(want, bool) or not isinstance(want, int) or want < 0:
         raise InvalidArgument("want must be a non-negative integer")
     return ["-c", READ_PROBE_SCRIPT, "capybara-read", path, str(want), str(large)]
+
+
+def stat_probe_args(path: str) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as ``sandbox``) that run :data:`STAT_PROBE_SCRIPT`."""
+    return ["-c", STAT_PROBE_SCRIPT, "capybara-stat", path]
 
 
 def hold_args(

@@ -49,6 +49,7 @@ __all__ = [
     "check_path",
     "check_sandbox_id",
     "check_tag",
+    "check_text",
     "check_timeout",
     "path_problems",
     "show",
@@ -78,6 +79,8 @@ MAX_LABEL_CHARS = 63
 MAX_ALLOW_HOSTS = 256
 MAX_TIMEOUT_SECONDS = 86400
 MAX_BYTES_LIMIT = 1024 * 1024 * 1024
+#: The longest single argument string Linux accepts (``MAX_ARG_STRLEN`` less its NUL).
+MAX_ARG_BYTES = 128 * 1024 - 1
 
 _SHOW_CHARS = 80
 # Control characters, invisible format characters (U+200B, U+202E, BOM, ...), and the
@@ -115,6 +118,34 @@ def _check_re(value: object, pattern: Pattern[str], what: str, grammar: str) -> 
     text = _check_str(value, what)
     if pattern.fullmatch(text) is None:
         raise InvalidArgument(f"invalid {what} {show(text)}: {grammar}")
+    return text
+
+
+def check_text(value: object, what: str, *, max_bytes: int = MAX_ARG_BYTES) -> str:
+    """Check free text that goes into a request as one string (a shell command).
+
+    It must be a string without NUL, encodable as UTF-8 (no lone surrogates such as
+    ``os.fsdecode(b"\\xff")`` gives) and at most ``max_bytes`` bytes in UTF-8.
+
+    Returns:
+        The text, unchanged.
+
+    Raises:
+        InvalidArgument: naming ``what`` and the problem (the text itself is not quoted).
+    """
+    text = _check_str(value, what)
+    if "\x00" in text:
+        raise InvalidArgument(f"invalid {what}: contains a NUL character")
+    size = _utf8_len(text)
+    if size is None:
+        bad = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+        raise InvalidArgument(
+            f"invalid {what}: not encodable as UTF-8 (a lone surrogate {text[bad]!r} at "
+            f"index {bad}, as os.fsdecode() gives for bytes that are not UTF-8); pass text, "
+            "or decode the bytes with errors='replace'"
+        )
+    if size > max_bytes:
+        raise InvalidArgument(f"invalid {what}: {size} bytes in UTF-8, at most {max_bytes}")
     return text
 
 

@@ -7,8 +7,9 @@ variables, and the JSON-schema-like description the platform's extension registr
 (:func:`config_schema`).
 
 The API key is a secret: it is kept out of ``repr``/``str``, registered with
-:func:`~e2b_provider.errors.register_secret` so every library error scrubs it, and never
-quoted in a validation message, even when the key itself is what is invalid. Pure code: no
+:func:`~e2b_provider.errors.register_secret` (for the life of the process, as soon as it is
+seen, before any other field is checked) so every library error scrubs it, and never quoted
+in a validation message, even when the key itself is what is invalid. Pure code: no
 I/O, and no requests, urllib3 or socket imports.
 """
 
@@ -76,6 +77,8 @@ def _template_problem(value: Any) -> Optional[str]:
         return f"must be at most {MAX_TEMPLATE_CHARS} characters"
     if _bad_char(value):
         return f"must not contain whitespace or control characters: {show(value)}"
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        return f"must be valid Unicode text (no lone surrogates): {show(value)}"
     return None
 
 
@@ -150,6 +153,15 @@ def _validator(checker: Checker) -> Callable[[Any, attrs.Attribute[Any], Any], N
     return validate
 
 
+def _validate_api_key(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # The first validator attrs runs: the key is known (and scrubbed from every message)
+    # before any other field's validator can quote a value that happens to contain it. API
+    # keys are few (one per deployment, not one per sandbox): they stay known for good.
+    if isinstance(value, str):
+        errors.register_secret(value)
+    _validator(_api_key_problem)(inst, attribute, value)
+
+
 def _meta(camel: str, zh: str, en: str, description: str, **extra: Any) -> Dict[str, Any]:
     return {"camel": camel, "label": {"zh": zh, "en": en}, "description": description, **extra}
 
@@ -182,7 +194,7 @@ class DeploymentConfig:
 
     api_key: str = attrs.field(
         repr=False,
-        validator=_validator(_api_key_problem),
+        validator=_validate_api_key,
         metadata=_meta("apiKey", "API 密钥", "API key", "The E2B API key (e2b_...).", secret=True),
     )
     template: str = attrs.field(
@@ -268,7 +280,7 @@ class DeploymentConfig:
     )
 
     def __attrs_post_init__(self) -> None:
-        errors.register_secret(self.api_key)
+        errors.register_secret(self.api_key, owner=self)
 
     @property
     def effective_api_url(self) -> str:
@@ -363,7 +375,7 @@ class DeploymentConfig:
         """Check every field of ``items`` (name -> (label, value)), then construct."""
         api_key = items.get("api_key", ("", None))[1]
         if isinstance(api_key, str):
-            errors.register_secret(api_key)
+            errors.register_secret(api_key)  # for good: also if the config is refused
         for name in ("api_key", "template"):
             if name not in items:
                 problems.append(f"{_CAMEL[name]}: required{hints.get(name, '')}")

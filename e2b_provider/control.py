@@ -38,6 +38,7 @@ from .errors import (
     Conflict,
     E2BHttpError,
     InvalidArgument,
+    MissingAccessToken,
     ProtocolError,
     SandboxGoneError,
     register_secret,
@@ -122,6 +123,9 @@ class SandboxInfo:
     envd_access_token: Optional[str] = attrs.field(default=None, repr=False)
     raw_status: int = 200
     resumed: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        register_secret(self.envd_access_token, owner=self)
 
 
 @attrs.frozen
@@ -226,7 +230,7 @@ class ControlPlane:
     ) -> None:
         if not isinstance(api_key, str) or not api_key.strip():
             raise ConfigError("api_key must be a non-empty string")
-        register_secret(api_key)
+        register_secret(api_key, owner=self)
         self._transport = transport
         self._api_url = _check_http_url(api_url, "api_url")
         self._api_key = api_key
@@ -339,8 +343,6 @@ class ControlPlane:
         token = data.get("envdAccessToken")
         if not isinstance(token, str) or token == "":
             token = None
-        else:
-            register_secret(token)
         return SandboxInfo(
             sandbox_id=sid,
             domain=domain,
@@ -674,10 +676,11 @@ class ControlPlane:
         data = resp.json(op)
         if not isinstance(data, dict):
             raise ProtocolError(f"E2B {op} answered with no sandbox object")
-        tok = data.get("envdAccessToken")
+        answer = _Answer(data)
+        tok = answer.get("envdAccessToken")
         if isinstance(tok, str):
-            register_secret(tok)
-        return data
+            register_secret(tok, owner=answer)  # a secret as long as the answer is kept
+        return answer
 
     def set_timeout(
         self, sandbox_id: str, seconds: int, *, token: Optional[CancelToken] = None
@@ -705,8 +708,8 @@ class ControlPlane:
 
         Raises:
             ProtocolError: an invalid sandbox id or domain.
-            SandboxGoneError: the answer carried no envd access token: the sandbox is not
-                used unauthenticated (create a new one); ``status`` is the answer's status.
+            MissingAccessToken: the answer carried no envd access token: the sandbox is not
+                used unauthenticated; ``status`` is the answer's status.
         """
         sid = info.sandbox_id
         if not isinstance(sid, str) or _validate.SANDBOX_ID_RE.fullmatch(sid) is None:
@@ -716,15 +719,20 @@ class ControlPlane:
             raise ProtocolError(f"E2B returned an invalid sandbox domain: {_show(domain)}")
         tok = info.envd_access_token
         if not isinstance(tok, str) or tok == "":
-            raise SandboxGoneError(
-                f"E2B returned no envd access token for sandbox {sid}; refusing to use an "
-                "unauthenticated sandbox (it will be recreated)",
+            raise MissingAccessToken(
+                f"E2B answered for sandbox {sid} without an envd access token, so it is not "
+                "used (never unauthenticated); if this persists, check that the deployment "
+                "issues access tokens (secure sandboxes), or create a new sandbox",
+                sandbox_id=sid,
                 status=info.raw_status,
-                code=None,
             )
         url = self._sandbox_url or f"https://{ENVD_PORT}-{sid}.{domain}"
         return Target(url=url, sandbox_id=sid, access_token=tok, domain=domain,
                       resumed=info.resumed)
+
+
+class _Answer(Dict[str, Any]):
+    """A JSON object answer that can own a secret (a plain dict cannot be weakly referenced)."""
 
 
 def _valid_host(host: object) -> Optional[str]:

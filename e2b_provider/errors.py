@@ -11,23 +11,32 @@ Catch :class:`E2BProviderError` to catch everything the library raises. The tree
     │   │                                       .message (cut to 300 characters) .operation
     │   ├── AuthenticationError(E2BHttpError)   401 / 403
     │   ├── NotFound(E2BHttpError)              404
-    │   │   └── SandboxGoneError(NotFound)      the sandbox no longer exists, or came back
-    │   │                                       without an envd access token: create a new one
+    │   │   └── SandboxGoneError(NotFound)      the sandbox no longer exists (or ``create``
+    │   │                                       deleted it again: it came without an envd
+    │   │                                       access token): create a new one
     │   └── Conflict(E2BHttpError)              409 (after connect's bounded retries)
     ├── TransportError(E2BProviderError)        DNS, refused, TLS, connection dropped mid-stream
-    │   └── TransportTimeout(TransportError, TimeoutError)
-    │                                           no connection, or no byte, within the bound
+    │   ├── TransportTimeout(TransportError, TimeoutError)
+    │   │                                       no connection, or no byte, within the bound
+    │   └── SandboxPaused(TransportError)       the sandbox was paused while the call ran: its
+    │                                           outcome is unknown (see the class)
     ├── ProtocolError(E2BProviderError)         an unparseable answer: bad envelope or JSON,
-    │                                           compressed or oversized frame, no end-of-stream
+    │   │                                       compressed or oversized frame, no end-of-stream
+    │   └── MissingAccessToken(ProtocolError)   a connect answered without an envd access token:
+    │                                           the sandbox is not used unauthenticated
     ├── RemoteError(E2BProviderError)           a Connect end-of-stream error: .code .message
     ├── CommandFailed(E2BProviderError)         an internal sandbox script (read, write, stat,
     │                                           kill) exited non-zero: .exit_code .stderr
     ├── OperationTimeout(E2BProviderError, TimeoutError)
     │                                           an internal bounded operation ran out of time
+    ├── ProviderClosed(E2BProviderError)        a call on a provider after its close()
     └── Cancelled(E2BProviderError)             the caller's CancelToken fired: .reason
 
 ``SandboxGoneError`` carries ``status=404``; one raised because no access token came back
 carries the status of the answer that lacked it.
+
+Every error a provider method raises names what failed in the caller's terms (the operation,
+the sandbox, the path) and, where there is one, what to do about it.
 
 ``KeyboardInterrupt`` and ``SystemExit`` are never wrapped. An exec that times out or is
 cancelled by its token is not an error: it is an ``ExecResult`` with ``timed_out`` or
@@ -36,13 +45,23 @@ cancelled by its token is not an error: it is an ``ExecResult`` with ``timed_out
 No message built here ever contains the API key or an envd access token: messages are made
 from status codes and server bodies only, and :func:`redact` scrubs known secrets from any
 text that crosses this module.
+
+Known secrets are bounded: a secret registered with an ``owner`` (the config, client or target
+object that holds it) is known exactly as long as some such owner is alive — a secret still
+held can still be sent, so it can still come back in a message, and it is never forgotten
+before the last object holding it is gone (envd access tokens: one per sandbox connect). A
+secret registered without an owner is kept for the life of the process (API keys: a few per
+process, known from the moment a config sees one, even one it refuses).
 """
 
 from __future__ import annotations
 
+import collections
+import os
 import re
 import threading
-from typing import Any, Iterable, Optional, Union
+import weakref
+from typing import Any, Deque, Dict, Iterable, Optional, Set, Tuple, Union
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -54,13 +73,17 @@ __all__ = [
     "E2BHttpError",
     "E2BProviderError",
     "InvalidArgument",
+    "MissingAccessToken",
     "NotFound",
     "OperationTimeout",
     "ProtocolError",
+    "ProviderClosed",
     "RemoteError",
     "SandboxGoneError",
+    "SandboxPaused",
     "TransportError",
     "TransportTimeout",
+    "known_secrets",
     "redact",
     "register_secret",
 ]
@@ -69,24 +92,84 @@ __all__ = [
 MAX_MESSAGE_CHARS = 300
 
 _secrets_lock = threading.Lock()
-_secrets: set[str] = set()
+#: Secrets held by live owners: value -> number of owners alive.
+_owned: Dict[str, int] = {}
+#: Secrets registered without an owner: kept for the life of the process.
+_pinned: Set[str] = set()
+#: Secrets whose owner was collected, waiting to be counted down. The finalizer only appends
+#: here (it may run inside a garbage collection triggered while ``_secrets_lock`` is held).
+_released: Deque[str] = collections.deque()
+#: Every known secret, longest first (rebuilt on change).
+_known: Tuple[str, ...] = ()
 _MIN_SECRET_LEN = 6
 
 
-def register_secret(value: Optional[str]) -> None:
+def _refresh(changed: bool = False) -> None:
+    """Count down released owners and, if the set changed, rebuild :data:`_known` (caller
+    holds the lock)."""
+    global _known
+    while _released:
+        value = _released.popleft()
+        left = _owned.get(value, 0) - 1
+        if left > 0:
+            _owned[value] = left
+        else:
+            _owned.pop(value, None)
+            changed = True
+    if changed:
+        _known = tuple(sorted(_owned.keys() | _pinned, key=len, reverse=True))
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock at fork time: the child starts with a free one.
+    global _secrets_lock
+    _secrets_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def register_secret(value: Optional[str], owner: Optional[object] = None) -> None:
     """Remember a secret (API key, access token) so :func:`redact` can scrub it.
 
-    Values shorter than six characters are ignored: scrubbing them would mangle ordinary text.
+    Args:
+        value: the secret. Values shorter than six characters are ignored: scrubbing them
+            would mangle ordinary text.
+        owner: an object holding the secret (weak-referenceable). The secret is known while
+            any of its owners is alive and forgotten after the last one is collected. Without
+            an owner it is kept for the life of the process, unless an owner already holds it.
     """
-    if value and len(value) >= _MIN_SECRET_LEN:
-        with _secrets_lock:
-            _secrets.add(value)
+    if not isinstance(value, str) or len(value) < _MIN_SECRET_LEN:
+        return
+    with _secrets_lock:
+        _refresh()
+        if owner is None:
+            if value in _owned or value in _pinned:
+                return
+            _pinned.add(value)
+        else:
+            weakref.finalize(owner, _released.append, value)
+            if value in _owned:
+                _owned[value] += 1
+                return
+            _owned[value] = 1
+        _refresh(changed=True)
+
+
+def known_secrets() -> int:
+    """How many secrets are known now (for tests and leak checks)."""
+    with _secrets_lock:
+        _refresh()
+        return len(_known)
 
 
 def redact(text: str) -> str:
     """Return ``text`` with every registered secret replaced by ``***``."""
     with _secrets_lock:
-        known = sorted(_secrets, key=len, reverse=True)
+        if _released:
+            _refresh()
+        known = _known
     for s in known:
         if s in text:
             text = text.replace(s, "***")
@@ -206,8 +289,42 @@ class TransportTimeout(TransportError, TimeoutError):
     """No connection, or no byte of the answer, within the bound."""
 
 
+class SandboxPaused(TransportError):
+    """The sandbox was paused (by :meth:`~e2b_provider.E2BSandboxProvider.suspend`, another
+    client, or E2B) while the call ran, which cut its connection.
+
+    The call's outcome is unknown: a command may have finished, or may have been frozen with
+    the sandbox and carry on when it is resumed (:meth:`kill_all` stops it); a file may or
+    may not have been written. Do not blindly retry a command that must not run twice.
+
+    Attributes:
+        sandbox_id: the sandbox.
+    """
+
+    def __init__(self, message: str, *, sandbox_id: str = "") -> None:
+        self.sandbox_id = sandbox_id
+        super().__init__(message)
+
+
 class ProtocolError(E2BProviderError):
     """The peer sent something we cannot parse, or refuse to parse (size, compression)."""
+
+
+class MissingAccessToken(ProtocolError):
+    """E2B answered a connect (or resume) without the sandbox's envd access token.
+
+    The library never talks to a sandbox's envd without its token (that would be an
+    unauthenticated sandbox), so the call fails closed. The sandbox itself may be running.
+
+    Attributes:
+        sandbox_id: the sandbox.
+        status: the HTTP status of the answer that lacked the token.
+    """
+
+    def __init__(self, message: str, *, sandbox_id: str = "", status: int = 200) -> None:
+        self.sandbox_id = sandbox_id
+        self.status = int(status)
+        super().__init__(message)
 
 
 class RemoteError(E2BProviderError):
@@ -242,6 +359,11 @@ class CommandFailed(E2BProviderError):
 
 class OperationTimeout(E2BProviderError, TimeoutError):
     """An internal bounded operation (a file operation, a reboot) ran out of time."""
+
+
+class ProviderClosed(E2BProviderError):
+    """The provider was closed (:meth:`~e2b_provider.E2BSandboxProvider.close`): make a new
+    one. Sandboxes are not affected by closing a provider."""
 
 
 _WS = re.compile(r"\s+")

@@ -14,6 +14,8 @@ from typing import Iterable, Literal, Optional, Tuple, Union
 
 import attrs
 
+from .errors import register_secret
+
 __all__ = [
     "Egress",
     "ExecResult",
@@ -162,10 +164,17 @@ class FileStat:
 
 @attrs.frozen
 class Target:
-    """How to reach one sandbox's envd: base URL, id and access token (hidden from repr)."""
+    """How to reach one sandbox's envd: base URL, id and access token (hidden from repr).
+
+    The token is a known secret (scrubbed from every library error) for as long as a target
+    holding it exists.
+    """
 
     url: str
     sandbox_id: str
     access_token: str = attrs.field(repr=False)
     domain: str = ""
     resumed: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        register_secret(self.access_token, owner=self)

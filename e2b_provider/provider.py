@@ -8,23 +8,32 @@ cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and fi
 before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
 its API client: :mod:`._lifecycle` (whole sandboxes), :mod:`._commands` (exec and its kill
 job), :mod:`._files` (files), all sharing one :mod:`._context` (clients, watchdog, bounds).
-It speaks no HTTP itself.
+It speaks no HTTP itself. Every error a call raises is said in the caller's terms — what was
+being done, to which sandbox and path, and what to do (:mod:`._messages`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Callable, Iterable, List, Mapping, Optional, Union
+import time
+from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Union
 
 from . import _validate as v
 from ._commands import Commands
 from ._context import Bounds, ProviderContext
 from ._files import Files
 from ._lifecycle import Lifecycle, ResumeOutcome
+from ._messages import is_ambiguous, reword
 from ._watchdog import Watchdog
 from .cancel import CancelToken
 from .config import DeploymentConfig
-from .errors import InvalidArgument, register_secret
+from .errors import (
+    E2BProviderError,
+    InvalidArgument,
+    TransportError,
+    register_secret,
+)
 from .models import (
     ExecResult,
     FileContent,
@@ -124,7 +133,7 @@ class E2BSandboxProvider:
             reboot=float(reboot_bound),
             keepalive=keepalive_seconds,
         )
-        register_secret(config.api_key)
+        register_secret(config.api_key, owner=self)
         self._ctx = ctx = ProviderContext(
             config,
             pool_connections=pool_connections,
@@ -161,6 +170,23 @@ class E2BSandboxProvider:
     def _check_open(self) -> None:
         self._ctx.check_open()
 
+    @contextlib.contextmanager
+    def _doing(self, doing: str, lost: str = "") -> Iterator[None]:
+        """Say every error of the block in the caller's terms (see :mod:`._messages`;
+        ``lost`` is said when the answer was lost); a connection error caused by
+        :meth:`close` running meanwhile is ProviderClosed."""
+        try:
+            yield
+        except TransportError as exc:
+            closed = self._ctx.closed_error()
+            if closed is not None:
+                raise closed from exc
+            reword(exc, doing, lost)
+            raise
+        except E2BProviderError as exc:
+            reword(exc, doing, lost)
+            raise
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def create(
@@ -177,6 +203,13 @@ class E2BSandboxProvider:
             limits: resources and egress (default ``SandboxLimits()``: egress ``"none"``).
             cancel: cancels the call.
 
+        Creates of one name are serialized within this provider: concurrent
+        ``create("job")`` calls run one after the other (each destroys the sandbox the one
+        before made), so one sandbox of the name is left. Nothing serializes creates of one
+        name made by different providers or processes at the same time: both may leave a
+        sandbox; the next ``create`` or :meth:`destroy_by_name` of that name removes the
+        extra one.
+
         Returns:
             The new sandbox's handle.
 
@@ -185,6 +218,7 @@ class E2BSandboxProvider:
                 ``allow_open_egress`` (raised before any I/O).
             SandboxGoneError: E2B returned no envd access token (the sandbox is deleted again).
             E2BHttpError, TransportError: the API failed.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
@@ -200,7 +234,8 @@ class E2BSandboxProvider:
                 "Set DeploymentConfig(allow_open_egress=True) (allowOpenEgress in a config "
                 'mapping; trusted environments only), or use egress "allowlist" or "none".'
             )
-        return self._lifecycle.create(name, limits, cancel)
+        with self._doing(f"creating sandbox {name!r}"):
+            return self._lifecycle.create(name, limits, cancel)
 
     def resume(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> ResumeOutcome:
         """Make sure the sandbox runs (resuming it if paused) and extend its lease.
@@ -209,40 +244,52 @@ class E2BSandboxProvider:
             ``"resumed"``, or ``"gone"`` when the sandbox no longer exists (create a new one).
 
         Raises:
+            MissingAccessToken: E2B answered without the sandbox's envd access token (the
+                sandbox may be running, but is never used unauthenticated).
             E2BHttpError, TransportError: the API failed (including a 409 that did not clear).
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._lifecycle.resume(sid, cancel)
+        with self._doing(f"resuming sandbox {sid}"):
+            return self._lifecycle.resume(sid, cancel)
 
     def suspend(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
         """Pause the sandbox (memory kept). Already paused or gone is fine.
 
+        Calls running on the sandbox meanwhile are cut off: they raise
+        :class:`~e2b_provider.SandboxPaused` (their outcome is unknown; a command is frozen
+        with the sandbox and goes on when it is resumed).
+
         Raises:
             E2BHttpError, TransportError: the API failed (a 503 "busy" is retried first).
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        self._lifecycle.suspend(sid, cancel)
+        with self._doing(f"suspending sandbox {sid}"):
+            self._lifecycle.suspend(sid, cancel)
 
     def destroy(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
         """Delete the sandbox and everything in it. Already gone is fine.
 
         Raises:
             E2BHttpError, TransportError: the API failed.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        self._lifecycle.destroy(sid, cancel)
+        with self._doing(f"destroying sandbox {sid}"):
+            self._lifecycle.destroy(sid, cancel)
 
     def destroy_by_name(self, name: str, *, cancel: Optional[CancelToken] = None) -> int:
         """Delete every running or paused sandbox created under ``name`` (all pages).
@@ -253,13 +300,15 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad name.
             E2BHttpError, TransportError: the API failed.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
         v.check_name(name)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._lifecycle.destroy_by_name(name, cancel)
+        with self._doing(f"destroying the sandboxes named {name!r}"):
+            return self._lifecycle.destroy_by_name(name, cancel)
 
     def list_sandboxes(
         self, name: Optional[str] = None, *, cancel: Optional[CancelToken] = None
@@ -277,6 +326,7 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad name.
             E2BHttpError, TransportError: the API failed.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
@@ -284,7 +334,9 @@ class E2BSandboxProvider:
             v.check_name(name)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._lifecycle.list(name, cancel)
+        what = "listing sandboxes" if name is None else f"listing the sandboxes named {name!r}"
+        with self._doing(what):
+            return self._lifecycle.list(name, cancel)
 
     # -- leftover commands ----------------------------------------------------------------
 
@@ -296,14 +348,17 @@ class E2BSandboxProvider:
             CommandFailed: the kill script failed.
             OperationTimeout: the kill script took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        self._commands.kill_all(sid, cancel)
-        self._files.sweep(sid, cancel)
+        with self._doing(f"stopping leftover commands in sandbox {sid}"):
+            self._commands.kill_all(sid, cancel)
+        with self._doing(f"stopping leftover file operations in sandbox {sid}"):
+            self._files.sweep(sid, cancel)
 
     def kill_tagged(
         self, sandbox: SandboxRef, tags: Iterable[str], *, cancel: Optional[CancelToken] = None
@@ -315,6 +370,7 @@ class E2BSandboxProvider:
             CommandFailed: the kill script failed.
             OperationTimeout: the kill script took longer than 120 s.
             SandboxGoneError: the sandbox no longer exists.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
@@ -328,7 +384,8 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         if not tag_list:
             return
-        self._commands.kill_tagged(sid, tag_list, cancel)
+        with self._doing(f"stopping the commands tagged {', '.join(tag_list)} in sandbox {sid}"):
+            self._commands.kill_tagged(sid, tag_list, cancel)
 
     # -- exec -------------------------------------------------------------------------------
 
@@ -376,21 +433,25 @@ class E2BSandboxProvider:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.
 
         Raises:
-            InvalidArgument: bad arguments (before any I/O).
+            InvalidArgument: bad arguments, e.g. text that is not valid Unicode such as
+                ``os.fsdecode(b"\\xff")`` gives (before any I/O).
             Cancelled: ``cancel`` fired before the command was started.
             SandboxGoneError: the sandbox no longer exists.
+            MissingAccessToken: E2B answered a connect without the sandbox's access token.
+            SandboxPaused: the sandbox was paused while the command ran (by :meth:`suspend`,
+                another client or E2B): its outcome is unknown; it goes on when the sandbox
+                is resumed (:meth:`kill_all` stops it). A subclass of ``TransportError``.
             E2BHttpError, TransportError, ProtocolError, RemoteError: the run failed while
-                neither timed out nor cancelled.
+                neither timed out nor cancelled, before its exit status arrived (once the
+                exit status arrived, it is the result).
+            ProviderClosed: the provider was closed.
             KeyboardInterrupt: re-raised after the remote command was killed (bounded).
             Exception: whatever ``on_stdout`` or ``on_stderr`` raised, after the remote
                 command was killed (bounded).
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
-        if not isinstance(command, str):
-            raise InvalidArgument("command must be a string")
-        if "\x00" in command:
-            raise InvalidArgument("command contains a NUL character")
+        v.check_text(command, "command")
         v.check_timeout(timeout)
         v.check_max_bytes(max_output_bytes, "max_output_bytes")
         if cwd is not None:
@@ -405,18 +466,37 @@ class E2BSandboxProvider:
                 raise InvalidArgument(f"{cb_name} must be a callable taking a str, or None")
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._commands.exec(
-            sid,
-            command,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-            cwd=cwd,
-            env=run_env,
-            tag=tag,
-            cancel=cancel,
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
-        )
+        began = time.monotonic()
+        with self._doing(
+            f"running a command in sandbox {sid}",
+            "the command may or may not have run (its result was lost): check before "
+            "running it again",
+        ):
+            try:
+                return self._commands.exec(
+                    sid,
+                    command,
+                    timeout=timeout,
+                    max_output_bytes=max_output_bytes,
+                    cwd=cwd,
+                    env=run_env,
+                    tag=tag,
+                    cancel=cancel,
+                    on_stdout=on_stdout,
+                    on_stderr=on_stderr,
+                )
+            except E2BProviderError as exc:
+                # A pause cuts the command's stream: say so, not "connection dropped".
+                if (
+                    not is_ambiguous(exc)
+                    or self._ctx.closed
+                    or not self._ctx.paused_during(sid, began, cancel)
+                ):
+                    raise
+                raise self._ctx.paused_error(
+                    sid, "the command ran: its output stream was cut and its exit status is "
+                    "unknown (it may have finished, or goes on when the sandbox is resumed)"
+                ) from exc
 
     # -- files ----------------------------------------------------------------------------
 
@@ -442,9 +522,14 @@ class E2BSandboxProvider:
 
         Raises:
             InvalidArgument: bad path or max_bytes (before any I/O).
-            CommandFailed: the file could not be read (e.g. permission denied).
-            OperationTimeout: the read took longer than 120 s.
+            CommandFailed: the file could not be read: permission denied (also for a path
+                behind a directory the user may not enter, such as ``/root/x``: it may
+                exist), or another reason the message gives.
+            OperationTimeout: the read took longer than 120 s, or the sandbox stopped
+                answering.
+            SandboxPaused: the sandbox was paused while the file was read.
             SandboxGoneError: the sandbox no longer exists.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
@@ -453,7 +538,8 @@ class E2BSandboxProvider:
         v.check_max_bytes(max_bytes, "max_bytes")
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._files.read(sid, path, max_bytes, cancel)
+        with self._doing(f"reading {path} in sandbox {sid}"):
+            return self._files.read(sid, path, max_bytes, cancel)
 
     def write_file(
         self,
@@ -468,11 +554,21 @@ class E2BSandboxProvider:
         Paths under ``/skills`` are written by root with mode 0644 instead. The data is
         uploaded to a root-only staging directory first, then moved into place by a script.
 
+        When the answer is lost (the connection broke or the stream could not be read), the
+        write is done once more — writing the same bytes again gives the same file — so an
+        error means the write did not succeed, except as said below.
+
         Raises:
             InvalidArgument: bad path or data (before any I/O).
-            CommandFailed: the file could not be written.
-            OperationTimeout: the file operation took longer than 120 s.
+            CommandFailed: the file could not be written (the message says why).
+            OperationTimeout: the file operation took longer than 120 s, or the sandbox
+                stopped answering.
+            SandboxPaused: the sandbox was paused during the write (the file may or may not
+                have been written).
+            TransportError, ProtocolError: the answer was lost twice (the file may or may
+                not have been written).
             SandboxGoneError: the sandbox no longer exists.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
@@ -482,7 +578,11 @@ class E2BSandboxProvider:
             raise InvalidArgument("data must be bytes")
         if cancel is not None:
             cancel.raise_if_cancelled()
-        self._files.write(sid, path, bytes(data), cancel)
+        with self._doing(
+            f"writing {path} in sandbox {sid}",
+            "the file may or may not have been written (the answer was lost twice)",
+        ):
+            self._files.write(sid, path, bytes(data), cancel)
 
     def stat(
         self, sandbox: SandboxRef, path: str, *, cancel: Optional[CancelToken] = None
@@ -491,9 +591,14 @@ class E2BSandboxProvider:
 
         Raises:
             InvalidArgument: bad path (before any I/O).
-            CommandFailed: the path could not be examined.
-            OperationTimeout: the file operation took longer than 120 s.
+            CommandFailed: the path could not be examined: permission denied (also for a
+                path behind a directory the user may not enter, such as ``/root/x``: it may
+                exist), or another reason the message gives.
+            OperationTimeout: the file operation took longer than 120 s, or the sandbox
+                stopped answering.
+            SandboxPaused: the sandbox was paused while the path was examined.
             SandboxGoneError: the sandbox no longer exists.
+            ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
         self._check_open()
@@ -501,4 +606,5 @@ class E2BSandboxProvider:
         v.check_path(path)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        return self._files.stat(sid, path, cancel)
+        with self._doing(f"examining {path} in sandbox {sid}"):
+            return self._files.stat(sid, path, cancel)

@@ -421,6 +421,13 @@ class Emulator:
         end of stream — after ``after_bytes`` bytes of body; the process keeps running."""
         return self._arm("stream_cut", after_bytes=after_bytes, sandbox_id=sandbox_id, count=count)
 
+    def stream_cut_at_end(
+        self, sandbox_id: Optional[str] = None, count: int = 1
+    ) -> Dict[str, Any]:
+        """The next Start stream (of ``sandbox_id``, or any) is forwarded up to its Connect
+        end-of-stream message — the process's end event arrives — then cut without it."""
+        return self._arm("stream_cut_at_end", sandbox_id=sandbox_id, count=count)
+
     def stream_stall(
         self, sandbox_id: Optional[str] = None, after_bytes: int = 0, count: int = 1
     ) -> Dict[str, Any]:

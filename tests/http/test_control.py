@@ -26,6 +26,7 @@ from e2b_provider.errors import (
     Conflict,
     E2BHttpError,
     InvalidArgument,
+    MissingAccessToken,
     NotFound,
     ProtocolError,
     SandboxGoneError,
@@ -461,14 +462,14 @@ def test_target_for(transport: Transport, cp: ControlPlane) -> None:
 
 def test_target_for_refuses_tokenless_and_bad_values(cp: ControlPlane) -> None:
     for tok in (None, ""):
-        with pytest.raises(SandboxGoneError) as ei:
+        with pytest.raises(MissingAccessToken) as ei:
             cp.target_for(SandboxInfo(sandbox_id=SID, domain="e2b.test", envd_access_token=tok,
                                       raw_status=201))
-        assert str(ei.value) == (
-            f"E2B returned no envd access token for sandbox {SID}; refusing to use an "
-            "unauthenticated sandbox (it will be recreated)"
+        assert str(ei.value).startswith(
+            f"E2B answered for sandbox {SID} without an envd access token"
         )
-        assert ei.value.status == 201
+        assert ei.value.status == 201 and ei.value.sandbox_id == SID
+        assert isinstance(ei.value, ProtocolError)
     with pytest.raises(ProtocolError):
         cp.target_for(SandboxInfo(sandbox_id="no/slash", domain="e2b.test",
                                   envd_access_token=ACCESS_TOKEN))
@@ -477,10 +478,10 @@ def test_target_for_refuses_tokenless_and_bad_values(cp: ControlPlane) -> None:
                                   envd_access_token=ACCESS_TOKEN))
 
 
-def test_tokenless_answer_flows_to_gone(server: ScriptedServer, cp: ControlPlane) -> None:
+def test_tokenless_answer_is_refused(server: ScriptedServer, cp: ControlPlane) -> None:
     server.on("POST", CONNECT, answer(200, sandbox(envdAccessToken=None)))
     info = cp.connect(SID, timeout_seconds=60)
     assert info.envd_access_token is None
-    with pytest.raises(SandboxGoneError) as ei:
+    with pytest.raises(MissingAccessToken) as ei:
         cp.target_for(info)
     assert ei.value.status == 200

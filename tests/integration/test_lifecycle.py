@@ -102,7 +102,7 @@ def test_invalid_limits_and_names_are_rejected_before_io(emu, provider: E2BSandb
 def test_tokenless_create_is_refused_and_cleaned_up(emu, provider: E2BSandboxProvider) -> None:  # type: ignore[no-untyped-def]
     name = unique_name("notok")
     emu.no_token(count=1)
-    with pytest.raises(SandboxGoneError, match="no envd access token"):
+    with pytest.raises(SandboxGoneError, match="without an envd access token"):
         provider.create(name)
     assert _listed(emu, name) == []
 

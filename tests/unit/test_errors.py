@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
+import uuid
 from typing import Any, Callable, List, Tuple
 
 import pytest
@@ -212,6 +214,9 @@ PICKLABLE: List[BaseException] = [
     e.OperationTimeout("file op"),
     e.Cancelled(CancelReason("deadline", "too late")),
     e.Cancelled(),
+    e.ProviderClosed("closed"),
+    e.SandboxPaused("paused", sandbox_id="isb"),
+    e.MissingAccessToken("no token", sandbox_id="isb", status=201),
 ]
 
 
@@ -235,3 +240,91 @@ def test_errors_pickle_round_trip(err: BaseException) -> None:
     ):
         if hasattr(err, attr):
             assert getattr(back, attr) == getattr(err, attr)
+
+
+def test_a_key_is_known_before_any_validator_can_quote_it() -> None:
+    key = "e2b_" + uuid.uuid4().hex  # never registered before this test
+    failures: List[Callable[[], Any]] = [
+        lambda: DeploymentConfig(api_key=key, template=key + " "),
+        lambda: DeploymentConfig(key, "t", domain=key),
+        lambda: DeploymentConfig(key, "t", timeout_seconds=key),  # type: ignore[arg-type]
+        lambda: DeploymentConfig(key, "t").replace(template=key + "\n"),
+    ]
+    for fail in failures:
+        with pytest.raises(e.ConfigError) as info:
+            fail()
+        for text in _all_texts(info.value):
+            assert key not in text, text
+
+
+class _Holder:
+    """Something that holds a secret."""
+
+
+def _fresh_secret() -> str:
+    return "tok-" + uuid.uuid4().hex
+
+
+def test_secrets_are_forgotten_with_their_last_owner() -> None:
+    gc.collect()
+    before = e.known_secrets()
+    holders = [_Holder() for _ in range(2000)]
+    values = [_fresh_secret() for _ in holders]
+    for holder, value in zip(holders, values):
+        e.register_secret(value, owner=holder)
+    assert e.known_secrets() == before + 2000
+    assert e.redact(values[-1]) == "***"
+    kept = holders[7]
+    del holders, holder
+    gc.collect()
+    assert e.known_secrets() == before + 1  # bounded by what is alive, not by history
+    assert e.redact(f"x{values[7]}x") == "x***x"  # a secret still held is never forgotten
+    assert e.redact(values[8]) == values[8]
+    del kept
+    gc.collect()
+    assert e.known_secrets() == before
+
+
+def test_a_secret_held_twice_stays_until_both_owners_are_gone() -> None:
+    value = _fresh_secret()
+    a, b = _Holder(), _Holder()
+    e.register_secret(value, owner=a)
+    e.register_secret(value, owner=b)
+    e.register_secret(value)  # no owner, but held: not pinned for ever
+    del a
+    gc.collect()
+    assert e.redact(value) == "***"
+    del b
+    gc.collect()
+    assert e.redact(value) == value
+
+
+def test_targets_and_clients_keep_their_tokens_known_only_while_they_exist() -> None:
+    from e2b_provider._http import Transport
+    from e2b_provider.envd import EnvdClient
+    from e2b_provider.models import Target
+
+    gc.collect()
+    before = e.known_secrets()
+    transport = Transport()
+    try:
+        for _ in range(3000):  # one connect per sandbox, many sandboxes over time
+            t = Target("http://127.0.0.1:9", "isb", _fresh_secret())
+            EnvdClient(transport, t)
+            e.register_secret(t.access_token)  # as every user of a target does
+        del t
+        live = Target("http://127.0.0.1:9", "isb", _fresh_secret())
+        client = EnvdClient(transport, live)
+        gc.collect()
+        assert e.known_secrets() <= before + 1
+        assert e.redact(live.access_token) == "***"
+        del client
+    finally:
+        transport.close()
+
+
+def test_unowned_secrets_are_kept() -> None:
+    value = _fresh_secret()
+    e.register_secret(value)
+    gc.collect()
+    assert e.redact(value) == "***"

@@ -78,3 +78,35 @@ def test_cleanup_script_never_names_a_file_operation() -> None:
     # the clean-up looks file operations up by name: its own command line must not match
     for arg in S.fileop_cleanup_args("", "/opt/capybara/upload/x"):
         assert S.FILEOP_MARKER not in arg
+
+
+def _as_other_user(args: List[str]) -> subprocess.CompletedProcess[bytes]:
+    """Run a script as a user the test's files are closed to (``nobody`` when root)."""
+    cmd = ["/bin/sh", *args]
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "nobody", "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("probe", ["read", "stat"])
+def test_a_path_behind_a_closed_directory_is_not_missing(tmp_path: Path, probe: str) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    (closed / "x").write_bytes(b"secret")
+    closed.chmod(0o700 if os.geteuid() == 0 else 0o000)
+
+    def run(path: str) -> subprocess.CompletedProcess[bytes]:
+        args = S.read_probe_args(path, 10, 10) if probe == "read" else S.stat_probe_args(path)
+        return _as_other_user(args)
+
+    try:
+        r = run(str(closed / "x"))
+        assert r.returncode == S.NO_ENTRY_EXIT, r
+        blocked = r.stderr.decode().strip()
+        assert str(closed / "x").startswith(blocked + "/")  # the directory that is closed
+        assert r.stdout == b""
+        # truly missing paths stay "missing" (3), also behind a file
+        assert run(f"/tmp/df-missing-{os.getpid()}-{id(r)}/y").returncode == 3
+        assert run("/etc/hostname/x").returncode == 3
+    finally:
+        closed.chmod(0o700)

@@ -560,7 +560,8 @@ def test_message_shows_invisible_characters_escaped() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["_validate.py", "config.py", "_process.py", "_connect.py", "cancel.py"]
+    "module",
+    ["_validate.py", "config.py", "_process.py", "_connect.py", "cancel.py", "_messages.py"],
 )
 def test_pure_modules_import_no_network_stack(module: str) -> None:
     import ast

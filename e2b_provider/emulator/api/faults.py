@@ -25,6 +25,9 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     The next ``process.Process/Start`` stream (of that sandbox, or any) is forwarded for
     ``after_bytes`` bytes of response body and then the client connection is closed without
     an end of stream. The process keeps running in the sandbox.
+``stream_cut_at_end(sandbox_id=None, count=1)``
+    The next Start stream is forwarded whole up to its Connect end-of-stream message (so the
+    process's ``end`` event arrives), then the client connection is closed without it.
 ``stream_stall(sandbox_id=None, after_bytes=0, count=1)``
     The next Start stream sends ``after_bytes`` bytes of response body and then nothing at all:
     it never ends. The connection stays open until the client goes away, its sandbox is
@@ -76,6 +79,7 @@ __all__ = [
     "Fault",
     "FaultError",
     "FaultRegistry",
+    "TrailerCut",
     "bad_frame",
 ]
 
@@ -90,6 +94,7 @@ FAULT_KINDS: Mapping[str, Tuple[str, ...]] = {
     "control_redirect": ("route",),
     "no_token": (),
     "stream_cut": ("after_bytes", "sandbox_id"),
+    "stream_cut_at_end": ("sandbox_id",),
     "stream_stall": ("after_bytes", "sandbox_id"),
     "envd_unresponsive": ("sandbox_id",),
     "edge_not_found": ("sandbox_id",),
@@ -210,6 +215,34 @@ def bad_frame(mode: str) -> bytes:
         body = b'{"event":{"keepalive":{}}}'
         return struct.pack(">BI", 0x01, len(body)) + body
     raise FaultError(f"unknown bad_envelope mode {mode!r}")
+
+
+class TrailerCut:
+    """Splits a Connect stream so that everything before its end-of-stream message passes
+    (``stream_cut_at_end``): feed it the body as it arrives."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.done = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of ``chunk`` to forward; :attr:`done` is set once the end-of-stream
+        message began (nothing of it or after it is ever returned)."""
+        if self.done:
+            return b""
+        self._buf += chunk
+        out = bytearray()
+        while len(self._buf) >= 5:
+            flags, length = struct.unpack(">BI", self._buf[:5])
+            if flags & 0x02:
+                self.done = True
+                self._buf = b""
+                break
+            if len(self._buf) < 5 + length:
+                break
+            out += self._buf[: 5 + length]
+            self._buf = self._buf[5 + length :]
+        return bytes(out)
 
 
 class FaultRegistry:

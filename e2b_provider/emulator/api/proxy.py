@@ -11,9 +11,9 @@ URL signature), the ``envd_unresponsive`` hang,
 and a byte-level streaming proxy to the agent's unix socket (an aiohttp client with a
 ``UnixConnector`` per sandbox): request and response bodies flow chunk by chunk as they are
 produced, nothing is buffered, and a client that goes away closes the upstream request (the
-agent keeps the process running). The Start-stream faults (``stream_cut``, ``stream_stall``,
-``bad_envelope``) are applied here. Secrets (the access token) are never forwarded to the
-agent, logged or echoed.
+agent keeps the process running). The Start-stream faults (``stream_cut``,
+``stream_cut_at_end``, ``stream_stall``, ``bad_envelope``) are applied here. Secrets (the
+access token) are never forwarded to the agent, logged or echoed.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import aiohttp
 import yarl
 from aiohttp import web
 
-from .faults import Fault, bad_frame
+from .faults import Fault, TrailerCut, bad_frame
 from .lifecycle import SandboxLifecycle
 from .state import ENVD_PORT, SandboxRecord
 
@@ -313,6 +313,8 @@ class EnvdProxy:
             if bad is None:
                 cut = faults.take("stream_cut", sandbox_id=sid)
             if bad is None and cut is None:
+                cut = faults.take("stream_cut_at_end", sandbox_id=sid)
+            if bad is None and cut is None:
                 stall = faults.take("stream_stall", sandbox_id=sid)
             for fault in (bad, cut, stall):
                 if fault is not None:
@@ -356,13 +358,21 @@ class EnvdProxy:
             if bad is not None:
                 await resp.write(bad_frame(str(bad.params["mode"])))
             limit: Optional[int] = None
-            if cut is not None:
+            trailer = TrailerCut() if cut is not None and cut.kind == "stream_cut_at_end" else None
+            if cut is not None and trailer is None:
                 limit = int(cut.params["after_bytes"])
             elif stall is not None:
                 limit = int(stall.params["after_bytes"])
             sent = 0
             try:
                 async for chunk in upstream.content.iter_any():
+                    if trailer is not None:
+                        passed = trailer.feed(chunk)
+                        if passed:
+                            await resp.write(passed)
+                        if trailer.done:
+                            break
+                        continue
                     if limit is not None and sent + len(chunk) >= limit:
                         if limit > sent:
                             await resp.write(chunk[: limit - sent])
