@@ -495,7 +495,12 @@ class Emulator:
         return result
 
     def list_sandboxes(self) -> List[Dict[str, Any]]:
-        """Every sandbox the emulator knows (running and paused), with internal details."""
+        """Every sandbox the emulator knows (running and paused), with internal details.
+
+        Besides the ``ListedSandbox`` fields: ``pauseMode``, ``egress``, ``autoPause``,
+        ``envdUnresponsive``, ``maxProcesses`` and ``enforcedLimits`` (which of ``cpu``,
+        ``memory``, ``pids`` and ``disk`` the host enforces for it, and how).
+        """
         result: List[Dict[str, Any]] = self._admin("GET", "/_emulator/sandboxes")
         return result
 
