@@ -8,7 +8,7 @@ PID 1 (:mod:`.init`) attaches and mounts the image in the sandbox's own mount na
 loop device that detaches itself when that namespace dies with the sandbox's last process, so
 the host's mount table never holds it and nothing is left behind however the sandbox ends.
 The image holds the sandbox's root directory and its overlay upper layers; when it is full,
-writes fail with ENOSPC inside (and envd's ``POST /files`` answers 507). Standard library only.
+writes fail with ENOSPC inside (and envd's ``POST /files`` answers 507).
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import time
 from typing import Dict, Optional
 
 from .errors import SandboxRuntimeError
+from .linux import HOST_PATH, run_tool
 
 __all__ = ["create_image", "disk_support", "image_attached", "wait_released"]
 
-#: The ``PATH`` mkfs.ext4 is looked up in.
-_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _support: Dict[str, Optional[str]] = {}
 
 
@@ -41,7 +40,7 @@ def disk_support() -> Optional[str]:
     reason: Optional[str] = None
     if os.geteuid() != 0:
         reason = "not root (loop devices need root)"
-    elif shutil.which("mkfs.ext4", path=_PATH) is None:
+    elif shutil.which("mkfs.ext4", path=HOST_PATH) is None:
         reason = "mkfs.ext4 is missing (Debian package e2fsprogs)"
     elif not os.path.exists("/dev/loop-control"):
         reason = "no /dev/loop-control (loop devices unavailable)"
@@ -65,7 +64,7 @@ def create_image(path: str, size_mb: int) -> None:
     Raises:
         SandboxRuntimeError: mkfs failed (no image is left behind).
     """
-    mkfs = shutil.which("mkfs.ext4", path=_PATH)
+    mkfs = shutil.which("mkfs.ext4", path=HOST_PATH)
     if mkfs is None:
         raise SandboxRuntimeError("mkfs.ext4 is missing (Debian package e2fsprogs)")
     tmp = path + ".new"
@@ -73,19 +72,13 @@ def create_image(path: str, size_mb: int) -> None:
         with open(tmp, "wb") as f:
             f.truncate(size_mb * 1024 * 1024)
         os.chmod(tmp, 0o600)
-        done = subprocess.run(
+        code, err = run_tool(
             [mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-L", "e2b-sandbox",
              "-E", "root_owner=0:0,lazy_itable_init=1,nodiscard", tmp],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
             timeout=60,
-            check=False,
-            env={"PATH": _PATH, "LANG": "C.UTF-8"},
         )  # fmt: skip
-        if done.returncode != 0:
-            err = done.stderr.decode(errors="replace").strip()
-            raise SandboxRuntimeError(f"mkfs.ext4 of {path} failed: {err or done.returncode}")
+        if code != 0:
+            raise SandboxRuntimeError(f"mkfs.ext4 of {path} failed: {err or code}")
         os.replace(tmp, path)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxRuntimeError(f"cannot create the disk image {path}: {exc}") from exc

@@ -54,7 +54,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The ``PATH`` host tools (``unshare``, ``rm``, ``newuidmap``) are looked up in.
-HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_PATH = linux.HOST_PATH
 #: Host directories every sandbox sees through an overlay of its own.
 OVERLAY_DIRS = ("usr", "etc", "var", "opt")
 _USR_MERGE_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -108,19 +108,11 @@ mount -t proc proc "$t/proc" || { echo "mounting /proc failed" >&2; exit 1; }
 
 def _probe(argv: Sequence[str]) -> Optional[str]:
     try:
-        done = subprocess.run(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=10,
-            check=False,
-        )
+        code, err = linux.run_tool(argv, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
-    if done.returncode != 0:
-        err = done.stderr.decode(errors="replace").strip()
-        return " / ".join(err.splitlines()) or f"exit code {done.returncode}"
+    if code != 0:
+        return " / ".join(err.splitlines()) or f"exit code {code}"
     return None
 
 
@@ -361,18 +353,12 @@ def remove_tree(path: str) -> None:
     if unshare is None or rm is None:
         raise SandboxRuntimeError(f"cannot remove {path}: unshare or rm is missing")
     try:
-        done = subprocess.run(
+        code, err = linux.run_tool(
             [unshare, "--user", "--map-root-user", "--map-auto", "--",
              rm, "-rf", "--one-file-system", "--", os.path.abspath(path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
             timeout=60,
-            check=False,
-            env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxRuntimeError(f"cannot remove {path}: {exc}") from exc
-    if done.returncode != 0 or os.path.lexists(path):
-        err = done.stderr.decode(errors="replace").strip()
-        raise SandboxRuntimeError(f"cannot remove {path}: {err or done.returncode}")
+    if code != 0 or os.path.lexists(path):
+        raise SandboxRuntimeError(f"cannot remove {path}: {err or code}")
