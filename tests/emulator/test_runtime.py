@@ -635,6 +635,29 @@ def test_disk_is_bounded_and_kept(make: Callable[..., SandboxRuntime]) -> None:
     out(rt, "rm /workspace/big && head -c 1M /dev/zero > /tmp/more")
 
 
+def test_a_frozen_sandboxs_disk_copies_whole(
+    make: Callable[..., SandboxRuntime], base_dir: str
+) -> None:
+    if runtime.disk.disk_support() is not None:
+        pytest.skip(reason=f"no sandbox disks on this host: {runtime.disk.disk_support()}")
+    debugfs = shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    assert debugfs is not None  # e2fsprogs, as mkfs.ext4
+    rt = make(disk_mb=32)
+    asyncio.run(rt.boot(timeout=20))
+    tag = uuid.uuid4().hex
+    out(rt, f"echo {tag} > /workspace/x; echo {tag} > /usr/new-{tag}")
+    asyncio.run(rt.freeze())
+    rt.flush_files()
+    [image] = rt.storage_paths()
+    copy = os.path.join(base_dir, "copy.img")
+    shutil.copyfile(image, copy)
+    asyncio.run(rt.thaw())
+    for path in ("/root/workspace/x", f"/upper/usr/new-{tag}"):  # the image's own layout
+        done = subprocess.run([debugfs, "-R", f"cat {path}", copy], capture_output=True,
+                              text=True, timeout=30)
+        assert done.stdout.strip() == tag, (path, done.stderr)
+
+
 def test_boot_id_changes_at_each_boot_only(make: Callable[..., SandboxRuntime]) -> None:
     with open("/proc/sys/kernel/random/boot_id") as f:
         host_boot_id = f.read().strip()

@@ -371,6 +371,31 @@ class SandboxRuntime:
         """Host pid of the sandbox's PID 1 while it runs (for nsenter in tests)."""
         return self._init_pid if self.running else None
 
+    def storage_paths(self) -> List[str]:
+        """The host paths that hold the sandbox's files: what a copy of the sandbox copies.
+
+        ``disk.img`` when its files live in a disk image (root mode, from its first boot on),
+        else its ``root``, ``upper`` and ``work`` directories. Copy them while the sandbox is
+        halted, or frozen and after :meth:`flush_files`.
+        """
+        image = os.path.join(self.state_dir, "disk.img")
+        if self._disk or os.path.exists(image):
+            return [image]
+        return [os.path.join(self.state_dir, d) for d in ("root", "upper", "work")]
+
+    def flush_files(self) -> None:
+        """Write the running sandbox's pending file changes to its disk image (blocking).
+
+        A copy of :meth:`storage_paths` taken afterwards, while the sandbox stays frozen, is
+        consistent. No-op when it is not running (a halted sandbox's image is complete).
+
+        Raises:
+            OSError: the sandbox's filesystem could not be synced.
+        """
+        init_pid = self.init_pid
+        if init_pid is not None:
+            linux.syncfs(f"/proc/{init_pid}/root/")
+
     def host_pids(self) -> List[int]:
         """Return the host pids of every process of the sandbox (``unshare`` included)."""
         pids = {p for p in self._cgroups.pids() if not linux.is_zombie(p)}

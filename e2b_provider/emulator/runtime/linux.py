@@ -36,6 +36,7 @@ __all__ = [
     "pids_in_pid_namespace",
     "process_state",
     "run_tool",
+    "syncfs",
 ]
 
 PR_SET_PDEATHSIG = 1
@@ -273,3 +274,18 @@ def run_tool(argv: Sequence[str], timeout: float) -> Tuple[int, str]:
         env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
     )
     return done.returncode, done.stderr.decode(errors="replace").strip()
+
+
+def syncfs(path: str) -> None:
+    """Write the pending changes of the filesystem holding ``path`` to its device (syncfs(2)).
+
+    Raises:
+        OSError: ``path`` cannot be opened or the call failed.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc().syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
