@@ -146,6 +146,7 @@ def run_process(
     on_wedged: Optional[Callable[[], None]] = None,
     on_stdout: Optional[OnText] = None,
     on_stderr: Optional[OnText] = None,
+    tag: Optional[str] = None,
 ) -> RunOutcome:
     """Run one process through envd and return what it produced.
 
@@ -173,6 +174,7 @@ def run_process(
             raises stops the command (like Ctrl-C: the remote command is killed, bounded by
             ``interrupt_kill_seconds``) and is then raised.
         on_stderr: the same for standard error.
+        tag: envd's tag for the process (see :meth:`EnvdClient.signal_tag`).
 
     Returns:
         The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
@@ -265,6 +267,7 @@ def run_process(
                     cwd=cwd,
                     keepalive_seconds=keepalive_seconds,
                     token=run.abort_token,
+                    tag=tag,
                 )
             except E2BProviderError as exc:
                 # As the reference: an opening that fails (or is aborted by us) after a

@@ -1,26 +1,78 @@
 """Files in a sandbox: read (capped), write (as the sandbox user), stat.
 
 This module owns :class:`Files`, the provider's part that reads, writes and examines files
-with the sandbox user's permissions: reads and stats run the reference's scripts as user
-``sandbox``; a write uploads to a root-only staging file, then a script copies it into place
-as ``sandbox`` (or as root with mode 0644 under ``/skills``). Arguments arrive validated (the
-provider facade checks them).
+with the sandbox user's permissions. Arguments arrive validated (the provider facade checks
+them). Every path keeps the reference's semantics: reads and stats as user ``sandbox``;
+writes by ``sandbox`` (parents created by it, the file owned by it), or by root with mode
+0644 under ``/skills``.
+
+How many requests each call costs on a warm sandbox:
+
+* ``stat`` and a read of a small file: one ``process.Process/Start`` running a script as
+  ``sandbox`` (``head -c`` prints the bytes).
+* a write of up to :data:`~._scripts.INLINE_WRITE_MAX` bytes: one ``Start``; the bytes
+  travel base64 in an argument of that request.
+* a larger write: a ``Start`` (as root) that makes a FIFO in the root-only staging
+  directory and says ``ready``, then one ``POST /files`` into that FIFO; on the other end
+  ``runuser -u sandbox … cat > path`` (or root's ``cat`` under ``/skills``) writes the bytes
+  as they arrive. Nothing is staged at rest and envd never opens the destination.
+* a read asking for more than :data:`~._scripts.LARGE_READ_MIN` bytes of a larger regular
+  file: the first script says so instead of printing it; then a root holder opens the file
+  *with the user's credentials* and prints its pid and descriptor, envd serves
+  ``GET /files?path=/proc/<pid>/fd/<n>`` (a ``Range`` caps it) at the wire's speed, and
+  the holder is killed by its tag — which also proves it was alive while envd opened the
+  descriptor, so the pid named a process of ours (see :meth:`Files._read_fast`). Without a
+  ``python3`` in the template the read is streamed by ``head -c`` as before.
+
+A file operation that ends early (cancel, timeout, Ctrl-C, a failed request) kills every
+process it started — its top process is named :data:`~._scripts.FILEOP_MARKER` ``<id>`` and
+tagged for envd; the rest are found as its descendants — and clears its FIFO, before the
+error reaches the caller.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import re
-from typing import Optional
+import threading
+import uuid
+from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import _scripts as scripts
-from ._context import STDERR_ROOM, ProviderContext, script_failed
-from ._exec import RunOutcome
-from .cancel import CancelToken
+from ._context import FILE_OP_TIMEOUT, STDERR_ROOM, ProviderContext, script_failed
+from ._exec import RunOutcome, run_process
+from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent
+from .cancel import CancelReason, CancelToken, Deadline
+from .envd import EnvdClient, ProcessStream
+from .errors import (
+    Cancelled,
+    CommandFailed,
+    E2BHttpError,
+    E2BProviderError,
+    OperationTimeout,
+    ProtocolError,
+)
 from .models import FileContent, FileStat, Target
 
 __all__ = ["Files"]
 
+log = logging.getLogger("e2b_provider")
+
 _STAT_LINE = re.compile(r"([0-9]+) (file|directory)\n?")
+_HOLD_LINE = re.compile(r"hold ([0-9]+) ([0-9]+) ([0-9]+)")
+#: Seconds an in-sandbox helper outlives the operation's own bound at most.
+_HELPER_GRACE = 60.0
+#: Output kept from a helper (it prints one short line, or an error).
+_HELPER_OUTPUT = 64 * 1024
+#: Sandboxes remembered as lacking a tool the fast paths need.
+_MAX_REMEMBERED = 1024
+
+_T = TypeVar("_T")
+
+
+class _Slow(Exception):
+    """The fast path cannot serve this call; take the reference's path."""
 
 
 class Files:
@@ -28,39 +80,498 @@ class Files:
 
     def __init__(self, ctx: ProviderContext) -> None:
         self._ctx = ctx
+        self._lock = threading.Lock()
+        # sandbox id -> tool missing there ("base64", "python3"), most recent last
+        self._missing: collections.OrderedDict[Tuple[str, str], None] = (
+            collections.OrderedDict()
+        )
+        ctx.on_fork(self._forget_all)
+
+    # -- what a sandbox lacks -------------------------------------------------------------
+
+    def _forget_all(self) -> None:
+        with self._lock:
+            self._missing.clear()
+
+    def _lacks(self, sid: str, tool: str) -> bool:
+        with self._lock:
+            return (sid, tool) in self._missing
+
+    def _mark_missing(self, sid: str, tool: str) -> None:
+        log.info("e2b_provider: sandbox %s has no %s; using the slower file path", sid, tool)
+        with self._lock:
+            self._missing[(sid, tool)] = None
+            while len(self._missing) > _MAX_REMEMBERED:
+                self._missing.popitem(last=False)
+
+    # -- the three operations -------------------------------------------------------------
 
     def read(
         self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
     ) -> Optional[FileContent]:
         want = max_bytes + 1
-        r = self._ctx.script_on(
-            sid, scripts.read_args(path, want), cancel, max_output_bytes=want + STDERR_ROOM
-        )
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        fast = want > scripts.LARGE_READ_MIN and not self._lacks(sid, "python3")
+        # the probe never asks for the fast path when the threshold is ``want`` itself
+        args = scripts.read_probe_args(path, want, scripts.LARGE_READ_MIN if fast else want)
+        r = self._script(sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline)
+        if r.exit_code == scripts.LARGE_READ_EXIT and fast:
+            try:
+                return self._ctx.on_target(
+                    sid, cancel, lambda t: self._read_fast(t, path, want, cancel, deadline)
+                )
+            except _Slow:
+                args = scripts.read_probe_args(path, want, want)
+                r = self._script(
+                    sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline
+                )
         if r.exit_code in (3, 4):
             return None
         if r.exit_code != 0:
             raise script_failed(f"cannot read {path}", r)
-        truncated = len(r.stdout) > max_bytes
-        return FileContent(r.stdout[:max_bytes] if truncated else r.stdout, truncated)
+        return _content(r.stdout, max_bytes)
 
     def write(self, sid: str, path: str, payload: bytes, cancel: Optional[CancelToken]) -> None:
-        ctx = self._ctx
-        staging = scripts.staging_path()
-        args = scripts.write_args(path, staging, scripts.is_skills_path(path))
-
-        def upload_and_move(target: Target) -> RunOutcome:
-            ctx.envd(target).upload(staging, payload, user=scripts.ROOT_USER, token=cancel)
-            return ctx.run_script(target, scripts.ROOT_USER, args, STDERR_ROOM, cancel)
-
-        r = ctx.on_target(sid, cancel, upload_and_move)
-        if r.exit_code != 0:
-            raise script_failed(f"cannot write {path}", r)
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        skills = scripts.is_skills_path(path)
+        if len(payload) <= scripts.INLINE_WRITE_MAX and not self._lacks(sid, "base64"):
+            user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
+            args = scripts.inline_write_args(path, payload, skills)
+            r = self._script(sid, user, args, STDERR_ROOM, cancel, deadline)
+            if r.exit_code == 0:
+                return
+            if r.exit_code != scripts.MISSING_TOOL_EXIT:
+                raise script_failed(f"cannot write {path}", r)
+            self._mark_missing(sid, "base64")
+        self._ctx.on_target(
+            sid, cancel, lambda t: self._write_stream(t, path, payload, skills, cancel, deadline)
+        )
 
     def stat(self, sid: str, path: str, cancel: Optional[CancelToken]) -> Optional[FileStat]:
-        r = self._ctx.script_on(sid, scripts.stat_args(path), cancel)
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        r = self._script(
+            sid, scripts.SANDBOX_USER, scripts.stat_args(path), STDERR_ROOM, cancel, deadline
+        )
         if r.exit_code == 3:
             return None
         m = _STAT_LINE.fullmatch(r.stdout.decode("utf-8", "replace"))
         if r.exit_code != 0 or m is None:
             raise script_failed(f"cannot stat {path}", r)
         return FileStat(size=int(m.group(1)), is_dir=m.group(2) == "directory")
+
+    def sweep(self, sid: str, cancel: Optional[CancelToken]) -> None:
+        """Kill every file operation's processes in the sandbox and remove staged FIFOs."""
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        args = scripts.fileop_cleanup_args("")
+        r = self._ctx.on_target(
+            sid, cancel,
+            lambda t: self._run(t, scripts.ROOT_USER, args, cancel, deadline, marked=False),
+        )
+        if r.exit_code != 0:
+            raise script_failed("cannot stop leftover file operations", r)
+
+    # -- one script, killed with its whole tree when it ends early ------------------------
+
+    def _script(
+        self,
+        sid: str,
+        user: str,
+        args: List[str],
+        max_output_bytes: int,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> RunOutcome:
+        return self._ctx.on_target(
+            sid,
+            cancel,
+            lambda t: self._run(t, user, args, cancel, deadline, max_output_bytes),
+        )
+
+    def _run(
+        self,
+        target: Target,
+        user: str,
+        args: List[str],
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+        max_output_bytes: int = STDERR_ROOM,
+        *,
+        marked: bool = True,
+    ) -> RunOutcome:
+        """Run ``/bin/sh args`` as ``user`` until ``deadline``; on a timeout, cancel or
+        Ctrl-C every process it started is killed (the reference only dropped the stream)."""
+        ctx = self._ctx
+        op_id = uuid.uuid4().hex
+        left = deadline.remaining()
+        if left <= 0:
+            raise OperationTimeout("sandbox file operation timed out")
+        if marked:  # the script's $0 becomes the operation's marked name
+            args = [args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
+        r = run_process(
+            ctx.envd(target),
+            user=user,
+            cmd="/bin/sh",
+            args=args,
+            tag=_tag(op_id) if marked else None,
+            cwd="/",
+            max_output_bytes=max_output_bytes,
+            timeout=left,
+            token=cancel,
+            watchdog=ctx.watchdog,
+            killer=(lambda _pid, bound: self._cleanup(target, op_id, "", bound))
+            if marked else None,
+            kill_seconds=ctx.bounds.kill,
+            grace_seconds=ctx.bounds.grace,
+            interrupt_kill_seconds=ctx.bounds.interrupt_kill,
+            keepalive_seconds=ctx.bounds.keepalive,
+        )
+        if r.cancelled:
+            raise Cancelled(cancel.reason if cancel is not None else None)
+        if r.timed_out:
+            raise OperationTimeout("sandbox file operation timed out")
+        return r
+
+    def _cleanup(
+        self, target: Target, op_id: str, fifo: str, bound: float, block: bool = False
+    ) -> bool:
+        """Kill file operation ``op_id``'s processes and remove its FIFO (bounded; ``block``
+        leaves a directory in its place); True if the clean-up worked.
+
+        The clean-up script kills the marked process and its descendants; then the process
+        envd started is killed by its tag, in case it had ``exec``-ed away its marked name.
+        """
+        guard = CancelToken()
+        envd = self._ctx.envd(target)
+        def expire() -> None:
+            guard.cancel(CancelReason("deadline", "clean-up bound"))
+
+        timer = self._ctx.watchdog.call_later(bound, expire)
+        try:
+            r = run_process(
+                envd,
+                user=scripts.ROOT_USER,
+                cmd="/bin/sh",
+                args=scripts.fileop_cleanup_args(op_id, fifo, block),
+                cwd="/",
+                max_output_bytes=STDERR_ROOM,
+                timeout=bound,
+                token=guard,
+                watchdog=self._ctx.watchdog,
+                keepalive_seconds=self._ctx.bounds.keepalive,
+            )
+            envd.signal_tag(_tag(op_id), token=guard, timeout=max(0.5, bound / 4))
+            return r.exit_code == 0 and not guard.cancelled
+        except E2BProviderError as exc:
+            log.warning("e2b_provider: file operation clean-up failed in sandbox %s: %s",
+                        target.sandbox_id, exc)
+            return False
+        finally:
+            timer.cancel()
+
+    def _cleanup_now(
+        self, target: Target, op_id: str, fifo: str, interrupted: bool, block: bool = True
+    ) -> None:
+        """:meth:`_cleanup` on the caller's thread; a second Ctrl-C abandons it."""
+        b = self._ctx.bounds
+        bound = b.interrupt_kill if interrupted else b.kill
+        try:
+            if not self._cleanup(target, op_id, fifo, bound, block):
+                log.warning("e2b_provider: a file operation in sandbox %s may have left "
+                            "processes behind", target.sandbox_id)
+        except KeyboardInterrupt:
+            log.warning("e2b_provider: second interrupt; abandoning the clean-up of a file "
+                        "operation in sandbox %s", target.sandbox_id)
+
+    # -- two-request paths: a root helper, then a /files transfer --------------------------
+
+    def _helped(
+        self,
+        target: Target,
+        op_id: str,
+        argv: List[str],
+        fifo: str,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+        body: Callable[[_Helper], _T],
+    ) -> _T:
+        """Start ``argv`` as root (marked), run ``body`` with it, and clean up whatever it
+        started when ``body`` ends early (an error, a cancel, Ctrl-C)."""
+        helper = _Helper(self._ctx, target, argv, op_id, cancel, deadline)
+        try:
+            with helper:
+                return body(helper)
+        except KeyboardInterrupt:
+            self._cleanup_now(target, op_id, fifo, interrupted=True)
+            raise
+        except BaseException as exc:
+            if not helper.ended:
+                self._cleanup_now(target, op_id, fifo, interrupted=False)
+            if isinstance(exc, Cancelled):
+                helper.raise_stopped()  # the caller's cancel, or the operation's bound
+            raise
+
+    def _write_stream(
+        self,
+        target: Target,
+        path: str,
+        payload: bytes,
+        skills: bool,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> None:
+        fifo = scripts.staging_path()
+        op_id = uuid.uuid4().hex
+        bound = f"{max(1.0, deadline.remaining()) + _HELPER_GRACE:.0f}"
+        argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
+                *scripts.stream_write_args(path, fifo, len(payload), skills, op_id)]
+
+        def body(helper: _Helper) -> None:
+            if helper.first_line() != b"ready":
+                helper.finish()
+                raise script_failed(f"cannot write {path}", helper.outcome())
+            try:
+                helper.envd.upload_raw(
+                    fifo, payload, user=scripts.ROOT_USER, token=helper.guard,
+                    timeout=max(1.0, deadline.remaining()),
+                )
+            except E2BHttpError as exc:
+                if exc.status == 502:
+                    raise  # perhaps the edge: on_target decides whether to retry
+                # envd answered, so no upload is on its way: stop the script (it may wait
+                # for a writer that never came), then say what it said.
+                self._cleanup_now(target, helper.op_id, fifo, interrupted=False, block=False)
+                helper.finish()
+                out = helper.outcome()
+                if out.stderr.strip():
+                    raise script_failed(f"cannot write {path}", out) from None
+                raise CommandFailed(f"cannot write {path}: {exc.message}", exit_code=None,
+                                    stderr="") from None
+            helper.finish()
+            if helper.exit_code != 0:
+                raise script_failed(f"cannot write {path}", helper.outcome())
+
+        self._helped(target, op_id, argv, fifo, cancel, deadline, body)
+
+    def _read_fast(
+        self,
+        target: Target,
+        path: str,
+        want: int,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> Optional[FileContent]:
+        """Read through a descriptor opened with the sandbox user's credentials.
+
+        Why this never serves what the user could not read, and never a wrong file:
+
+        * The holder is root's process (only its *effective* ids are the user's while it
+          opens), so the user can neither kill nor trace it, and its ``/proc/<pid>/fd`` is
+          not the user's to touch. The open is the permission check: a symlink swapped in
+          before it is resolved with the user's rights (``/etc/shadow`` fails), one swapped
+          in after it changes nothing — ``/proc/<pid>/fd/<n>`` is a magic link to the open
+          file itself, no path is resolved again.
+        * envd opens ``/proc/<pid>/fd/<n>`` before it answers the ``GET``. After the answer
+          the holder is killed *by its tag*: envd signals only a process it started and
+          has not reaped, so success proves the holder still held its pid when envd opened
+          the descriptor (a pid cannot be reused while its process or zombie exists). If the
+          holder was gone — it dies on its own only after the operation's bound plus a
+          minute — the bytes are thrown away and the file is read the ordinary way.
+        """
+        max_bytes = want - 1
+        op_id = uuid.uuid4().hex
+        bound = max(1.0, deadline.remaining()) + _HELPER_GRACE
+        argv = ["/bin/sh", *scripts.hold_args(
+            path, want, scripts.SANDBOX_USER, bound, scripts.LARGE_READ_MIN, op_id)]
+
+        def body(helper: _Helper) -> Optional[FileContent]:
+            line = helper.first_line()
+            m = _HOLD_LINE.fullmatch(line.decode("ascii", "replace")) if line else None
+            if m is None or int(m.group(1)) != helper.pid:
+                code = helper.finish()
+                if code in (3, 4):
+                    return None
+                if code == scripts.MISSING_TOOL_EXIT:
+                    self._mark_missing(target.sandbox_id, "python3")
+                    raise _Slow()
+                if code == 11 or code == 0:
+                    raise _Slow()  # no longer a large regular file, or not our pid
+                raise script_failed(f"cannot read {path}", helper.outcome())
+            try:
+                data = helper.envd.download_head(
+                    f"/proc/{m.group(1)}/fd/{m.group(2)}", user=scripts.ROOT_USER,
+                    length=want, token=helper.guard, timeout=max(1.0, deadline.remaining()),
+                )
+            except E2BHttpError as exc:
+                if exc.status == 502:
+                    raise
+                log.info("e2b_provider: GET of a held file failed (%s); reading %s the slow "
+                         "way", exc, path)
+                raise _Slow() from None
+            alive = helper.envd.signal_tag(
+                helper.tag, token=helper.guard, timeout=max(1.0, deadline.remaining())
+            )
+            helper.finish()
+            if not alive:
+                log.warning("e2b_provider: the file holder in sandbox %s ended before it was "
+                            "stopped; reading %s the slow way", target.sandbox_id, path)
+                raise _Slow()
+            return _content(data, max_bytes)
+
+        return self._helped(target, op_id, argv, "", cancel, deadline, body)
+
+
+def _tag(op_id: str) -> str:
+    """envd's tag for the process a file operation starts."""
+    return scripts.fileop_name(op_id)
+
+
+def _content(data: bytes, max_bytes: int) -> FileContent:
+    truncated = len(data) > max_bytes
+    return FileContent(data[:max_bytes] if truncated else data, truncated)
+
+
+class _Helper:
+    """One root helper process in the sandbox, read in two halves: up to its first line,
+    then (after the caller's ``/files`` transfer) to its end.
+
+    Every read is bounded by the operation's deadline and stops when ``cancel`` fires
+    (both abort the stream); the stream's own read timeout bounds a silent envd.
+    """
+
+    def __init__(
+        self,
+        ctx: ProviderContext,
+        target: Target,
+        argv: List[str],
+        op_id: str,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> None:
+        self._ctx = ctx
+        self.envd: EnvdClient = ctx.envd(target)
+        self._argv = argv
+        self.op_id = op_id
+        self.tag = _tag(op_id)
+        self._cancel = cancel
+        self._deadline = deadline
+        #: Fires on the caller's cancel or at the deadline; guards every request.
+        self.guard = CancelToken()
+        self._stream: Optional[ProcessStream] = None
+        self._events: Optional[Iterator[ProcessEvent]] = None
+        self.pid: Optional[int] = None
+        self.exit_code: Optional[int] = None
+        self.ended = False
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        self._undo: List[Callable[[], None]] = []
+        self._timed_out = False
+
+    def __enter__(self) -> _Helper:
+        if self._cancel is not None:
+            self._cancel.raise_if_cancelled()
+            self._undo.append(self._cancel.on_cancel(self._stop))
+        left = self._deadline.remaining()
+        if left <= 0:
+            raise OperationTimeout("sandbox file operation timed out")
+        timer = self._ctx.watchdog.call_later(left, self._expire)
+
+        def cancel_timer() -> None:
+            timer.cancel()
+
+        self._undo.append(cancel_timer)
+        try:
+            stream = self.envd.start(
+                user=scripts.ROOT_USER,
+                cmd=self._argv[0],
+                args=self._argv[1:],
+                cwd="/",
+                keepalive_seconds=self._ctx.bounds.keepalive,
+                token=self.guard,
+                tag=self.tag,
+            )
+        except BaseException as exc:
+            self.__exit__()
+            if isinstance(exc, Cancelled):
+                self.raise_stopped()
+            raise
+        self._stream = stream
+        self._events = iter(stream)
+        if self.guard.cancelled:
+            stream.abort()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in self._undo:
+            undo()
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+
+    def _expire(self) -> None:
+        self._timed_out = True
+        self._stop(CancelReason("deadline", "file operation bound"))
+
+    def _stop(self, reason: CancelReason) -> None:
+        self.guard.cancel(reason)
+        stream = self._stream
+        if stream is not None:
+            stream.abort()
+
+    def raise_stopped(self) -> None:
+        """Raise what stopped the helper, if it was stopped (a cancel or the deadline)."""
+        if self._cancel is not None and self._cancel.cancelled:
+            raise Cancelled(self._cancel.reason)
+        if self._timed_out:
+            raise OperationTimeout("sandbox file operation timed out")
+
+    def _next(self) -> bool:
+        """Take in one more event; False after the end."""
+        if self.ended:
+            return False
+        try:
+            assert self._events is not None
+            ev = next(self._events)
+        except StopIteration:
+            raise ProtocolError("E2B process stream ended without an exit status") from None
+        except E2BProviderError:
+            self.raise_stopped()
+            raise
+        if isinstance(ev, StartEvent):
+            self.pid = ev.pid
+        elif isinstance(ev, DataEvent):
+            if ev.stdout and len(self._stdout) < _HELPER_OUTPUT:
+                self._stdout += ev.stdout
+            if ev.stderr and len(self._stderr) < _HELPER_OUTPUT:
+                self._stderr += ev.stderr
+        elif isinstance(ev, EndEvent):
+            self.exit_code = ev.exit_code
+            self.ended = True
+        return True
+
+    def first_line(self) -> Optional[bytes]:
+        """The first line the helper printed (without its newline); None if it ended first."""
+        while b"\n" not in self._stdout:
+            if not self._next():
+                return None
+        line, _, rest = bytes(self._stdout).partition(b"\n")
+        self._stdout = bytearray(rest)
+        return line
+
+    def finish(self) -> Optional[int]:
+        """Read to the end event; the exit code."""
+        while self._next():
+            pass
+        # the stream ends with its end-of-stream message after the end event
+        try:
+            for _ in self._events or ():
+                pass
+        except E2BProviderError:
+            pass
+        return self.exit_code
+
+    def outcome(self) -> RunOutcome:
+        """What the helper produced, as a script's outcome (for error messages)."""
+        return RunOutcome(
+            exit_code=self.exit_code, stdout=bytes(self._stdout), stderr=bytes(self._stderr),
+            truncated=False, timed_out=False, cancelled=False, wedged=False, pid=self.pid,
+        )

@@ -1,18 +1,19 @@
 """The reference plugin's shell snippets, byte-exact, and the argument lists that run them.
 
 This module owns every shell script the provider sends into a sandbox (``EXEC_WRAPPER``,
-``KILL_TREE``, ``KILL_*_SCRIPT``, ``READ_SCRIPT``, ``STAT_SCRIPT``, ``*_WRITE_SCRIPT``), the
-constants they depend on, and small builders for the ``args`` lists the reference passes to
-envd's ``process.Process/Start``. The scripts are copied byte for byte from the reference
-bundle (``plugin-sandbox-e2b.mjs``) with its JavaScript template literals expanded
-(``${KILL_TREE}``, ``${SANDBOX_USER}``); a change of a single character changes behaviour in
-every sandbox, so tests compare them against the reference.
+``KILL_TREE``, ``KILL_*_SCRIPT``, ``READ_SCRIPT``, ``STAT_SCRIPT``, ``*_WRITE_SCRIPT``, and the
+library's own file scripts below them), the constants they depend on, and small builders for
+the ``args`` lists passed to envd's ``process.Process/Start``. The reference's scripts are
+copied byte for byte from its bundle (``plugin-sandbox-e2b.mjs``) with its JavaScript
+template literals expanded (``${KILL_TREE}``, ``${SANDBOX_USER}``); a change of a single
+character changes behaviour in every sandbox, so tests compare them against the reference.
 
 Strings only: it does no I/O and imports no requests, urllib3 or socket.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import uuid
@@ -22,30 +23,48 @@ from .errors import InvalidArgument
 
 __all__ = [
     "EXEC_WRAPPER",
+    "FILEOP_CLEANUP_SCRIPT",
+    "FILEOP_MARKER",
+    "HOLD_PROGRAM",
+    "HOLD_SCRIPT",
+    "INLINE_SKILLS_WRITE_SCRIPT",
+    "INLINE_USER_WRITE_SCRIPT",
+    "INLINE_WRITE_MAX",
     "IN_SANDBOX_GRACE_SECONDS",
     "KILL_ALL_SCRIPT",
     "KILL_SCRIPT",
     "KILL_TAGGED_SCRIPT",
     "KILL_TREE",
+    "LARGE_READ_EXIT",
+    "LARGE_READ_MIN",
     "METADATA_NAME",
+    "MISSING_TOOL_EXIT",
+    "READ_PROBE_SCRIPT",
     "READ_SCRIPT",
     "ROOT_USER",
     "SANDBOX_USER",
     "SKILLS_WRITE_SCRIPT",
     "STAT_SCRIPT",
+    "STREAM_WRITE_SCRIPT",
     "TAG_PATTERN",
     "UPLOAD_DIR",
     "USER_WRITE_SCRIPT",
     "check_tag",
     "control_path",
     "exec_args",
+    "fileop_cleanup_args",
+    "fileop_name",
+    "hold_args",
+    "inline_write_args",
     "is_skills_path",
     "kill_all_args",
     "kill_args",
     "kill_tagged_args",
     "read_args",
+    "read_probe_args",
     "staging_path",
     "stat_args",
+    "stream_write_args",
     "write_args",
 ]
 
@@ -244,3 +263,209 @@ def write_args(path: str, staging: str, skills: bool) -> List[str]:
 def staging_path() -> str:
     """A fresh upload path ``/opt/capybara/upload/<uuid4>``."""
     return f"{UPLOAD_DIR}/{uuid.uuid4()}"
+
+
+# ---- the provider's own file scripts (not the reference's) ------------------------------
+#
+# Everything below is this library's, not a copy from the reference: one-request small
+# writes, the probe that sends large reads to the fast path, the streamed large write and
+# the clean-up of file operations that ended early. Each keeps the reference's semantics
+# (who writes, ownership, parent creation, ``/skills`` rules).
+
+#: Content up to this many bytes travels inside the ``process.Process/Start`` request
+#: (base64 in one argument: 64 KiB → 87,384 characters, well under Linux's 128 KiB limit
+#: for one argument string and the ~2 MiB limit for all of them).
+INLINE_WRITE_MAX = 64 * 1024
+#: A read asking for more than this, of a regular file larger than this, takes the fast
+#: path (``GET /files`` of a file the sandbox user opened); anything smaller is printed by
+#: ``head -c`` in the one request that examined it.
+LARGE_READ_MIN = 2 * 1024 * 1024
+#: Prefix of the name (``$0``, so in ``/proc/<pid>/cmdline``) that marks the top process of
+#: one file operation; the operation's id (32 hex digits) follows. The clean-up finds the
+#: top by it and then every descendant by parent pid (``runuser`` puts its child in a
+#: session of its own, so neither sessions nor process groups hold the whole tree; and
+#: another user's ``/proc/<pid>/environ`` is closed to a root without CAP_SYS_PTRACE).
+FILEOP_MARKER = "capybara-fileop-"
+#: Exit status of a file script that found a tool it needs missing (``base64``,
+#: ``python3``): the provider then takes the slower path that needs only the reference's.
+MISSING_TOOL_EXIT = 97
+#: Exit status of the read probe when the read should take the fast path.
+LARGE_READ_EXIT = 10
+
+#: As the sandbox user: creates ``$1``'s directory and writes the base64 content ``$2`` to
+#: ``$1`` (the reference's :data:`USER_WRITE_SCRIPT`, with the bytes in the request).
+INLINE_USER_WRITE_SCRIPT = (
+    f"command -v base64 >/dev/null 2>&1 || exit {MISSING_TOOL_EXIT}; "
+    'set -e; mkdir -p -- "$(dirname -- "$1")"; printf %s "$2" | base64 -d > "$1"'
+)
+
+#: As root: writes the base64 content ``$2`` to ``$1`` (under ``/skills``) with mode 0644
+#: (the reference's :data:`SKILLS_WRITE_SCRIPT`, with the bytes in the request).
+INLINE_SKILLS_WRITE_SCRIPT = (
+    f"command -v base64 >/dev/null 2>&1 || exit {MISSING_TOOL_EXIT}; "
+    'umask 022; mkdir -p -- "$(dirname -- "$1")" && printf %s "$2" | base64 -d > "$1" && '
+    'chmod 0644 "$1"'
+)
+
+#: As the sandbox user: :data:`READ_SCRIPT`, except that a regular file larger than ``$3``
+#: bytes (when ``$2`` is larger too) exits :data:`LARGE_READ_EXIT` instead of printing, and
+#: ``head`` runs as a child (not ``exec``), so the marked shell stays its parent.
+READ_PROBE_SCRIPT = (
+    'if [ ! -e "$1" ]; then exit 3; fi; if [ -d "$1" ]; then exit 4; fi; '
+    'if [ -f "$1" ] && [ "$2" -gt "$3" ]; then s=$(stat -L -c %s -- "$1" 2>/dev/null) && '
+    f'[ "$s" -gt "$3" ] && exit {LARGE_READ_EXIT}; fi; '
+    'head -c "$2" -- "$1"'
+)
+
+#: The fast read's holder (Python, run as root). A forked child drops to user ``argv[3]``
+#: for good (its groups, gid, uid), opens ``argv[1]`` and passes the descriptor back over a
+#: socket pair (SCM_RIGHTS), then exits; the holder itself never changes its credentials,
+#: so it stays a plain root process (the sandbox user can neither signal nor trace it, and
+#: root needs no extra capability to open ``/proc/<pid>/fd``). For a regular file larger
+#: than ``argv[5]`` it prints ``hold <pid> <fd> <size>`` and waits (at most ``argv[4]``
+#: seconds, an interval timer) while envd serves ``/proc/<pid>/fd/<fd>``. Exit 3: missing;
+#: 4: a directory; 11: no longer a large regular file (read it the ordinary way); 1: the
+#: user may not open it.
+HOLD_PROGRAM = """\
+import array, errno, os, pwd, signal, socket, stat, sys, time
+path, name, bound, large = sys.argv[1], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+signal.setitimer(signal.ITIMER_REAL, bound)
+pw = pwd.getpwnam(name)
+a, b = socket.socketpair()
+child = os.fork()
+if child == 0:
+    try:
+        a.close()
+        os.setgroups(os.getgrouplist(name, pw.pw_gid))
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as e:
+            b.sendall(b"E%d" % e.errno)
+        else:
+            rights = array.array("i", [fd])
+            b.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    finally:
+        os._exit(0)
+b.close()
+msg, anc, _, _ = a.recvmsg(32, socket.CMSG_SPACE(array.array("i").itemsize))
+os.waitpid(child, 0)
+fds = array.array("i")
+for level, kind, data in anc:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+if msg[:1] != b"F" or len(fds) != 1:
+    err = int(msg[1:]) if msg[:1] == b"E" and msg[1:].isdigit() else errno.EIO
+    sys.stderr.write("cannot open %s: %s\\n" % (path, os.strerror(err)))
+    sys.exit(3 if err in (errno.ENOENT, errno.ENOTDIR) else 1)
+fd = fds[0]
+st = os.fstat(fd)
+if stat.S_ISDIR(st.st_mode):
+    sys.exit(4)
+if not stat.S_ISREG(st.st_mode) or st.st_size <= large:
+    sys.exit(11)
+sys.stdout.write("hold %d %d %d\\n" % (os.getpid(), fd, st.st_size))
+sys.stdout.flush()
+while True:
+    time.sleep(bound)
+"""
+
+#: As root: runs :data:`HOLD_PROGRAM` with the first ``python3`` found (exit
+#: :data:`MISSING_TOOL_EXIT` when there is none); ``exec`` keeps the pid envd knows.
+HOLD_SCRIPT = (
+    "for p in /usr/bin/python3 /usr/local/bin/python3 /bin/python3; do "
+    'if [ -x "$p" ]; then exec "$p" -I -S -c "$0" "$@"; fi; done; '
+    f"exit {MISSING_TOOL_EXIT}"
+)
+
+#: As root: receives a large write through a FIFO. Makes the staging directory root-only
+#: (0700, owned by root; a symlink is refused), creates the FIFO ``$2`` (0600) in it, says
+#: ``ready``, then — exactly as :data:`USER_WRITE_SCRIPT` (``$4`` = 0) or
+#: :data:`SKILLS_WRITE_SCRIPT` (``$4`` = 1) — writes what arrives through the FIFO to
+#: ``$1``: envd's ``POST /files`` into the FIFO streams straight into the file, with no
+#: staged copy at rest. A regular file must end up ``$3`` bytes long (a cut upload fails).
+#: The FIFO is always removed; stale leftovers of operations that were killed are swept.
+STREAM_WRITE_SCRIPT = (
+    "d=" + UPLOAD_DIR + '; f=$2; '
+    'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '
+    'find "$d" -mindepth 1 -maxdepth 1 -mmin +10 -exec rm -rf -- {} + 2>/dev/null; '
+    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
+    'if [ "$4" = 1 ]; then umask 022; '
+    '{ mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod 0644 "$1"; } < "$f"; s=$?; '
+    "else runuser -u " + SANDBOX_USER + " -- /bin/sh -c "
+    "'set -e; mkdir -p -- \"$(dirname -- \"$1\")\"; cat > \"$1\"; "
+    "if [ -f \"$1\" ] && [ \"$(stat -c %s -- \"$1\")\" != \"$2\" ]; then "
+    "echo \"short upload\" >&2; exit 1; fi' "
+    'capybara-write "$1" "$3" < "$f"; s=$?; fi; '
+    'rm -f -- "$f"; exit $s'
+)
+
+#: As root: stops file operation ``$1`` (the process whose command line carries
+#: :data:`FILEOP_MARKER` ``$1``, and all its descendants: each is stopped before its
+#: children are listed, so none can fork away, then all are killed; an empty ``$1`` means
+#: every file operation) and removes its FIFO ``$2`` if given, after opening it once so
+#: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 the FIFO
+#: is replaced by an empty directory, so that an upload still on its way is refused (400)
+#: instead of written to a new file (later writes sweep such directories). With no ``$1``,
+#: every FIFO and file in the staging directory is removed too. Exit 0.
+FILEOP_CLEANUP_SCRIPT = (
+    't() { kill -STOP "$1" 2>/dev/null; echo "$1"; for c in $(pgrep -P "$1"); do t "$c"; '
+    'done; }; m=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
+    'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; '
+    'for p in $q; do kill -9 "$p" 2>/dev/null; done; '
+    'if [ -n "$f" ]; then if [ -p "$f" ]; then exec 3<>"$f"; fi; rm -f -- "$f"; '
+    'if [ "$3" = 1 ]; then mkdir -m 0700 -- "$f" 2>/dev/null; fi; exec 3>&-; fi; '
+    'if [ -z "$1" ]; then find ' + UPLOAD_DIR + ' -mindepth 1 -maxdepth 1 ! -type d '
+    '-exec rm -f -- {} + 2>/dev/null; fi; exit 0'
+)
+
+
+def fileop_name(op_id: str) -> str:
+    """The marked ``$0`` of file operation ``op_id`` (32 hex digits)."""
+    if re.fullmatch(r"[0-9a-f]{32}", op_id) is None:
+        raise InvalidArgument("a file operation id is 32 hex digits")
+    return FILEOP_MARKER + op_id
+
+
+def inline_write_args(path: str, data: bytes, skills: bool) -> List[str]:
+    """The args for cmd ``/bin/sh`` that write ``data`` (at most :data:`INLINE_WRITE_MAX`
+    bytes, base64 in the request) to ``path``; run as ``sandbox``, or as root if ``skills``.
+    """
+    if len(data) > INLINE_WRITE_MAX:
+        raise InvalidArgument(f"inline writes carry at most {INLINE_WRITE_MAX} bytes")
+    script = INLINE_SKILLS_WRITE_SCRIPT if skills else INLINE_USER_WRITE_SCRIPT
+    return ["-c", script, "capybara-write", path, base64.b64encode(data).decode("ascii")]
+
+
+def read_probe_args(path: str, want: int, large: int) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as ``sandbox``) that print the first ``want`` bytes of
+    ``path``, or exit :data:`LARGE_READ_EXIT` for a regular file larger than ``large``."""
+    if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+        raise InvalidArgument("want must be a non-negative integer")
+    return ["-c", READ_PROBE_SCRIPT, "capybara-read", path, str(want), str(large)]
+
+
+def hold_args(
+    path: str, want: int, user: str, bound: float, large: int, op_id: str
+) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that run :data:`HOLD_PROGRAM` (its command
+    line ends with the operation's marked name)."""
+    return ["-c", HOLD_SCRIPT, HOLD_PROGRAM, path, str(want), user, f"{bound:g}", str(large),
+            fileop_name(op_id)]
+
+
+def stream_write_args(
+    path: str, fifo: str, size: int, skills: bool, op_id: str
+) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that run :data:`STREAM_WRITE_SCRIPT`."""
+    return ["-c", STREAM_WRITE_SCRIPT, fileop_name(op_id), path, fifo, str(size),
+            "1" if skills else "0"]
+
+
+def fileop_cleanup_args(op_id: str, fifo: str = "", block: bool = False) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that stop file operation ``op_id`` (all of
+    them for ``""``) and remove its FIFO (``block``: leave a directory in its place)."""
+    if op_id:
+        fileop_name(op_id)  # checks it
+    return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo, "1" if block else "0"]

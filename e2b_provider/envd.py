@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import collections
 import posixpath
+import urllib.parse
 from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
 
 from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
@@ -47,6 +48,8 @@ ERROR_BODY_BYTES = 64 * 1024
 #: The signals envd's SendSignal accepts.
 SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _READ_SIZE = 64 * 1024
+#: Read size for file bodies.
+_BODY_READ = 1024 * 1024
 _START_OP = "process start"
 
 
@@ -212,6 +215,7 @@ class EnvdClient:
         cwd: Optional[str] = None,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
         token: Optional[CancelToken] = None,
+        tag: Optional[str] = None,
     ) -> ProcessStream:
         """Start a process and return its event stream: ``POST /process.Process/Start``.
 
@@ -231,6 +235,7 @@ class EnvdClient:
                 which would crash envd).
             token: guards only the opening of the stream (until envd answers); once
                 returned, stop the stream with :meth:`ProcessStream.abort`.
+            tag: a label envd keeps with the process (see :meth:`signal_tag`).
 
         Returns:
             The event stream.
@@ -261,7 +266,12 @@ class EnvdClient:
             if not isinstance(cwd, str):
                 raise InvalidArgument("cwd must be a string")
             process["cwd"] = cwd
-        body = encode_envelope({"process": process, "stdin": False})
+        request: Dict[str, Any] = {"process": process, "stdin": False}
+        if tag is not None:
+            if not isinstance(tag, str) or not tag:
+                raise InvalidArgument("tag must be a non-empty string")
+            request["tag"] = tag
+        body = encode_envelope(request)
         headers = self._headers(
             {
                 "Content-Type": "application/connect+json",
@@ -323,6 +333,40 @@ class EnvdClient:
         """
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise InvalidArgument("pid must be a positive int")
+        return self._signal({"pid": pid}, signal, token, timeout)
+
+    def signal_tag(
+        self,
+        tag: str,
+        signal: str = "SIGNAL_SIGKILL",
+        *,
+        token: Optional[CancelToken] = None,
+        timeout: float = 15.0,
+    ) -> bool:
+        """Signal the live process started with ``tag`` (see :meth:`start`).
+
+        envd looks the tag up among the processes it started and has not yet reaped, so a
+        True answer proves that process was alive (or an unreaped zombie, its pid still
+        taken) when the signal was sent; a pid reused by another process is never hit.
+
+        Returns:
+            True when the signal was sent; False when no live process has that tag.
+
+        Raises:
+            E2BHttpError: any other error answer.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        if not isinstance(tag, str) or not tag:
+            raise InvalidArgument("tag must be a non-empty string")
+        return self._signal({"tag": tag}, signal, token, timeout)
+
+    def _signal(
+        self,
+        selector: Dict[str, Any],
+        signal: str,
+        token: Optional[CancelToken],
+        timeout: float,
+    ) -> bool:
         if signal not in SIGNALS:
             raise InvalidArgument(f"signal must be one of {sorted(SIGNALS)}")
         op = "process signal"
@@ -332,7 +376,7 @@ class EnvdClient:
             headers=self._headers(
                 {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
             ),
-            json={"process": {"pid": pid}, "signal": signal},
+            json={"process": selector, "signal": signal},
             read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
@@ -365,22 +409,45 @@ class EnvdClient:
             E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
+        name = posixpath.basename(_check_path(path)) or "file"
+        self._post_file(path, user, data, token, timeout, raw=False, name=name)
+
+    def _post_file(
+        self,
+        path: str,
+        user: str,
+        data: bytes,
+        token: Optional[CancelToken],
+        timeout: float,
+        *,
+        raw: bool,
+        name: str = "file",
+    ) -> None:
+        """``POST /files``: one multipart part named ``file``, or (``raw``) the bare bytes."""
         _check_path(path)
         _check_user(user)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes")
-        name = posixpath.basename(path) or "file"
         op = "file upload"
+        if raw:
+            body: Dict[str, Any] = {
+                "headers": self._headers({"Content-Type": "application/octet-stream"}),
+                "data": data,
+            }
+        else:
+            body = {
+                "headers": self._headers(),
+                "files": {"file": (name, bytes(data), "application/octet-stream")},
+            }
         resp = self._transport.request(
             "POST",
             self._base + "/files",
-            headers=self._headers(),
             params={"path": path, "username": user},
-            files={"file": (name, bytes(data), "application/octet-stream")},
             read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
             max_body=ERROR_BODY_BYTES,
+            **body,
         )
         if not resp.ok:
             raise error_from_response(resp, op)
@@ -433,6 +500,90 @@ class EnvdClient:
         if len(resp.body) > max_bytes:
             raise ProtocolError(f"E2B {op}: the file is larger than {max_bytes} bytes")
         return resp.body
+
+    def upload_raw(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        user: str,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """Write a file from a raw body: ``POST /files?path=<path>&username=<user>`` with
+        ``Content-Type: application/octet-stream`` (envd >= 0.5.7; no multipart encoding,
+        so the bytes are sent as they are).
+
+        Raises:
+            E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        self._post_file(path, user, data, token, timeout, raw=True)
+
+    def download_head(
+        self,
+        path: str,
+        *,
+        user: str,
+        length: int,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> bytes:
+        """Read at most the first ``length`` bytes of a file: ``GET /files`` with
+        ``Range: bytes=0-<length-1>`` (identity encoding).
+
+        As :meth:`download`, envd reads as root: no permission check.
+
+        Returns:
+            The bytes (``b""`` for an empty file).
+
+        Raises:
+            E2BHttpError: an error answer (404 missing, 400 a directory, ...).
+            ProtocolError: a whole-file answer longer than ``length``.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise InvalidArgument("length must be a positive int")
+        op = "file download"
+        query = urllib.parse.urlencode({"path": path, "username": user})
+        stream = self._transport.open_stream(
+            "GET",
+            f"{self._base}/files?{query}",
+            headers=self._headers(
+                {"Accept-Encoding": "identity", "Range": f"bytes=0-{length - 1}"}
+            ),
+            data=b"",
+            read_timeout=_check_timeout(timeout, "timeout"),
+            token=token,
+            operation=op,
+        )
+        unregister = token.on_cancel(lambda _r: stream.abort()) if token is not None else None
+        try:
+            if stream.status == 416:
+                return b""  # a range that starts past the end: the file is empty
+            if not 200 <= stream.status < 300:
+                raw = stream.read_all(ERROR_BODY_BYTES, truncate=True)
+                raise error_from_response(HttpResponse(stream.status, stream.headers, raw), op)
+            buf = bytearray()
+            while True:
+                chunk = stream.read1(_BODY_READ)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > length:
+                    raise ProtocolError(
+                        f"E2B {op}: the answer is longer than the {length} bytes asked"
+                    )
+            return bytes(buf)
+        except BaseException:
+            stream.abort()
+            raise
+        finally:
+            if unregister is not None:
+                unregister()
+            stream.close()
 
     def health(self, *, timeout: float = 5.0) -> bool:
         """Whether envd answers ``GET /health`` (200/204) within ``timeout`` seconds.

@@ -289,7 +289,8 @@ class E2BSandboxProvider:
     # -- leftover commands ----------------------------------------------------------------
 
     def kill_all(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
-        """Kill every command this library started in the sandbox, with its process tree.
+        """Kill every command this library started in the sandbox, with its process tree,
+        and every file operation still running there (with its staged FIFOs).
 
         Raises:
             CommandFailed: the kill script failed.
@@ -302,6 +303,7 @@ class E2BSandboxProvider:
         if cancel is not None:
             cancel.raise_if_cancelled()
         self._commands.kill_all(sid, cancel)
+        self._files.sweep(sid, cancel)
 
     def kill_tagged(
         self, sandbox: SandboxRef, tags: Iterable[str], *, cancel: Optional[CancelToken] = None

@@ -9,6 +9,8 @@
   sandboxes over the REST API and deletes them after the test.
 * ``api`` (function): a ``requests.Session`` that sends the emulator's API key; use it with
   ``emu.api_url + "/v2/sandboxes"`` etc.
+* ``sdk`` (module): the same emulator, with the official SDK pointed at it through the
+  environment (``Emulator.sdk_env()``) for the module's tests.
 * ``run_in_threads`` (function): ``run_in_threads(worker, n, join_timeout) -> seconds``; runs
   ``worker(i)`` for ``i`` in ``range(n)``, one thread each, and joins them (bounded).
 """
@@ -62,6 +64,15 @@ def emu(emulator: Emulator) -> Iterator[Emulator]:
     finally:
         if emulator.running:
             emulator.clear_faults()
+
+
+@pytest.fixture(scope="module")
+def sdk(emulator: Emulator) -> Iterator[Emulator]:
+    """Point the SDK at the emulator for this module (environment variables)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in emulator.sdk_env().items():
+            mp.setenv(key, value)
+        yield emulator
 
 
 @pytest.fixture

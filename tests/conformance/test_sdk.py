@@ -39,15 +39,6 @@ MEASURED: Dict[str, Any] = {}
 
 
 @pytest.fixture(scope="module")
-def sdk(emulator: Emulator) -> Iterator[Emulator]:
-    """Point the SDK at the emulator for this module (environment variables)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in emulator.sdk_env().items():
-            mp.setenv(key, value)
-        yield emulator
-
-
-@pytest.fixture(scope="module")
 def sandbox(sdk: Emulator) -> Iterator[Sandbox]:
     t0 = time.monotonic()
     sb = Sandbox.create(metadata={"suite": "conformance"}, timeout=600)

@@ -235,7 +235,8 @@ SCRIPT = textwrap.dedent(
     from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
     from e2b_provider.emulator.runtime import linux
     from e2b_provider.emulator.runtime import (
-        IsolationUnavailable, SandboxRuntime, SandboxSpec, check_isolation)
+        IsolationUnavailable, SandboxRuntime, SandboxSpec, check_isolation, copy_sandbox_files,
+        remove_tree)
 
     def emit(**kw):
         print(json.dumps(kw), flush=True)
@@ -306,6 +307,15 @@ SCRIPT = textwrap.dedent(
         st = os.stat(host_file)
         emit(step="upload", status=status, uid=st.st_uid, gid=st.st_gid,
              inside=run(rt, "stat -c '%U:%G' /workspace/hello.txt; cat /workspace/hello.txt"))
+        copy_dir = os.path.join(base, "rl1copy")
+        copy_sandbox_files(rt.state_dir, copy_dir)
+        copied = os.path.join(copy_dir, "root", "workspace", "hello.txt")
+        cst = os.stat(copied)
+        usage = rt.resource_usage()
+        emit(step="copy", uid=cst.st_uid, gid=cst.st_gid, mode=cst.st_mode & 0o7777,
+             same_mode=cst.st_mode == st.st_mode, sources=usage.sources,
+             cpu=usage.cpu_usec, mem=usage.mem_used, disk=usage.disk_used)
+        remove_tree(copy_dir)
         emit(step="denied", result=run(rt, "touch /usr/local/e2b-x 2>&1; echo rc=$?"))
         emit(step="base", boot_id=rt.boot_id, result=run(
             rt, "python -c 'print(3)'; cat /proc/sys/kernel/random/boot_id; "
@@ -449,7 +459,7 @@ def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
     assert lines[:4] == [
         "/workspace sandbox 755",
         "/home/user user 755",
-        "/opt/capybara/upload root 755",
+        "/opt/capybara/upload root 700",
         "/skills root 755",
     ], text
     assert lines[4:6] == ["lo", "1"], text  # loopback only, empty routing table
@@ -459,6 +469,12 @@ def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
     # Inside: sandbox:sandbox; on the host: the user's subordinate ids 999 above the start.
     assert (upload["uid"], upload["gid"]) == (start + 999, start + 999)
     assert upload["inside"] == [0, "sandbox:sandbox\nhello rootless"]
+    # a copy of the sandbox's files (forks, snapshots) keeps the sandbox users' ids
+    copy = steps["copy"]
+    assert (copy["uid"], copy["gid"]) == (start + 999, start + 999) and copy["same_mode"], copy
+    # rootless sandboxes have no cgroups: usage from /proc of their processes
+    assert copy["sources"] == {"cpu": "proc", "memory": "proc", "disk": "files"}, copy
+    assert copy["cpu"] >= 0 and copy["mem"] > 0 and copy["disk"] > 0, copy
     assert "Permission denied" in steps["denied"]["result"][1]
     code, text = steps["base"]["result"]  # the base template: python, sudo for user, boot id
     expected = ["3", steps["base"]["boot_id"]] + (["0"] if os.path.exists("/usr/bin/sudo") else [])

@@ -325,7 +325,7 @@ def test_users_hostname_and_capabilities(make: Callable[..., SandboxRuntime]) ->
     assert out(rt, "id -un") == "root"
     dirs = "/workspace /home/sandbox /tmp /opt/capybara/upload /skills"
     assert out(rt, f"stat -c '%U %a' {dirs}") == (
-        "sandbox 755\nsandbox 755\nroot 1777\nroot 755\nroot 755"
+        "sandbox 755\nsandbox 755\nroot 1777\nroot 700\nroot 755"
     )
     assert out(rt, "getent passwd 1000 | cut -d: -f1") == "sandbox"
     # The plugin's scripts need these tools; all come from the host's /usr via the overlay.

@@ -12,6 +12,7 @@ access token (the host server does); ``?username=`` picks the user (default: the
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import errno
 import logging
@@ -27,6 +28,7 @@ from urllib.parse import quote, unquote
 from aiohttp import BodyPartReader, web
 
 from .filesystem import ensure_dirs, validate_metadata, write_metadata
+from .process import _wait_writable
 from .rpc import (
     RpcError,
     UserInfo,
@@ -393,10 +395,27 @@ async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _write_all(fd: int, data: bytes) -> None:
+async def _open_for_write(path: str) -> int:
+    """Open ``path`` as envd does (create, truncate), without stopping the agent: a FIFO
+    without a reader yet is retried until one comes (envd's open waits for it too)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+    while True:
+        try:
+            return os.open(path, flags, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+        await asyncio.sleep(0.01)
+
+
+async def _write_all_async(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to a descriptor opened non-blocking (a full FIFO is waited for)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            await _wait_writable(fd, None)
 
 
 def _disk_full(exc: OSError) -> bool:
@@ -413,7 +432,7 @@ async def _write_file(
     if os.path.isdir(path):
         raise _Fail(400, f"path is a directory: {path}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        fd = await _open_for_write(path)
     except OSError as exc:
         if _disk_full(exc):
             raise _Fail(507, f"not enough inodes available: {errno_text(exc)}") from None
@@ -427,7 +446,7 @@ async def _write_file(
             raise _Fail(500, f"error changing file ownership: {errno_text(exc)}") from None
         async for chunk in chunks:
             try:
-                _write_all(fd, chunk)
+                await _write_all_async(fd, chunk)
             except OSError as exc:
                 if _disk_full(exc):
                     raise _Fail(

@@ -7,76 +7,52 @@ filter, state filter, paging with ``x-next-token``), get, connect (200 running /
 (full or filesystem-only), legacy resume, timeout, refreshes and delete. It validates requests,
 applies the control-plane faults (``control_error``, ``control_redirect``,
 ``connect_conflict``, ``no_token``) and shapes E2B's answers and error bodies
-(``{code, message[, error_code]}``). The lifecycle work itself (booting, freezing, halting,
+(``{code, message[, error_code]}``). List queries are :mod:`.listing`'s, network settings
+:mod:`.network`'s. The lifecycle work itself (booting, freezing, halting,
 destroying sandboxes) is done by the server, reached through
 :class:`~.lifecycle.SandboxLifecycle`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
-from typing import Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Dict, List, Optional
 
+import attrs
 from aiohttp import web
 
+from .errors import BadRequest
 from .lifecycle import SandboxLifecycle
+from .listing import page, parse_list_query
+from .names import parse_name
+from .network import egress_mode, parse_network_update
+from .routing import (
+    Handler,
+    api_error,
+    find_record,
+    json_body,
+    mark_fault,
+    sandbox_record,
+)
+from .snapshots import SnapshotRoutes
 from .state import (
-    KNOWN_TEMPLATES,
-    BadRequest,
     CreateRequest,
     SandboxRecord,
     check_idempotency_key,
-    page,
     parse_bool,
     parse_create_body,
     parse_metadata_filter,
-    parse_sandbox_path_id,
     parse_timeout,
     sandbox_not_found,
 )
 
-__all__ = ["ControlPlane", "api_error"]
+__all__ = ["ControlPlane"]
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def api_error(
-    status: int,
-    message: str,
-    error_code: Optional[str] = None,
-    headers: Optional[Dict[str, str]] = None,
-) -> web.Response:
-    """An E2B control-plane error answer: ``{"code": status, "message": …[, "error_code"]}``."""
-    body: Dict[str, Any] = {"code": status, "message": message}
-    if error_code:
-        body["error_code"] = error_code
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _mark_fault(request: web.Request, kind: str) -> None:
-    """Note in the request's log entry that fault ``kind`` answered it."""
-    entry = request.get("log_entry")
-    if isinstance(entry, dict):
-        entry["fault"] = kind
-
-
-async def _json_body(request: web.Request, *, optional: bool) -> Dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        if optional:
-            return {}
-        raise BadRequest("validation error: request body has an error: value is required")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise BadRequest(
-            "validation error: request body has an error: doesn't match schema: invalid JSON"
-        ) from None
-    if not isinstance(body, dict):
-        raise BadRequest("validation error: request body must be a JSON object")
-    return body
+#: The most sandboxes ``GET /sandboxes/metrics`` answers for.
+MAX_METRICS_SANDBOXES = 100
 
 
 class ControlPlane:
@@ -88,6 +64,7 @@ class ControlPlane:
 
     def __init__(self, server: SandboxLifecycle) -> None:
         self._server = server
+        self._snapshots = SnapshotRoutes(server, self._sandbox_body)
 
     def add_routes(self, app: web.Application) -> None:
         """Register every control-plane route on ``app``."""
@@ -104,6 +81,12 @@ class ControlPlane:
         r.add_post("/sandboxes/{sid}/resume", self._route("connect", self.resume))
         r.add_post("/sandboxes/{sid}/timeout", self._route("timeout", self.set_timeout))
         r.add_post("/sandboxes/{sid}/refreshes", self._route("refreshes", self.refreshes))
+        r.add_put("/sandboxes/{sid}/network", self._route("network", self.update_network))
+        r.add_get("/sandboxes/metrics", self._route("metrics", self.metrics_many), allow_head=False)
+        r.add_get(
+            "/sandboxes/{sid}/metrics", self._route("metrics", self.metrics), allow_head=False
+        )
+        self._snapshots.add_routes(app, self._route)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -126,12 +109,12 @@ class ControlPlane:
         faults = self._server.faults
         redirect = faults.take("control_redirect", route=route)
         if redirect is not None:
-            _mark_fault(request, "control_redirect")
+            mark_fault(request, "control_redirect")
             location = str(request.url.with_path("/_emulator/redirect-target").with_query(None))
             return web.Response(status=307, headers={"Location": location})
         err = faults.take("control_error", route=route)
         if err is not None:
-            _mark_fault(request, "control_error")
+            mark_fault(request, "control_error")
             headers = {}
             if err.params.get("retry_after") is not None:
                 headers["Retry-After"] = f"{err.params['retry_after']:g}"
@@ -144,11 +127,7 @@ class ControlPlane:
         return None
 
     def _record(self, request: web.Request) -> SandboxRecord:
-        sid = parse_sandbox_path_id(request.match_info["sid"])
-        rec = self._server.records.get(sid)
-        if rec is None:
-            raise sandbox_not_found(sid)
-        return rec
+        return sandbox_record(self._server, request)
 
     def _sandbox_body(self, rec: SandboxRecord) -> Dict[str, Any]:
         no_token = self._server.faults.take("no_token") is not None
@@ -168,11 +147,10 @@ class ControlPlane:
         return await self._create(request, default_timeout=15)
 
     async def _create(self, request: web.Request, *, default_timeout: int) -> web.StreamResponse:
-        body = await _json_body(request, optional=False)
+        body = await json_body(request, optional=False)
         spec = parse_create_body(body, default_timeout=default_timeout)
         key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-        if spec.template not in KNOWN_TEMPLATES:
-            raise BadRequest(f"template '{spec.template}' not found", status=404)
+        spec = self._resolve_template(spec)
         server = self._server
         if key is None:
             return web.json_response(await self._do_create(spec), status=201)
@@ -207,6 +185,24 @@ class ControlPlane:
         fut.set_result((201, answer))
         return web.json_response(answer, status=201)
 
+    def _resolve_template(self, spec: CreateRequest) -> CreateRequest:
+        """Resolve ``templateID`` (``base``, or a snapshot ``[local/]name-or-id[:tag]``).
+
+        Raises:
+            BadRequest: 400 for a malformed name, 404 for an unknown template or tag.
+        """
+        try:
+            identifier, tag = parse_name(spec.template)
+        except ValueError as exc:
+            raise BadRequest(f"Invalid template ID: {exc}") from None
+        found = self._server.templates.resolve(identifier, tag)
+        return attrs.evolve(
+            spec,
+            template=found.template_id,
+            alias=found.alias,
+            files_from=found.build.files_dir if found.build is not None else None,
+        )
+
     async def _do_create(self, spec: CreateRequest) -> Dict[str, Any]:
         """Boot the sandbox; its ``Sandbox`` answer body (raises ``BadRequest`` 500)."""
         return self._sandbox_body(await self._server.create_sandbox(spec))
@@ -214,22 +210,36 @@ class ControlPlane:
     # -- list / get -------------------------------------------------------------------------
 
     async def list_v2(self, request: web.Request) -> web.StreamResponse:
-        """``GET /v2/sandboxes``: metadata/state filters, ``limit``, ``nextToken`` paging."""
-        q = request.query
-        metadata = parse_metadata_filter(q.get("metadata"))
-        states = [s for s in q.get("state", "running,paused").split(",") if s]
-        for s in states:
-            if s not in ("running", "paused"):
-                raise BadRequest(f"invalid state {s!r}")
-        try:
-            limit = int(q.get("limit", "100"))
-        except ValueError:
-            raise BadRequest("limit must be an integer") from None
-        records = [r for r in self._server.records.values() if r.matches(metadata, states)]
-        chunk, token = page(
-            records, limit=limit, next_token=q.get("nextToken"), order=q.get("order", "desc")
-        )
-        headers = {"x-next-token": token} if token else {}
+        """``GET /v2/sandboxes``: metadata, state, ``startedAfter`` and template filters,
+        ``order``, ``limit`` and ``nextToken`` paging; ``X-Total-Running`` when running
+        sandboxes were asked for (all that match, before paging)."""
+        query = parse_list_query(request.query)
+        headers: Dict[str, str] = {}
+        template_id: Optional[str] = None
+        if query.template is not None:
+            templates = self._server.templates
+            if templates.is_base(query.template):
+                template_id = "base"
+            else:
+                found = templates.find(query.template)
+                if found is None:
+                    if "running" in query.states:
+                        headers["X-Total-Running"] = "0"
+                    return web.json_response([], headers=headers)
+                template_id = found.template_id
+        records = [
+            r
+            for r in self._server.records.values()
+            if r.matches(query.metadata, query.states)
+            and (template_id is None or r.template_id == template_id)
+            and (query.started_after_us is None or r.list_key()[0] >= query.started_after_us)
+        ]
+        if "running" in query.states:
+            running = sum(1 for r in records if r.state == "running")
+            headers["X-Total-Running"] = str(running)
+        chunk, token = page(records, SandboxRecord.list_key, query.page)
+        if token:
+            headers["X-Next-Token"] = token
         return web.json_response([r.listed_json() for r in chunk], headers=headers)
 
     async def list_v1(self, request: web.Request) -> web.StreamResponse:
@@ -262,12 +272,12 @@ class ControlPlane:
     ) -> web.StreamResponse:
         conflict = self._server.faults.take("connect_conflict")
         if conflict is not None:
-            _mark_fault(request, "connect_conflict")
+            mark_fault(request, "connect_conflict")
             return api_error(
                 409, "Sandbox is in a transition, retry later", conflict.params.get("error_code")
             )
         rec = self._record(request)
-        body = await _json_body(request, optional=default_timeout is not None)
+        body = await json_body(request, optional=default_timeout is not None)
         timeout = parse_timeout(body, "timeout", default_timeout)
         memory = parse_bool(body, "memory")
         resumed = await self._server.connect_sandbox(rec, timeout=timeout, memory=memory)
@@ -276,7 +286,7 @@ class ControlPlane:
     async def resume(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/resume`` (legacy): 409 when already running."""
         rec = self._record(request)
-        body = await _json_body(request, optional=True)
+        body = await json_body(request, optional=True)
         timeout = parse_timeout(body, "timeout", 15)
         memory = parse_bool(body, "memory")
         auto_pause = parse_bool(body, "autoPause")
@@ -292,7 +302,7 @@ class ControlPlane:
     async def pause(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/pause`` with ``{memory?, requireHealthyGuest?}``: 204."""
         rec = self._record(request)
-        body = await _json_body(request, optional=True)
+        body = await json_body(request, optional=True)
         memory = parse_bool(body, "memory")
         healthy = parse_bool(body, "requireHealthyGuest")
         await self._server.pause_sandbox(
@@ -303,7 +313,7 @@ class ControlPlane:
     async def set_timeout(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/timeout`` ``{timeout}``: end = now + timeout (may shorten)."""
         rec = self._record(request)
-        body = await _json_body(request, optional=False)
+        body = await json_body(request, optional=False)
         value = body.get("timeout")
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadRequest("validation error: field 'timeout' must be an integer")
@@ -315,7 +325,7 @@ class ControlPlane:
     async def refreshes(self, request: web.Request) -> web.StreamResponse:
         """``POST /sandboxes/{id}/refreshes`` ``{duration?}``: extend-only keep-alive."""
         rec = self._record(request)
-        body = await _json_body(request, optional=True)
+        body = await json_body(request, optional=True)
         value = body.get("duration", 15)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
             raise BadRequest("duration must be an integer between 0 and 3600")
@@ -330,3 +340,73 @@ class ControlPlane:
         if not await self._server.kill_sandbox(rec):
             raise sandbox_not_found(rec.sandbox_id)
         return web.Response(status=204)
+
+    # -- network / metrics ------------------------------------------------------------------
+
+    async def update_network(self, request: web.Request) -> web.StreamResponse:
+        """``PUT /sandboxes/{id}/network``: replace a running sandbox's egress settings (an
+        omitted field is cleared); 204. Recorded only: sandboxes have loopback alone."""
+        rec = self._record(request)
+        body = await json_body(request, optional=False)
+        network, allow_internet = parse_network_update(body, rec.network)
+        async with rec.lock:
+            if self._server.records.get(rec.sandbox_id) is not rec or rec.state != "running":
+                raise sandbox_not_found(rec.sandbox_id)
+            rec.network = network
+            if allow_internet is not None:
+                rec.allow_internet_access = allow_internet
+            rec.egress, rec.allow_hosts = egress_mode(network, rec.allow_internet_access)
+        return web.Response(status=204)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        """``GET /sandboxes/{id}/metrics?start&end``: the sandbox's samples in the interval
+        (unix seconds; default: since it started), a fresh one taken when it runs."""
+        rec = self._record(request)
+        bounds: List[Optional[int]] = []
+        for name in ("start", "end"):
+            raw = request.query.get(name)
+            value: Optional[int] = None
+            if raw is not None:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    value = -1
+                if value < 0:
+                    raise BadRequest(
+                        f'validation error: parameter "{name}" in query has an error: '
+                        "number must be at least 0"
+                    )
+            bounds.append(value)
+        await self._server.sample_metrics(rec)
+        start = bounds[0] if bounds[0] is not None else int(rec.started_at)
+        samples = self._server.metrics.samples(rec.sandbox_id, start, bounds[1])
+        return web.json_response([s.to_json() for s in samples])
+
+    async def metrics_many(self, request: web.Request) -> web.StreamResponse:
+        """``GET /sandboxes/metrics?sandbox_ids=a,b``: the latest sample of each running
+        sandbox named (unknown ones left out), ``{"sandboxes": {id: SandboxMetric}}``."""
+        raw = request.query.get("sandbox_ids")
+        if raw is None:
+            raise BadRequest(
+                'validation error: parameter "sandbox_ids" in query has an error: '
+                "value is required but missing"
+            )
+        ids = [i for i in raw.split(",") if i]
+        if len(ids) > MAX_METRICS_SANDBOXES:
+            raise BadRequest(
+                f"Too many sandboxes requested, maximum is {MAX_METRICS_SANDBOXES}"
+            )
+        records = []
+        for raw_id in ids:
+            try:
+                records.append(find_record(self._server, raw_id))
+            except BadRequest as exc:
+                if exc.status != 404:
+                    raise
+        await asyncio.gather(*(self._server.sample_metrics(r) for r in records))
+        out: Dict[str, Any] = {}
+        for rec in records:
+            latest = self._server.metrics.latest(rec.sandbox_id)
+            if rec.state == "running" and latest is not None:
+                out[rec.sandbox_id] = latest.to_json()
+        return web.json_response({"sandboxes": out})

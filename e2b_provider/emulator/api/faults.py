@@ -124,7 +124,7 @@ def _int(params: Mapping[str, Any], name: str, default: Optional[int] = None) ->
         raise FaultError(f"{name} is required")
     if isinstance(value, bool) or not isinstance(value, int):
         raise FaultError(f"{name} must be an integer")
-    return value
+    return int(value)
 
 
 def _opt_str(params: Mapping[str, Any], name: str) -> Optional[str]:

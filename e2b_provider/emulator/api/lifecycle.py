@@ -17,7 +17,9 @@ from typing import Any, Dict, Optional, Protocol, Tuple
 from aiohttp import web
 
 from .faults import FaultRegistry
+from .metrics import MetricSample, MetricsHistory
 from .state import CreateRequest, SandboxRecord
+from .templates import TemplateStore
 
 __all__ = ["SandboxLifecycle"]
 
@@ -27,12 +29,16 @@ class SandboxLifecycle(Protocol):
 
     Attributes:
         records: the sandboxes by id (running and paused).
+        templates: the team's snapshot templates.
+        metrics: the sandboxes' metrics samples.
         faults: the armed faults.
         domain: the ``domain`` reported to clients.
         idempotency: ``Idempotency-Key`` → (request fingerprint, future of the answer).
     """
 
     records: Dict[str, SandboxRecord]
+    templates: TemplateStore
+    metrics: MetricsHistory
     faults: FaultRegistry
     domain: str
     idempotency: collections.OrderedDict[str, Tuple[str, asyncio.Future[Any]]]
@@ -40,6 +46,10 @@ class SandboxLifecycle(Protocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the server runs on."""
+
+    @property
+    def snapshots_dir(self) -> str:
+        """Where snapshot builds keep their copies of sandboxes' files."""
 
     def log_request(
         self, request: web.BaseRequest, *, kind: str, sandbox_id: Optional[str] = None
@@ -64,3 +74,12 @@ class SandboxLifecycle(Protocol):
 
     async def kill_sandbox(self, rec: SandboxRecord) -> bool:
         """Kill a sandbox and remove its files; False when it was already gone."""
+
+    async def snapshot_files(self, rec: SandboxRecord, dest: str, *, fork: bool) -> None:
+        """Copy a running sandbox's files to ``dest`` (freeze, copy, thaw)."""
+
+    async def remove_files(self, path: str) -> None:
+        """Remove a copy of sandbox files (errors logged, not raised)."""
+
+    async def sample_metrics(self, rec: SandboxRecord) -> Optional[MetricSample]:
+        """Sample a running sandbox's resource use now (None when paused or too soon)."""

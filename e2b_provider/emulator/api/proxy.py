@@ -3,8 +3,10 @@
 A request is envd traffic when it carries ``E2b-Sandbox-Id`` (port from ``E2b-Sandbox-Port``,
 default 49983) or its Host is ``<port>-<sandboxID>.<anything>``. This module owns, for such a
 request: the edge answers E2B gives itself (502 "The sandbox was not found" for an unknown or
-paused sandbox, 502 "…port is not open" for another port or a dead agent, 401 for a missing or
-wrong ``X-Access-Token`` on everything but ``GET /health``), the ``envd_unresponsive`` hang,
+paused sandbox, 502 "…port is not open" for another port or a dead agent, 403 for a missing or
+wrong ``e2b-traffic-access-token`` on another port of a sandbox created with
+``allowPublicTraffic: false``, 401 for a missing or wrong ``X-Access-Token`` on everything but
+``GET /health``), the ``envd_unresponsive`` hang,
 and a byte-level streaming proxy to the agent's unix socket (an aiohttp client with a
 ``UnixConnector`` per sandbox): request and response bodies flow chunk by chunk as they are
 produced, nothing is buffered, and a client that goes away closes the upstream request (the
@@ -61,6 +63,7 @@ _LOGGED_BODIES = (
 )
 _MAX_LOGGED_BODY = 16 * 1024
 _START_PATH = "/process.Process/Start"
+_TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 _UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
@@ -74,6 +77,26 @@ def json_error(status: int, body: Dict[str, Any]) -> web.Response:
 def _edge_502(sandbox_id: str, message: str) -> web.Response:
     """The 502 E2B's edge answers itself for a sandbox it cannot reach."""
     return json_error(502, {"sandboxId": sandbox_id, "message": message, "code": 502})
+
+
+def _traffic_token_refusal(request: web.BaseRequest, rec: SandboxRecord) -> Optional[web.Response]:
+    """The edge's 403 for a sandbox port (not envd's) reached without its traffic token."""
+    expected = rec.traffic_access_token
+    if not expected:
+        return None
+    given = request.headers.get(_TRAFFIC_TOKEN_HEADER)
+    if given is None:
+        message = f"Token header '{_TRAFFIC_TOKEN_HEADER}' is missing"
+    elif hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode()):
+        return None
+    else:
+        message = f"Provided token in header '{_TRAFFIC_TOKEN_HEADER}' is invalid"
+    body = {
+        "sandboxId": rec.sandbox_id,
+        "message": f"Sandbox is secured with traffic access token. {message}",
+        "code": 403,
+    }
+    return json_error(403, body)
 
 
 def envd_route(request: web.BaseRequest) -> Optional[Tuple[str, int]]:
@@ -192,6 +215,10 @@ class EnvdProxy:
                     entry["fault"] = "edge_not_found"
                     return _edge_502(sandbox_id, "The sandbox was not found")
                 if port != ENVD_PORT:
+                    refused = _traffic_token_refusal(request, rec)
+                    if refused is not None:
+                        entry["status"] = refused.status
+                        return refused
                     entry["status"] = 502
                     return self._port_closed(sandbox_id)
                 if not (request.method == "GET" and request.path == "/health"):

@@ -3,7 +3,9 @@
 This module owns :class:`EmulatorServer`: the table of sandboxes, their lifecycle (create =
 boot a real namespaced sandbox through :mod:`e2b_provider.emulator.runtime`; full pause =
 freeze; filesystem-only pause = halt; connect/resume = thaw or cold boot; kill = destroy;
-expiry = auto-pause or kill when a sandbox's end time passes), the request dispatch (envd
+expiry = auto-pause or kill when a sandbox's end time passes; snapshot = freeze, copy the
+files, thaw; a sandbox from a snapshot or a fork = boot on a copy of those files), the
+snapshot templates and metrics samples, the request dispatch (envd
 traffic → :class:`~.proxy.EnvdProxy`, everything else → API-key check →
 :class:`~.control.ControlPlane` or the admin routes), the admin routes
 under ``/_emulator/`` (faults, request log, sandbox pids, sandbox list — API key required), the
@@ -26,12 +28,14 @@ from typing import Any, Awaitable, Callable, Deque, Dict, List, Optional, Set, T
 
 from aiohttp import web
 
-from .control import ControlPlane, api_error
+from .control import ControlPlane
+from .errors import BadRequest
 from .faults import FaultError, FaultRegistry
+from .metrics import MetricSample, MetricsHistory
 from .proxy import EnvdProxy, envd_route
+from .routing import api_error
 from .state import (
     DEFAULT_DOMAIN,
-    BadRequest,
     CreateRequest,
     SandboxRecord,
     TemplateResources,
@@ -39,6 +43,7 @@ from .state import (
     new_sandbox_id,
     sandbox_not_found,
 )
+from .templates import TemplateStore
 
 __all__ = ["EmulatorServer"]
 
@@ -110,6 +115,8 @@ class EmulatorServer:
         self.boot_timeout = boot_timeout
         self.resources = resources if resources is not None else TemplateResources()
         self.records: Dict[str, SandboxRecord] = {}
+        self.templates = TemplateStore()
+        self.metrics = MetricsHistory()
         self.faults = FaultRegistry()
         self.idempotency: collections.OrderedDict[str, Tuple[str, asyncio.Future[Any]]] = (
             collections.OrderedDict()
@@ -199,6 +206,8 @@ class EmulatorServer:
         # destroys started by requests or expiries that were cut short above run on; wait for
         # them too (each is bounded), or the loop's end would cancel them half-way
         await asyncio.gather(*list(self._destroying.values()), return_exceptions=True)
+        self.templates.templates.clear()
+        await self.remove_files(self.snapshots_dir)
         await self.proxy.close()
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -294,13 +303,16 @@ class EmulatorServer:
             disk_mb=res.disk_mb,
             max_processes=res.max_processes,
         )
+        state_dir = os.path.join(self.state_dir, sandbox_id)
         try:
-            runtime = rt_mod.SandboxRuntime(spec, os.path.join(self.state_dir, sandbox_id))
+            runtime = rt_mod.SandboxRuntime(spec, state_dir)
         except ValueError as exc:
             raise _create_failed(exc) from None
         # in _booting until it is in records: close() finds it in one of them and destroys it
         self._booting.add(runtime)
         try:
+            if req.files_from is not None:
+                await self._copy_files(req.files_from, state_dir, runtime)
             rec = await self._boot_new(sandbox_id, runtime, req)
             self.records[sandbox_id] = rec
         finally:
@@ -333,7 +345,13 @@ class EmulatorServer:
             egress=req.egress,
             allow_hosts=tuple(req.allow_hosts),
             allow_internet_access=req.allow_internet_access,
-            network=dict(req.network) if req.network else None,
+            network=req.network,
+            alias=req.alias,
+            traffic_access_token=(
+                new_access_token()
+                if req.network is not None and req.network.allow_public_traffic is False
+                else None
+            ),
             cpu_count=self.resources.cpu_count,
             memory_mb=self.resources.memory_mb,
             disk_size_mb=self.resources.disk_mb,
@@ -354,6 +372,93 @@ class EmulatorServer:
         """Raise the 404 answer unless ``rec`` is still this server's record of its sandbox."""
         if self.records.get(rec.sandbox_id) is not rec:
             raise sandbox_not_found(rec.sandbox_id)
+
+    @property
+    def snapshots_dir(self) -> str:
+        """Where snapshot builds keep their copies of sandboxes' files."""
+        return os.path.join(self.state_dir, "snapshots")
+
+    async def _copy_files(self, src: str, dest: str, runtime: Any = None) -> None:
+        """Copy a sandbox's files (runtime ``copy_sandbox_files``, off the loop; bounded)."""
+        copy = self._runtime_module.copy_sandbox_files
+        try:
+            await self.loop.run_in_executor(None, copy, src, dest)
+        except Exception as exc:
+            log.warning("copying the files of %s failed: %s", src, exc)
+            if runtime is not None:
+                await self._destroy_runtime(runtime)
+            raise _create_failed(exc) from None
+
+    async def snapshot_files(self, rec: SandboxRecord, dest: str, *, fork: bool) -> None:
+        """Copy a running sandbox's files to ``dest``: freeze it, copy, thaw it (it keeps
+        running with its id and end time). Memory and processes are not copied.
+
+        Raises:
+            BadRequest: 404 gone (or paused, for a snapshot); 409 paused (for a fork); 500
+                the copy failed.
+        """
+        async with rec.lock:
+            self._require_current(rec)
+            if rec.state != "running":
+                if fork:
+                    raise BadRequest(
+                        f"Sandbox '{rec.sandbox_id}' is paused and cannot be forked; resume it "
+                        "first",
+                        status=409,
+                    )
+                raise sandbox_not_found(rec.sandbox_id)
+            runtime = rec.runtime
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+            frozen_here = not runtime.frozen
+            if frozen_here:
+                await runtime.freeze()
+            try:
+                # its disk's pending writes first, or the copy of its image is not whole
+                await self.loop.run_in_executor(None, runtime.flush_files)
+                copy = self._runtime_module.copy_sandbox_files
+                await self.loop.run_in_executor(None, copy, runtime.state_dir, dest)
+            except Exception as exc:
+                log.warning("copying the files of %s failed: %s", rec.sandbox_id, exc)
+                what = "Error forking sandbox" if fork else "Error creating snapshot template"
+                raise BadRequest(what, status=500) from None
+            finally:
+                if frozen_here:
+                    await runtime.thaw()
+
+    async def remove_files(self, path: str) -> None:
+        """Remove a copy of sandbox files (a snapshot build), off the loop; errors logged."""
+        remove = self._runtime_module.remove_tree
+        try:
+            await self.loop.run_in_executor(None, remove, path)
+        except Exception as exc:
+            log.warning("removing %s failed: %s", path, exc)
+
+    async def sample_metrics(self, rec: SandboxRecord) -> Optional[MetricSample]:
+        """Sample a running sandbox's resource use (at most once a second); None if paused."""
+        now = time.time()
+        if rec.state != "running" or not self.metrics.due(rec.sandbox_id, now):
+            return None
+        usage = await self.loop.run_in_executor(None, rec.runtime.resource_usage)
+        if rec.state != "running" or self.records.get(rec.sandbox_id) is not rec:
+            return None
+        if self.metrics.first_reading(rec.sandbox_id):
+            log.info(
+                "metrics of %s: cpu from %s, memory from %s, disk from %s",
+                rec.sandbox_id,
+                usage.sources.get("cpu"),
+                usage.sources.get("memory"),
+                usage.sources.get("disk"),
+            )
+        return self.metrics.record(
+            rec.sandbox_id,
+            usage,
+            now=time.time(),
+            # the first sample's CPU share counts the boot too (its CPU time is in the reading)
+            started_at=rec.started_at - (getattr(rec.runtime, "last_boot_seconds", None) or 0.0),
+            cpu_count=rec.cpu_count,
+            memory_mb=rec.memory_mb,
+            disk_mb=rec.disk_size_mb,
+        )
 
     async def envd_responsive(self, rec: SandboxRecord) -> bool:
         """False when the sandbox's envd is marked unresponsive or does not answer /health."""
@@ -483,6 +588,7 @@ class EmulatorServer:
         del self.records[rec.sandbox_id]
         self._cut_streams(rec)
         self.faults.forget_sandbox(rec.sandbox_id)
+        self.metrics.forget(rec.sandbox_id)
         async with rec.lock:
             await self.proxy.drop_session(rec.sandbox_id)
             self._graveyard[rec.sandbox_id] = rec.runtime

@@ -2,25 +2,27 @@
 
 This module owns what the host server remembers about each sandbox (:class:`SandboxRecord`),
 how sandbox ids and tokens are generated, how times are rendered, how the ``metadata`` list
-filter is decoded, how list results are paged (opaque ``nextToken`` cursors) and how request
-bodies are validated into :class:`CreateRequest` values. It does no I/O: it imports no
+filter is decoded and how request bodies are validated into :class:`CreateRequest` values
+(the ``network`` object through :mod:`.network`). It does no I/O: it imports no
 aiohttp, requests, urllib3 or socket, and never touches a sandbox's processes or files.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
+import calendar
 import datetime
 import re
 import secrets
 import string
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Set, Tuple
 from urllib.parse import unquote, unquote_plus
 
 import attrs
+
+from .errors import BadRequest
+from .network import NetworkConfig, egress_mode, parse_network_config
 
 __all__ = [
     "CLIENT_ID",
@@ -35,11 +37,9 @@ __all__ = [
     "SandboxRecord",
     "TemplateResources",
     "check_idempotency_key",
-    "decode_cursor",
-    "encode_cursor",
+    "epoch_us",
     "new_access_token",
     "new_sandbox_id",
-    "page",
     "parse_bool",
     "parse_create_body",
     "parse_metadata_filter",
@@ -91,16 +91,6 @@ class TemplateResources:
     max_processes: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
 
 
-class BadRequest(ValueError):
-    """A request the control plane refuses with 400 (or another status given here)."""
-
-    def __init__(self, message: str, status: int = 400, error_code: Optional[str] = None):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.error_code = error_code
-
-
 def sandbox_not_found(sandbox_id: str) -> BadRequest:
     """The 404 E2B answers for a sandbox that does not exist (or is not the caller's)."""
     return BadRequest(
@@ -122,6 +112,12 @@ def rfc3339(ts: float) -> str:
     """Render a POSIX timestamp as an RFC 3339 UTC date-time with microseconds."""
     dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def epoch_us(ts: float) -> int:
+    """A POSIX timestamp in whole microseconds, rounded exactly as :func:`rfc3339` renders it."""
+    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
+    return calendar.timegm(dt.utctimetuple()) * 1_000_000 + dt.microsecond
 
 
 def parse_sandbox_path_id(raw: str) -> str:
@@ -160,27 +156,6 @@ def parse_metadata_filter(raw: Optional[str]) -> Dict[str, str]:
             raise BadRequest("Error parsing metadata")
         out[unquote(parts[0])] = unquote(parts[1])
     return out
-
-
-def encode_cursor(started_at: float, sandbox_id: str) -> str:
-    """Return the opaque ``nextToken`` that resumes a listing after this item."""
-    raw = f"{started_at!r}__{sandbox_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def decode_cursor(token: str) -> Tuple[float, str]:
-    """Decode a ``nextToken`` made by :func:`encode_cursor`.
-
-    Raises:
-        BadRequest: the token was not made by this server (``Invalid next token``).
-    """
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        text = base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
-        ts, sid = text.split("__", 1)
-        return float(ts), sid
-    except (ValueError, UnicodeError, binascii.Error):
-        raise BadRequest("Invalid next token") from None
 
 
 def parse_bool(body: Mapping[str, Any], name: str) -> Optional[bool]:
@@ -226,12 +201,17 @@ def parse_timeout(body: Mapping[str, Any], name: str, default: Optional[int]) ->
         raise BadRequest("Timeout must be greater than 0")
     if value > MAX_TIMEOUT_SECONDS:
         raise BadRequest(f"Timeout cannot be greater than {MAX_TIMEOUT_SECONDS // 3600} hours")
-    return value
+    return int(value)
 
 
 @attrs.frozen
 class CreateRequest:
-    """A validated create body (v1 ``POST /sandboxes`` or v2 ``POST /v2/sandboxes``)."""
+    """A validated create body (v1 ``POST /sandboxes`` or v2 ``POST /v2/sandboxes``).
+
+    ``template`` is the body's ``templateID`` until the control plane resolves it; then it is
+    the template id, ``alias`` the template's alias and ``files_from`` the state directory
+    whose files the new sandbox starts from (a snapshot build; None for ``base``).
+    """
 
     template: str
     timeout: int
@@ -242,19 +222,21 @@ class CreateRequest:
     egress: str
     allow_hosts: Tuple[str, ...]
     allow_internet_access: Optional[bool]
-    network: Optional[Mapping[str, Any]]
+    network: Optional[NetworkConfig]
+    alias: Optional[str] = None
+    files_from: Optional[str] = None
 
 
 def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
     """Validate a create body the way E2B does (unknown fields are ignored).
 
-    Egress: ``network.allowOut`` → ``allowlist`` of those hosts; else
+    Egress (recorded only): ``network.allowOut`` → ``allowlist`` of those hosts; else
     ``allow_internet_access: false`` or a ``denyOut`` of ``0.0.0.0/0`` → ``none``; else
     ``open``.
 
     Raises:
-        BadRequest: a missing ``templateID``, wrongly typed fields, a bad timeout or
-            ``autoPauseMemory: false`` without ``autoPause``.
+        BadRequest: a missing ``templateID``, wrongly typed fields, a bad timeout,
+            ``autoPauseMemory: false`` without ``autoPause``, or network rules E2B refuses.
     """
     if not isinstance(body, dict):
         raise BadRequest("validation error: request body must be a JSON object")
@@ -267,25 +249,8 @@ def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
     if auto_pause_memory is False and not auto_pause:
         raise BadRequest("autoPauseMemory can only be false together with autoPause")
     allow_internet = parse_bool(body, "allow_internet_access")
-    network = body.get("network")
-    if network is not None and not isinstance(network, dict):
-        raise BadRequest("validation error: field 'network' must be an object")
-    allow_out: List[str] = []
-    deny_out: List[str] = []
-    if network:
-        for key, target in (("allowOut", allow_out), ("denyOut", deny_out)):
-            value = network.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise BadRequest(f"validation error: field 'network.{key}' must be a list")
-            target.extend(value)
-    if allow_out:
-        egress = "allowlist"
-    elif allow_internet is False or "0.0.0.0/0" in deny_out:
-        egress = "none"
-    else:
-        egress = "open"
+    network = parse_network_config(body.get("network"))
+    egress, allow_hosts = egress_mode(network, allow_internet)
     return CreateRequest(
         template=template,
         timeout=timeout,
@@ -294,9 +259,9 @@ def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
         metadata=_str_map(body, "metadata"),
         env_vars=_str_map(body, "envVars"),
         egress=egress,
-        allow_hosts=tuple(allow_out),
+        allow_hosts=allow_hosts,
         allow_internet_access=allow_internet,
-        network=dict(network) if network else None,
+        network=network,
     )
 
 
@@ -320,7 +285,8 @@ class SandboxRecord:
     ``runtime`` is the sandbox's :class:`~e2b_provider.emulator.runtime.SandboxRuntime` (typed
     loosely so this module stays free of the runtime's imports). ``lock`` serialises lifecycle
     changes (pause, resume, kill, expiry); ``streams`` holds the envd proxy tasks currently
-    serving this sandbox, so a pause or kill can cut them.
+    serving this sandbox, so a pause or kill can cut them. ``traffic_access_token`` is set when
+    the sandbox was created with ``network.allowPublicTraffic: false``.
     """
 
     sandbox_id: str
@@ -336,7 +302,9 @@ class SandboxRecord:
     egress: str
     allow_hosts: Tuple[str, ...]
     allow_internet_access: Optional[bool]
-    network: Optional[Dict[str, Any]]
+    network: Optional[NetworkConfig]
+    alias: Optional[str] = None
+    traffic_access_token: Optional[str] = attrs.field(default=None, repr=False)
     cpu_count: int = 2
     memory_mb: int = 512
     disk_size_mb: int = 1024
@@ -352,13 +320,16 @@ class SandboxRecord:
         out: Dict[str, Any] = {
             "sandboxID": self.sandbox_id,
             "templateID": self.template_id,
-            "alias": self.template_id,
             "clientID": CLIENT_ID,
             "envdVersion": ENVD_VERSION,
             "domain": domain,
         }
+        if self.alias:
+            out["alias"] = self.alias
         if with_token:
             out["envdAccessToken"] = self.access_token
+        if self.traffic_access_token:
+            out["trafficAccessToken"] = self.traffic_access_token
         return out
 
     def listed_json(self) -> Dict[str, Any]:
@@ -366,7 +337,6 @@ class SandboxRecord:
         out: Dict[str, Any] = {
             "sandboxID": self.sandbox_id,
             "templateID": self.template_id,
-            "alias": self.template_id,
             "clientID": CLIENT_ID,
             "startedAt": rfc3339(self.started_at),
             "endAt": rfc3339(
@@ -379,6 +349,8 @@ class SandboxRecord:
             "envdVersion": ENVD_VERSION,
             "metadata": dict(self.metadata),
         }
+        if self.alias:
+            out["alias"] = self.alias
         if self.state == "paused" and self.envd_unresponsive_at_pause:
             out["envdUnresponsiveAtPause"] = True
         return out
@@ -390,7 +362,7 @@ class SandboxRecord:
         out["domain"] = domain
         out["allowInternetAccess"] = self.allow_internet_access
         if self.network is not None:
-            out["network"] = self.network
+            out["network"] = self.network.to_json()
         out["lifecycle"] = {
             "autoResume": False,
             "onTimeout": "pause" if self.auto_pause else "kill",
@@ -405,6 +377,10 @@ class SandboxRecord:
             return False
         return all(self.metadata.get(k) == v for k, v in metadata.items())
 
+    def list_key(self) -> Tuple[int, str]:
+        """The paging key of list results: (start time in microseconds, sandbox id)."""
+        return epoch_us(self.started_at), self.sandbox_id
+
     def extend_to(self, end_at: float) -> None:
         """Move the end time later (never earlier)."""
         self.end_at = max(self.end_at, end_at)
@@ -413,32 +389,3 @@ class SandboxRecord:
         """True when this running sandbox's end time has passed."""
         return self.state == "running" and (time.time() if now is None else now) >= self.end_at
 
-
-def page(
-    records: Sequence[SandboxRecord],
-    *,
-    limit: int,
-    next_token: Optional[str],
-    order: str = "desc",
-) -> Tuple[List[SandboxRecord], Optional[str]]:
-    """Sort ``records`` by start time (and id) and return one page plus the next cursor.
-
-    Raises:
-        BadRequest: a bad ``limit`` or ``order``, or a ``next_token`` this server did not make.
-    """
-    if not 1 <= limit <= 100:
-        raise BadRequest("limit must be between 1 and 100")
-    if order not in ("asc", "desc"):
-        raise BadRequest("order must be asc or desc")
-    reverse = order == "desc"
-    items = sorted(records, key=lambda r: (r.started_at, r.sandbox_id), reverse=reverse)
-    if next_token:
-        cursor = decode_cursor(next_token)
-        if reverse:
-            items = [r for r in items if (r.started_at, r.sandbox_id) < cursor]
-        else:
-            items = [r for r in items if (r.started_at, r.sandbox_id) > cursor]
-    chunk = items[:limit]
-    more = len(items) > limit
-    token = encode_cursor(chunk[-1].started_at, chunk[-1].sandbox_id) if more and chunk else None
-    return chunk, token

@@ -7,13 +7,15 @@ envd agent (:mod:`e2b_provider.emulator.agent`). Modules: :mod:`.boot` (:class:`
 isolation check, root mode's id range, rootless mode, overlaid host directories),
 :mod:`.cgroups` (freeze/kill/CPU, memory and process limits), :mod:`.disk` (each sandbox's
 size-limited disk image), :mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc),
-:mod:`.errors`. Nothing here imports the host API (:mod:`e2b_provider.emulator.api`) or the
-agent.
+:mod:`.files` (copying a sandbox's files for forks and snapshots), :mod:`.usage` (CPU, memory
+and disk use), :mod:`.errors`. Nothing here imports the host API
+(:mod:`e2b_provider.emulator.api`) or the agent.
 """
 
 from .boot import AGENT_SOCKET, SandboxRuntime, SandboxSpec, default_agent_argv, python_bind_paths
 from .cgroups import remove_stale_cgroups
 from .errors import IsolationUnavailable, SandboxRuntimeError
+from .files import copy_sandbox_files
 from .namespaces import (
     OVERLAY_DIRS,
     ROOT_MODE_ID_START,
@@ -24,16 +26,19 @@ from .namespaces import (
     rootless_missing,
     subid_range,
 )
+from .usage import ResourceUsage
 
 __all__ = [
     "AGENT_SOCKET",
     "OVERLAY_DIRS",
     "ROOT_MODE_ID_START",
     "IsolationUnavailable",
+    "ResourceUsage",
     "SandboxRuntime",
     "SandboxRuntimeError",
     "SandboxSpec",
     "check_isolation",
+    "copy_sandbox_files",
     "default_agent_argv",
     "python_bind_paths",
     "remove_stale_cgroups",

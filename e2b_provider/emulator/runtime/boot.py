@@ -17,6 +17,7 @@ Rootless mode: the same contract without cgroups or disk image (see :mod:`.names
 Layout of a sandbox's ``state_dir`` (all of it stays on the host, none of it is visible inside)::
 
     disk.img       root mode: the sandbox's disk (sparse ext4), holding root/, upper/, work/
+                   and hostname
     disk/          root mode: where PID 1 mounts it (in the sandbox's mount namespace only)
     root/          otherwise: the sandbox's own root directory (persistent: /workspace, /home,
                    /root, /tmp…)
@@ -26,6 +27,7 @@ Layout of a sandbox's ``state_dir`` (all of it stays on the host, none of it is 
                    envd.sock (made by PID 1), sandbox.json (the agent's)
     boot.json      the configuration read by init.py
     boot_id        this boot's /proc/sys/kernel/random/boot_id (new at each boot)
+    hostname       otherwise: the hostname /etc/hostname and /etc/hosts were generated for
     init.log       PID 1's and the agent's stdout/stderr, written by this process from a pipe
                    (truncated at each boot; rotated to init.log.1 past 1 MiB)
 
@@ -68,6 +70,7 @@ from .namespaces import (
     root_id_range,
     usr_merge_links,
 )
+from .usage import ResourceUsage, read_usage
 
 __all__ = [
     "AGENT_SOCKET",
@@ -405,6 +408,31 @@ class SandboxRuntime:
             pids.add(self._proc.pid)
         return sorted(pids)
 
+    def resource_usage(self) -> ResourceUsage:
+        """Read the sandbox's CPU, memory and disk use now (blocking: run it off the loop).
+
+        With a disk image, disk use is what its filesystem has in use while it runs (statvfs),
+        else the image's allocated bytes; otherwise the files of ``root``/``upper``.
+        """
+        cg = self._cgroups
+        dirs = ([cg.control] if cg.control else []) + list(cg.extra)
+        pids = self.host_pids() if self.running else []
+        [image] = self.storage_paths()[:1]
+        if not image.endswith("disk.img"):
+            return read_usage(dirs, pids, self.storage_paths()[:2])
+        usage = read_usage(dirs, pids, [])
+        used, source = None, "image"
+        init_pid = self.init_pid
+        try:
+            if init_pid is not None:
+                st = os.statvfs(f"/proc/{init_pid}/root/")
+                used, source = (st.f_blocks - st.f_bfree) * st.f_frsize, "statvfs"
+            else:
+                used = os.stat(image).st_blocks * 512
+        except OSError:
+            pass
+        return attrs.evolve(usage, disk_used=used, sources={**usage.sources, "disk": source})
+
     def _guard(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
         if self._lock is None or self._lock[0] is not loop:
@@ -501,6 +529,8 @@ class SandboxRuntime:
             "agent_cwd": self._agent_cwd,
             "agent_socket": AGENT_SOCKET,
             "boot_id_file": boot_id_file,
+            # what /etc/hostname and /etc/hosts were generated for (in the image, if any)
+            "hostname_file": os.path.join(data, "hostname"),
             "rootless": self._rootless,
             "userns": None
             if ids is None

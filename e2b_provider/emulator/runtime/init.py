@@ -623,6 +623,22 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
     def fresh(name: str) -> bool:
         return not os.path.lexists(os.path.join(upper, name))
 
+    # A copy of another sandbox's files (fork, snapshot) gets its own names: the generated
+    # files the source never changed are made again for this hostname.
+    marker = cfg.get("hostname_file")
+    previous = _read(marker).strip() if marker else ""
+    if previous and previous != hostname:
+        for name, old, new in (
+            ("hostname", previous + "\n", hostname + "\n"),
+            ("hosts", render_hosts(previous), render_hosts(hostname)),
+        ):
+            path = os.path.join(etc, name)
+            if not fresh(name) and _read(path) == old:
+                _write_new(path, new, 0o644)
+    if marker and previous != hostname:
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(hostname + "\n")
+
     passwd = render_passwd(_read("/etc/passwd"))
     group = render_group(_read("/etc/group"), passwd)
     shadow_gid = _group_id(group, "shadow")
@@ -643,7 +659,11 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
         if os.path.islink(resolv):
             os.unlink(resolv)
         _write_new(resolv, RESOLV_CONF, 0o644)
-    _makedirs(os.path.join(cfg["root"], "opt", "capybara", "upload"))
+    upload = os.path.join(cfg["root"], "opt", "capybara", "upload")
+    _makedirs(os.path.dirname(upload))
+    _mkdir(upload, 0o700)
+    _own(upload)
+    os.chmod(upload, 0o700)  # the staging directory is root-only
 
 
 def _ro_binds(cfg: Mapping[str, Any]) -> None:

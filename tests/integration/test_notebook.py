@@ -1,0 +1,80 @@
+"""The example notebook, executed in a real Jupyter kernel, with a kernel interrupt.
+
+The notebook starts the local emulator inside the kernel. A kernel interrupt (SIGINT to the
+kernel's whole process group) during a long command must end that cell with
+KeyboardInterrupt within a few seconds, kill the command in the sandbox, and leave the
+emulator and the sandbox usable for the next cells.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import threading
+import time
+from typing import Any, List
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.integration
+
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
+
+
+def _text(cell: Any) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+
+
+def _error(cell: Any) -> List[str]:
+    return [o["ename"] for o in cell.outputs if o.get("output_type") == "error"]
+
+
+def test_notebook_runs_and_survives_a_kernel_interrupt(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nb = nbformat.read(str(NOTEBOOK), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert len(code) == 5
+    monkeypatch.delenv("E2B_API_KEY", raising=False)  # the kernel inherits it: the emulator
+    client = NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    with client.setup_kernel():
+        setup, live, long_cell, check, cleanup = code
+        client.execute_cell(setup, nb.cells.index(setup))
+        assert _text(setup).startswith("sandbox i"), setup.outputs
+
+        client.execute_cell(live, nb.cells.index(live))
+        assert _text(live) == "step 1\nstep 2\nstep 3\ndone\nexit code 0\n"
+
+        interrupted_at: List[float] = []
+
+        def interrupt_once_started() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if "started" in _text(long_cell):  # the command runs: interrupt the kernel
+                    interrupted_at.append(time.monotonic())
+                    # what Jupyter's "Interrupt" does: SIGINT to the kernel's process group
+                    pgid = getattr(getattr(client.km, "provisioner", None), "pgid", None)
+                    assert pgid, "the kernel runs in no process group of its own"
+                    os.killpg(pgid, signal.SIGINT)
+                    return
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=interrupt_once_started)
+        watcher.start()
+        client.execute_cell(long_cell, nb.cells.index(long_cell))
+        ended = time.monotonic()
+        watcher.join(10)
+        assert interrupted_at, "the long command never printed 'started'"
+        assert _error(long_cell) == ["KeyboardInterrupt"], long_cell.outputs
+        assert ended - interrupted_at[0] < 10.0
+
+        client.execute_cell(check, nb.cells.index(check))
+        assert _text(check) == "nothing left\n", check.outputs
+
+        client.execute_cell(cleanup, nb.cells.index(cleanup))
+        assert _error(cleanup) == []
