@@ -658,6 +658,40 @@ def test_a_frozen_sandboxs_disk_copies_whole(
         assert done.stdout.strip() == tag, (path, done.stderr)
 
 
+def test_copied_disk_boots_as_another_sandbox_and_usage_reads_it(
+    make: Callable[..., SandboxRuntime], base_dir: str
+) -> None:
+    if runtime.disk.disk_support() is not None:
+        pytest.skip(reason=f"no sandbox disks on this host: {runtime.disk.disk_support()}")
+    src = make(disk_mb=64, hostname="source-box")
+    asyncio.run(src.boot(timeout=20))
+    before = src.resource_usage()
+    assert before.sources["disk"] == "statvfs" and before.disk_used is not None
+    out(src, "head -c 4M /dev/urandom > /workspace/data; echo mine > /usr/added; sync")
+    after = src.resource_usage()
+    assert after.disk_used is not None and after.disk_used >= before.disk_used + (4 << 20)
+    digest = out(src, "md5sum < /workspace/data")
+    asyncio.run(src.halt())
+    assert src.resource_usage().sources["disk"] == "image"
+    dst_dir = os.path.join(base_dir, "copy" + uuid.uuid4().hex[:8])
+    runtime.copy_sandbox_files(src.state_dir, dst_dir)
+    assert sorted(os.listdir(dst_dir)) == ["disk.img"]
+    st = os.stat(os.path.join(dst_dir, "disk.img"))
+    assert st.st_size == 64 << 20 and st.st_blocks * 512 < 32 << 20  # still sparse
+    dst = SandboxRuntime(SandboxSpec("c" + uuid.uuid4().hex[:12], "copy-box"), dst_dir,
+                         agent_argv=STANDIN_ARGV)
+    try:
+        asyncio.run(dst.boot(timeout=20))
+        assert out(dst, "md5sum < /workspace/data; cat /usr/added") == digest + "\nmine"
+        # its own names: the generated files follow the new hostname
+        assert out(dst, "cat /etc/hostname; grep -c copy-box /etc/hosts") == "copy-box\n1"
+        out(dst, "rm /workspace/data")
+    finally:
+        asyncio.run(dst.destroy())
+    asyncio.run(src.boot(timeout=20))
+    assert out(src, "md5sum < /workspace/data; cat /etc/hostname") == digest + "\nsource-box"
+
+
 def test_boot_id_changes_at_each_boot_only(make: Callable[..., SandboxRuntime]) -> None:
     with open("/proc/sys/kernel/random/boot_id") as f:
         host_boot_id = f.read().strip()
