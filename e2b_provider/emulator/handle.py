@@ -424,6 +424,13 @@ class Emulator:
         was not found" without reaching envd (a sandbox paused between connect and request)."""
         return self._arm("edge_not_found", sandbox_id=sandbox_id, count=count)
 
+    def envd_error(
+        self, status: int, sandbox_id: Optional[str] = None, count: int = 1
+    ) -> Dict[str, Any]:
+        """The next ``count`` envd requests (of ``sandbox_id``, or any) answer ``status`` with
+        a generic error body (``"Bad gateway"``) without reaching envd."""
+        return self._arm("envd_error", status=status, sandbox_id=sandbox_id, count=count)
+
     def stream_cut(
         self, after_bytes: int, sandbox_id: Optional[str] = None, count: int = 1
     ) -> Dict[str, Any]:

@@ -13,30 +13,48 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import grp
 import gzip
 import hashlib
-import http.client
 import json
 import os
 import pwd
 import re
 import shutil
-import signal
-import socket
 import stat
-import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
-from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
-from e2b_provider.emulator.agent.files import part_filename
+from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.emulator.agent.filesystem import go_mode_string, rfc3339
 from e2b_provider.emulator.agent.process import DEFAULT_PATH, exit_info_from_status
 from e2b_provider.emulator.agent.rpc import basic_username
+
+from .agent_client import (
+    Agent,
+    Stream,
+    UnixConnection,
+    agent_children,
+    agent_fixture,
+    b64,
+    basic,
+    list_pids,
+    multipart,
+    output,
+    read_text,
+    request,
+    rss_kib,
+    run_stream,
+    signal_pid,
+    start,
+    unary,
+    wait_until,
+    workdir_fixture,
+)
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -44,270 +62,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 NOBODY = pwd.getpwnam("nobody")
-Body = Union[bytes, Iterable[bytes], None]
-
-
-# ---- client helpers -----------------------------------------------------------------
-
-
-class UnixConnection(http.client.HTTPConnection):
-    """``http.client`` over a unix socket."""
-
-    def __init__(self, path: str, timeout: float = 20.0) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._unix_path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def basic(user: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-class Stream:
-    """An open Connect server stream; iterate events with :meth:`next_event`."""
-
-    def __init__(
-        self,
-        sock: str,
-        method: str,
-        msg: Dict[str, Any],
-        headers: Optional[Dict[str, str]] = None,
-        chunked: bool = False,
-    ) -> None:
-        self.conn = UnixConnection(sock)
-        env = encode_envelope(msg)
-        hdrs = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
-        hdrs.update(headers or {})
-        body: Body = env
-        if chunked:
-            body = iter([env[:3], env[3:]])
-        self.conn.request("POST", f"/process.Process/{method}", body=body, headers=hdrs)
-        self.resp = self.conn.getresponse()
-        self.decoder = EnvelopeDecoder()
-        self.pending: List[Union[Message, EndStream]] = []
-        self.end: Optional[EndStream] = None
-
-    def next_item(self) -> Union[Message, EndStream]:
-        while not self.pending:
-            chunk = self.resp.read1(65536)
-            if not chunk:
-                raise AssertionError("stream ended without an end-of-stream frame")
-            self.decoder.feed(chunk)
-            self.pending.extend(self.decoder)
-        item = self.pending.pop(0)
-        if isinstance(item, EndStream):
-            self.end = item
-        return item
-
-    def next_event(self) -> Optional[Dict[str, Any]]:
-        """The next event, or ``None`` at the end-of-stream frame (see :attr:`end`)."""
-        item = self.next_item()
-        if isinstance(item, EndStream):
-            return None
-        event: Dict[str, Any] = item.data["event"]
-        return event
-
-    def collect(self) -> Tuple[List[Dict[str, Any]], EndStream]:
-        events: List[Dict[str, Any]] = []
-        while True:
-            ev = self.next_event()
-            if ev is None:
-                assert self.end is not None
-                return events, self.end
-            events.append(ev)
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-def run_stream(
-    sock: str,
-    method: str,
-    msg: Dict[str, Any],
-    headers: Optional[Dict[str, str]] = None,
-    chunked: bool = False,
-) -> Tuple[List[Dict[str, Any]], EndStream, http.client.HTTPResponse]:
-    st = Stream(sock, method, msg, headers, chunked)
-    try:
-        events, end = st.collect()
-        return events, end, st.resp
-    finally:
-        st.close()
-
-
-def start(
-    sock: str, cmd: str, *args: str, headers: Optional[Dict[str, str]] = None, **fields: Any
-) -> Tuple[List[Dict[str, Any]], EndStream]:
-    process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
-    for key in ("envs", "cwd"):
-        if key in fields:
-            process[key] = fields.pop(key)
-    msg: Dict[str, Any] = {"process": process, "stdin": False}
-    msg.update(fields)
-    events, end, _ = run_stream(sock, "Start", msg, headers)
-    return events, end
-
-
-def output(events: List[Dict[str, Any]], key: str = "stdout") -> bytes:
-    return b"".join(base64.b64decode(e["data"][key]) for e in events if key in e.get("data", {}))
-
-
-def request(
-    sock: str,
-    method: str,
-    path: str,
-    body: Body = None,
-    headers: Optional[Dict[str, str]] = None,
-) -> Tuple[int, Dict[str, str], bytes]:
-    conn = UnixConnection(sock)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
-
-def unary(
-    sock: str, path: str, msg: Any, headers: Optional[Dict[str, str]] = None
-) -> Tuple[int, Any]:
-    hdrs = {"Content-Type": "application/json"}
-    hdrs.update(headers or {})
-    status, resp_headers, body = request(sock, "POST", path, json.dumps(msg).encode(), hdrs)
-    assert resp_headers.get("content-type", "").startswith("application/json"), resp_headers
-    return status, json.loads(body)
-
-
-def signal_pid(sock: str, pid: int, sig: str = "SIGNAL_SIGKILL") -> Tuple[int, Any]:
-    return unary(sock, "/process.Process/SendSignal", {"process": {"pid": pid}, "signal": sig})
-
-
-def list_pids(sock: str) -> List[int]:
-    status, body = unary(sock, "/process.Process/List", {})
-    assert status == 200
-    return [p["pid"] for p in body.get("processes", [])]
-
-
-def wait_until(pred: Any, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def multipart(parts: List[Tuple[str, str, bytes]]) -> Tuple[bytes, str]:
-    boundary = uuid.uuid4().hex
-    out = b""
-    for name, filename, data in parts:
-        out += (
-            (
-                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
-                f'filename="{filename}"\r\nContent-Type: application/octet-stream\r\n\r\n'
-            ).encode()
-            + data
-            + b"\r\n"
-        )
-    out += f"--{boundary}--\r\n".encode()
-    return out, f"multipart/form-data; boundary={boundary}"
-
-
-def rss_kib(pid: int, field: str = "VmRSS") -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
-
-
-def read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read()
-
-
-def agent_children(pid: int) -> List[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as fh:
-        return [int(x) for x in fh.read().split()]
 
 
 # ---- fixture --------------------------------------------------------------------------
 
 
-class Agent:
-    def __init__(self, proc: subprocess.Popen[bytes], sock: str, log_path: str) -> None:
-        self.proc = proc
-        self.sock = sock
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    base = tmp_path_factory.mktemp("agent")
-    sock = str(base / "envd.sock")
-    log_path = str(base / "agent.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "e2b_provider.emulator.agent",
-                "--socket",
-                sock,
-                "--default-user",
-                "root",
-                "--log-level",
-                "WARNING",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError("agent exited: " + read_text(log_path))
-            try:
-                if request(sock, "GET", "/health")[0] == 204:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("agent not healthy: " + read_text(log_path))
-            time.sleep(0.05)
-        yield Agent(proc, sock, log_path)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    assert not os.path.exists(sock)
-
-
-@pytest.fixture
-def workdir(tmp_path: Any) -> str:
-    path = str(tmp_path / "w")
-    os.mkdir(path)
-    return path
+agent = agent_fixture()
+workdir = workdir_fixture()
 
 
 # ---- pure helpers ---------------------------------------------------------------------
@@ -339,10 +100,6 @@ def test_mode_time_and_header_helpers() -> None:
     assert rfc3339(0) == "1970-01-01T00:00:00Z"
     assert rfc3339(1_500_000_000_123_000_000) == "2017-07-14T02:40:00.123Z"
     assert rfc3339(1_500_000_000_000_000_001) == "2017-07-14T02:40:00.000000001Z"
-    assert part_filename('form-data; name="file"; filename="/tmp/a b/c.txt"') == "/tmp/a b/c.txt"
-    assert part_filename('form-data; name="file"; filename="x\\"y;z"') == 'x"y;z'
-    assert part_filename("form-data; name=file; filename*=utf-8''%2Ftmp%2F%C3%A9") == "/tmp/é"
-    assert part_filename('form-data; name="file"') is None
     assert basic_username(basic("nobody")) == "nobody"
     assert basic_username("Bearer xyz") is None
 
@@ -494,7 +251,7 @@ def test_stdin_pipe_when_absent_devnull_when_false(agent: Agent) -> None:
         )
         assert (status, body) == (
             500,
-            {"code": "internal", "message": "stdin not enabled or closed"},
+            {"code": "internal", "message": "error writing to stdin: stdin not enabled or closed"},
         )
         assert signal_pid(agent.sock, pid) == (200, {})
         assert st.collect()[0][-1]["end"]["status"] == "signal: killed"
@@ -550,7 +307,7 @@ def test_disconnect_keeps_the_process_and_drops_output(agent: Agent) -> None:
     pid = st.next_event()["start"]["pid"]  # type: ignore[index]
     st.close()
     try:
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window in which `yes` writes with nobody reading the stream
         t0 = time.monotonic()
         assert request(agent.sock, "GET", "/health")[0] == 204
         assert time.monotonic() - t0 < 1.0  # unread output does not starve the agent
@@ -755,7 +512,8 @@ def test_multipart_upload_creates_parents_owned_by_the_user(agent: Agent, workdi
     status, headers, raw = request(
         agent.sock, "POST", "/files?username=nobody", body, {"Content-Type": ctype}
     )
-    assert status == 200 and headers["content-type"].startswith("application/json")
+    # envd writes the JSON without a Content-Type: Go's server sniffs text/plain
+    assert status == 200 and headers["content-type"] == "text/plain; charset=utf-8"
     assert json.loads(raw) == [
         {"name": "a.txt", "type": "file", "path": f"{workdir}/new/sub/a.txt"},
         {"name": "b.txt", "type": "file", "path": f"{workdir}/b.txt"},
@@ -881,7 +639,7 @@ def test_download(agent: Agent, workdir: str) -> None:
     assert (status, body) == (200, b"0123456789")
     assert headers["content-length"] == "10"
     assert headers["content-type"] == "text/plain; charset=utf-8"
-    assert headers["content-disposition"] == 'inline; filename="d.txt"'
+    assert headers["content-disposition"] == "inline; filename=d.txt"
     status, headers, body = request(
         agent.sock, "GET", f"/files?path={path}", headers={"Range": "bytes=2-4"}
     )
@@ -912,10 +670,18 @@ def fs(
 
 def test_filesystem_rpcs(agent: Agent, workdir: str) -> None:
     status, body = fs(agent, "MakeDir", {"path": f"{workdir}/m/n"}, "nobody")
-    assert (status, body) == (
-        200,
-        {"entry": {"name": "n", "type": "FILE_TYPE_DIRECTORY", "path": f"{workdir}/m/n"}},
-    )
+    entry = body["entry"]
+    assert status == 200 and entry.pop("modifiedTime").endswith("Z")
+    assert entry == {
+        "name": "n",
+        "type": "FILE_TYPE_DIRECTORY",
+        "path": f"{workdir}/m/n",
+        "size": str(os.lstat(f"{workdir}/m/n").st_size),
+        "mode": 0o755,
+        "permissions": "drwxr-xr-x",
+        "owner": "nobody",
+        "group": grp.getgrgid(NOBODY.pw_gid).gr_name,
+    }
     assert os.stat(f"{workdir}/m").st_uid == NOBODY.pw_uid
     assert fs(agent, "MakeDir", {"path": f"{workdir}/m/n"})[1]["code"] == "already_exists"
     assert fs(agent, "MakeDir", {"path": f"{workdir}/m/n"})[0] == 409

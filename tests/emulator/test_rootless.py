@@ -331,10 +331,12 @@ SCRIPT = textwrap.dedent(
         frozen = rt.frozen
         size = os.path.getsize(tick)
         frozen_states = states(rt)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window in which a frozen ticker must not write
         still = os.path.getsize(tick) == size
         await rt.thaw()
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while os.path.getsize(tick) <= size and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         emit(step="freeze", frozen=frozen, states=frozen_states, still=still,
              resumed=os.path.getsize(tick) > size, after=states(rt))
         pids = rt.host_pids()

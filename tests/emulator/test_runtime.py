@@ -3,7 +3,7 @@
 Each sandbox runs a stand-in agent (a stdlib HTTP server on the agent socket PID 1 passes as fd
 3, that answers ``GET /health`` and runs ``POST /run {"cmd": …}`` with ``/bin/sh`` inside the
 sandbox, as the sandbox's root), so these tests do not depend on the real agent;
-``test_real_agent_boots`` uses the real one when present.
+``test_real_agent_boots`` uses the real one.
 Every sandbox is destroyed by the ``make`` fixture, and no test leaves processes behind.
 """
 
@@ -401,7 +401,7 @@ def test_freeze_stops_a_ticker_and_thaw_resumes_it(make: Callable[..., SandboxRu
     asyncio.run(rt.freeze())
     assert rt.frozen and rt.running
     frozen_at = size()
-    time.sleep(0.3)
+    time.sleep(0.3)  # a window in which a frozen ticker must not write
     assert size() == frozen_at
     asyncio.run(rt.thaw())
     assert not rt.frozen
@@ -444,7 +444,7 @@ def test_freezer_fallbacks(
     assert wait_for(lambda: os.path.exists(tick) and os.path.getsize(tick) > 10)
     asyncio.run(rt.freeze())
     frozen_at = os.path.getsize(tick)
-    time.sleep(0.3)
+    time.sleep(0.3)  # a window in which a frozen ticker must not write
     assert os.path.getsize(tick) == frozen_at
     asyncio.run(rt.thaw())
     assert wait_for(lambda: os.path.getsize(tick) > frozen_at + 10)

@@ -25,9 +25,11 @@ from urllib.parse import quote, urlencode
 import pytest
 import requests
 import urllib3
+from waiting import last_request
 
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.emulator import Emulator, EmulatorError, EmulatorUnavailable
+from e2b_provider.errors import ProtocolError
 
 pytestmark = pytest.mark.integration
 
@@ -648,6 +650,24 @@ def test_fault_no_token(emu: Emulator, api: requests.Session, make_sandbox: Make
     assert r.status_code == 200 and "envdAccessToken" not in r.json()
 
 
+def test_fault_envd_error(emu: Emulator, make_sandbox: Make) -> None:
+    sb = make_sandbox()
+    sid = sb["sandboxID"]
+    emu.envd_error(502, sandbox_id=sid)
+    resp = open_start(emu, sb, "echo ran > ~/envd-error")
+    assert resp.status_code == 502
+    assert resp.json() == {"code": 502, "message": "Bad gateway"}
+    resp.close()
+    assert emu.faults() == []
+    (hit,) = [e for e in emu.requests(sandbox_id=sid, path="Start") if e.get("fault")]
+    assert (hit["fault"], hit["status"]) == ("envd_error", 502)
+    # nothing reached envd: the command never ran, and the next request is served
+    assert run(emu, sb, "cat ~/envd-error 2>/dev/null || echo never ran")[0] == "never ran\n"
+    emu.envd_error(500, sandbox_id="iother0123456789abcde")  # limited to another sandbox
+    assert health(emu, sb).status_code == 204
+    assert [f["kind"] for f in emu.faults()] == ["envd_error"]
+
+
 def test_fault_stream_cut(emu: Emulator, make_sandbox: Make) -> None:
     sb = make_sandbox()
     emu.stream_cut(after_bytes=12, sandbox_id=sb["sandboxID"])
@@ -664,16 +684,17 @@ def test_fault_stream_cut(emu: Emulator, make_sandbox: Make) -> None:
 
 def test_fault_stream_stall(emu: Emulator, make_sandbox: Make) -> None:
     sb = make_sandbox()
-    emu.stream_stall(sandbox_id=sb["sandboxID"], after_bytes=7)
+    sid = sb["sandboxID"]
+    emu.stream_stall(sandbox_id=sid, after_bytes=7)
     resp = open_start(emu, sb, "echo hi", timeout=(10, 1.0))
     assert len(resp.raw.read(7)) == 7
-    t0 = time.monotonic()
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
-        resp.raw.read(1)  # nothing more comes: the read times out
-    assert time.monotonic() - t0 >= 0.9
+        resp.raw.read(1)  # nothing more comes (the command ended long ago): the read times out
     resp.close()
-    # clearing the faults closes a stalled stream
-    emu.stream_stall(sandbox_id=sb["sandboxID"], after_bytes=0)
+
+    # clearing the faults closes a stalled stream, without an end of stream
+    mark = last_request(emu)
+    emu.stream_stall(sandbox_id=sid, after_bytes=0)
     resp = open_start(emu, sb, "echo hi", timeout=(10, 20))
     done = threading.Event()
     outcome: Dict[str, Any] = {}
@@ -686,9 +707,29 @@ def test_fault_stream_stall(emu: Emulator, make_sandbox: Make) -> None:
         done.set()
 
     threading.Thread(target=reader, daemon=True).start()
-    assert not done.wait(1.0)
+    wait_for(
+        lambda: any(e["seq"] > mark and e.get("stalled") for e in emu.requests(sandbox_id=sid)),
+        10,
+        "the emulator to stall the stream",
+    )
+    assert not done.is_set()
     emu.clear_faults()
     assert done.wait(10)
+    resp.close()
+    # the connection was closed in the middle of the chunked body: nothing was delivered
+    assert "data" not in outcome, outcome
+    assert isinstance(outcome["error"], urllib3.exceptions.ProtocolError), outcome
+
+    # cleared before the stream reached its stall point: it is closed there, not stalled
+    emu.stream_stall(sandbox_id=sid, after_bytes=100)
+    resp = open_start(
+        emu, sb, "while [ ! -e /tmp/go ]; do sleep 0.02; done; head -c 5000 /dev/zero",
+        timeout=(10, 20),
+    )
+    emu.clear_faults()
+    run(emu, sb, "touch /tmp/go")
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        resp.raw.read()  # ends at once (a read timeout here would mean it stalled after all)
     resp.close()
 
 
@@ -706,7 +747,7 @@ def test_fault_bad_envelope(emu: Emulator, make_sandbox: Make) -> None:
         resp.close()
         assert check(head), (mode, head)
         dec = EnvelopeDecoder()
-        with pytest.raises(Exception):  # noqa: B017 - the library's codec must refuse it
+        with pytest.raises(ProtocolError):  # the library's codec must refuse it
             dec.feed(head)
             list(dec)
             dec.close()
@@ -802,6 +843,8 @@ def test_fault_admin_validation(emu: Emulator) -> None:
         emu.bad_envelope("weird")
     with pytest.raises(EmulatorError, match="400"):
         emu.stream_cut(after_bytes=-1)
+    with pytest.raises(EmulatorError, match="400"):
+        emu.envd_error(302)
     assert emu.faults() == []
 
 

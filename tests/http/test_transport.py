@@ -17,6 +17,7 @@ from server import (
     assert_no_secret,
     blackhole,
 )
+from waiting import thread_blocked_in, wait_until
 
 from e2b_provider._http import (
     HttpResponse,
@@ -143,8 +144,11 @@ def test_shared_transport_across_threads(server: ScriptedServer, transport: Tran
 def test_cookies_are_never_stored_or_sent(server: ScriptedServer, transport: Transport) -> None:
     server.on("GET", "/c", lambda q, r: r.send(200, b"", {"Set-Cookie": "s=1; Path=/"}))
     for _ in range(2):
-        transport.request("GET", server.url + "/c", read_timeout=2, operation="c")
-    assert all("cookie" not in r.headers for r in server.received())
+        resp = transport.request("GET", server.url + "/c", read_timeout=2, operation="c")
+        assert resp.status == 200 and resp.headers.get("set-cookie") == "s=1; Path=/"
+    received = server.received("GET", "/c")
+    assert len(received) == 2  # the second request came after a cookie was offered
+    assert all("cookie" not in r.headers for r in received)
 
 
 def test_closed_transport_refuses_requests(server: ScriptedServer) -> None:
@@ -367,7 +371,8 @@ def test_abort_unblocks_stalled_read_from_another_thread(
 
     th = threading.Thread(target=reader)
     th.start()
-    time.sleep(0.2)  # let the reader block in recv
+    assert th.ident is not None
+    wait_until(lambda: thread_blocked_in(th.ident, "socket.py"), 5.0, "the reader to block")
     assert not woke.is_set()
     t0 = time.monotonic()
     st.abort()

@@ -6,10 +6,16 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 from e2b_provider import CancelToken, E2BSandboxProvider, InvalidArgument, SandboxHandle
 
 pytestmark = pytest.mark.integration
+
+
+def _running(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> int:
+    """How many processes in the sandbox match ``pgrep -f pattern``."""
+    return int(p.exec(h, f"pgrep -fc '{pattern}' || true", timeout=30.0).stdout.strip())
 
 
 def test_exec_runs_as_sandbox_user_with_reference_environment(
@@ -71,6 +77,13 @@ def test_output_budget_is_shared_and_cut_utf8_safely(
         sandbox, "printf 'aaaaaaaaa\\xe2\\x82\\xacbbb'", max_output_bytes=12, timeout=30.0
     )
     assert r.stdout == "aaaaaaaaa€" and r.truncated
+    # the same on stderr, which is decoded the same way
+    for cap in (10, 11):
+        r = shared_provider.exec(
+            sandbox, "printf 'aaaaaaaaa\\xe2\\x82\\xacbbb' >&2", max_output_bytes=cap, timeout=30.0
+        )
+        assert r.exit_code == 0 and r.truncated
+        assert (r.stdout, r.stderr) == ("", "aaaaaaaaa")
     # stdout and stderr share one budget; the stream is drained past it (exit status arrives)
     r = shared_provider.exec(
         sandbox,
@@ -117,9 +130,17 @@ def test_cancel_from_another_thread(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
     tok = CancelToken()
-    threading.Timer(1.0, tok.cancel, args=("stop please",)).start()
     marker = f"{time.monotonic_ns()}"
+
+    def cancel_once_running() -> None:
+        wait_until(lambda: _running(shared_provider, sandbox, f"[s]leep 5{marker}") >= 1, 30.0)
+        tok.cancel("stop please")
+
+    canceller = threading.Thread(target=cancel_once_running)
+    canceller.start()
     r = shared_provider.exec(sandbox, f"echo started; sleep 5{marker}", timeout=60.0, cancel=tok)
+    canceller.join(30)
+    assert tok.cancelled  # by the canceller, once the command ran
     assert r.cancelled and r.exit_code is None and not r.timed_out
     assert r.stdout == "started\n"
     left = shared_provider.exec(sandbox, f"pgrep -f '[s]leep [0-9]{marker}' || true", timeout=30.0)
@@ -151,16 +172,14 @@ def test_kill_tagged_kills_only_given_tags(
     threads = [threading.Thread(target=run, args=(t,)) for t in ("alpha", "beta", "gamma")]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        n = shared_provider.exec(
-            sandbox,
-            "pgrep -fc 'capybara-exec /tmp/[.]capybara-exec-(alpha|beta|gamma)-' || true",
-            timeout=30.0,
+    wait_until(
+        lambda: _running(
+            shared_provider, sandbox, "capybara-exec /tmp/[.]capybara-exec-(alpha|beta|gamma)-"
         )
-        if n.stdout.strip() == "3":
-            break
-        time.sleep(0.2)
+        == 3,
+        20.0,
+        "the three tagged commands to run",
+    )
     shared_provider.kill_tagged(sandbox, ["alpha", "gamma"])
     for t in (threads[0], threads[2]):
         t.join(30)

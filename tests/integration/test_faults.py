@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
+from waiting import last_request, wait_until
 
 from e2b_provider import (
     Conflict,
@@ -42,11 +44,54 @@ def test_409_storm_is_retried_then_surfaces(emu, provider: E2BSandboxProvider, f
     assert provider.resume(fresh) == "resumed"
 
 
-def test_permanent_409_is_not_retried_blindly(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]
+def _connects(emu, sandbox_id: str, after: int) -> list:  # type: ignore[no-untyped-def]
+    """Statuses of the connects to the sandbox the emulator logged after request ``after``."""
+    return [
+        e["status"]
+        for e in emu.requests(path=f"/v2/sandboxes/{sandbox_id}/connect")
+        if e["seq"] > after
+    ]
+
+
+def test_permanent_409_is_not_retried_blindly(
+    emu, provider: E2BSandboxProvider, fresh, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    mark = last_request(emu)
     emu.connect_conflict(count=1, error_code="sandbox_snapshot_guest_agent_unresponsive")
-    # answered by reconnecting once with memory:false, not by five blind retries
-    with E2BSandboxProvider(emu.config(template="base")) as cold:
+    # a provider that has not seen the sandbox connects before its first call
+    with caplog.at_level(logging.WARNING, logger="e2b_provider"), E2BSandboxProvider(
+        emu.config(template="base")
+    ) as cold:
         assert cold.exec(fresh, "echo ok", timeout=30.0).stdout == "ok\n"
+    # answered by reconnecting once with memory:false, not by five blind retries
+    assert _connects(emu, fresh.id, mark) == [409, 200]
+    assert any("memory: false" in r.getMessage() for r in caplog.records)
+
+    # The real case: a snapshot taken while envd did not answer resumes only with
+    # memory:false (a cold boot from its files); a plain connect answers 409 forever.
+    provider.write_file(fresh, "/workspace/kept.txt", b"kept")
+    emu.envd_unresponsive(fresh.id)
+    provider.suspend(fresh)
+    assert emu.get_sandbox(fresh.id)["state"] == "paused"
+    mark = last_request(emu)
+    assert provider.exec(fresh, "cat /workspace/kept.txt", timeout=30.0).stdout == "kept"
+    assert _connects(emu, fresh.id, mark) == [409, 201]
+
+
+def test_generic_502_on_a_process_start_is_raised_not_retried(
+    emu, provider: E2BSandboxProvider, fresh
+) -> None:  # type: ignore[no-untyped-def]
+    # Only the edge's "The sandbox was not found" says nothing ran; after any other 502 the
+    # command may have run, and running it again could do its work twice.
+    mark = last_request(emu)
+    emu.envd_error(502, sandbox_id=fresh.id)
+    with pytest.raises(E2BHttpError) as ei:
+        provider.exec(fresh, "echo ran >> /workspace/runs", timeout=30.0)
+    assert ei.value.status == 502
+    assert emu.faults() == []
+    starts = [e for e in emu.requests(sandbox_id=fresh.id, path="Start") if e["seq"] > mark]
+    assert [e["status"] for e in starts] == [502]
+    assert provider.read_file(fresh, "/workspace/runs") is None
 
 
 def test_control_plane_5xx_is_retried_and_redirects_are_not_followed(
@@ -110,10 +155,20 @@ def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: 
             result["r"] = p.exec(fresh, "sleep 300", timeout=timeout)
             result["t"] = time.monotonic()
 
+        mark = last_request(emu)
         t0 = time.monotonic()
         th = threading.Thread(target=run)
         th.start()
-        time.sleep(1.0)  # the command is running; now envd stops answering new requests
+        # once envd has started the command, it stops answering new requests (the kill's)
+        wait_until(
+            lambda: [
+                e
+                for e in emu.requests(sandbox_id=fresh.id, path="process.Process/Start")
+                if e["seq"] > mark and e["status"] == 200
+            ],
+            timeout,
+            "the command to start",
+        )
         emu.envd_unresponsive(fresh.id)
         th.join(timeout + 3.0 + 1.0 + 1.0 + 40.0 + 5.0)
         assert not th.is_alive()
@@ -130,8 +185,6 @@ def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: 
 
 
 def test_execs_wedged_together_share_one_reboot(emu, fresh, caplog) -> None:  # type: ignore[no-untyped-def]
-    import logging
-
     with E2BSandboxProvider(emu.config(template="base"), kill_bound=5.0, kill_grace=0.5) as p:
         # every Start stalls (the kill scripts' too), until the fixture clears the faults
         emu.stream_stall(sandbox_id=fresh.id, count=-1)

@@ -13,8 +13,11 @@ import time
 from typing import Iterator
 
 import pytest
+from waiting import last_request, wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
+
+from .conftest import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -57,17 +60,12 @@ def _spawn(emu, sandbox_id: str, command: str, bound: float = 10.0) -> subproces
 
 
 def _wait_running(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if (
-            p.exec(
-                h, f"pgrep -f '{pattern}' >/dev/null && echo yes || echo no", timeout=30.0
-            ).stdout.strip()
-            == "yes"
-        ):
-            return
-        time.sleep(0.2)
-    raise AssertionError("the remote command never started")
+    wait_until(
+        lambda: p.exec(h, f"pgrep -f '{pattern}' >/dev/null && echo yes", timeout=30.0).stdout,
+        30.0,
+        "the remote command to start",
+        interval=0.2,
+    )
 
 
 @contextlib.contextmanager
@@ -107,16 +105,23 @@ def test_sigint_kills_remote_command_and_reraises(
 
 
 def test_second_sigint_abandons_a_hung_cleanup(emu, provider: E2BSandboxProvider) -> None:  # type: ignore[no-untyped-def]
-    from .conftest import unique_name
-
     h = provider.create(unique_name("ki2"))
     try:
         marker = str(time.monotonic_ns())
         command, pattern = f"sleep 3{marker}", f"[s]leep 3{marker}"
         with _running_child(emu, provider, h, command, pattern, bound=60.0) as child:
+            mark = last_request(emu)
             emu.envd_unresponsive(h.id)  # the kill will hang
             child.send_signal(signal.SIGINT)
-            time.sleep(1.0)
+            wait_until(
+                lambda: [
+                    e
+                    for e in emu.requests(sandbox_id=h.id, path="process.Process/Start")
+                    if e["seq"] > mark and e.get("hung")
+                ],
+                30.0,
+                "the interrupted child's kill to reach the sandbox",
+            )
             assert child.poll() is None  # still trying to kill (bounded by 60 s)
             t0 = time.monotonic()
             child.send_signal(signal.SIGINT)

@@ -8,6 +8,7 @@ import time
 from typing import Iterator, List
 
 import pytest
+from waiting import last_request
 
 from e2b_provider import E2BSandboxProvider
 from e2b_provider._watchdog import Watchdog
@@ -69,14 +70,16 @@ def test_queued_kill_keeps_the_bound_and_never_runs_after_the_reboot(
 
                 # Once the pool is free again, the kill of this finished exec must not run
                 # against the rebooted sandbox (its pid may belong to a new process now).
-                emu.clear_requests()
+                mark = last_request(emu)
                 release.set()
+                # The pool's one worker runs its queue in order, each job to its end: once
+                # a job queued now has run, a kill job still in the queue would have sent
+                # its requests already.
                 wd.submit(lambda: None).result(timeout=30.0)
-                time.sleep(0.5)
                 late = [
                     e["path"]
                     for e in emu.requests(sandbox_id=h.id)
-                    if "process.Process" in e["path"]
+                    if e["seq"] > mark and "process.Process" in e["path"]
                 ]
                 assert late == []
             finally:

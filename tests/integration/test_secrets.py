@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
+from waiting import last_request, wait_until
 
-from e2b_provider import CancelToken, E2BSandboxProvider, SandboxGoneError
+from e2b_provider import Cancelled, CancelToken, E2BSandboxProvider, SandboxGoneError
 
 from .conftest import unique_name
 
@@ -24,10 +26,48 @@ def test_no_secret_in_any_log_record_error_or_repr(emu, caplog) -> None:  # type
             assert token and token not in repr(target)
             p.exec(h, "echo hi", timeout=30.0)
             p.exec(h, "sleep 30", timeout=0.5)  # timeout path: kill script + SIGKILL
-            tok = CancelToken()
-            tok.cancel("x")
             p.write_file(h, "/workspace/s.txt", b"s")
             p.read_file(h, "/workspace/s.txt")
+            # Cancelled, before any I/O: every call with a token that already fired
+            tok = CancelToken()
+            tok.cancel("x")
+            for call in (
+                lambda: p.exec(h, "true", cancel=tok),
+                lambda: p.write_file(h, "/workspace/s.txt", b"t", cancel=tok),
+                lambda: p.read_file(h, "/workspace/s.txt", cancel=tok),
+                lambda: p.stat(h, "/workspace/s.txt", cancel=tok),
+                lambda: p.resume(h, cancel=tok),
+                lambda: p.suspend(h, cancel=tok),
+                lambda: p.destroy(h, cancel=tok),
+                lambda: p.create(unique_name("secret"), cancel=tok),
+            ):
+                with pytest.raises(Cancelled) as ei:
+                    call()
+                seen_errors.append(ei.value)
+            # Cancelled while the request is under way: a read whose stream stalls
+            mark = last_request(emu)
+            emu.stream_stall(sandbox_id=h.id)
+            late = CancelToken()
+
+            def cancel_once_stalled() -> None:
+                wait_until(
+                    lambda: [
+                        e
+                        for e in emu.requests(sandbox_id=h.id)
+                        if e["seq"] > mark and e.get("stalled")
+                    ],
+                    30.0,
+                    "the read's stream to stall",
+                )
+                late.cancel("stop")
+
+            canceller = threading.Thread(target=cancel_once_stalled)
+            canceller.start()
+            with pytest.raises(Cancelled) as ei:
+                p.read_file(h, "/workspace/s.txt", cancel=late)
+            canceller.join(30)
+            seen_errors.append(ei.value)
+            assert p.read_file(h, "/workspace/s.txt").data == b"s"  # type: ignore[union-attr]
             emu.stream_stall(sandbox_id=h.id)
             p.exec(h, "sleep 30", timeout=0.5)  # wedged: grace runs out, reboot
             p.destroy(h)
@@ -41,7 +81,8 @@ def test_no_secret_in_any_log_record_error_or_repr(emu, caplog) -> None:  # type
             except SandboxGoneError as exc:
                 seen_errors.append(exc)
             texts = [repr(p), repr(config), str(config)]
-    assert len(seen_errors) == 2
+    assert len(seen_errors) == 11
+    assert [type(e) for e in seen_errors[:9]] == [Cancelled] * 9
     texts += [str(e) for e in seen_errors] + [repr(e) for e in seen_errors]
     texts += [r.getMessage() for r in caplog.records]
     texts += [str(r.args) for r in caplog.records]

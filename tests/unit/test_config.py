@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import uuid
 from typing import Any, Dict
 
 import attrs
@@ -13,7 +14,7 @@ from e2b_provider.config import (
     DeploymentConfig,
     config_schema,
 )
-from e2b_provider.errors import ConfigError, E2BProviderError, InvalidArgument
+from e2b_provider.errors import ConfigError, E2BProviderError, InvalidArgument, redact
 
 KEY = "e2b_0123456789abcdef-config-test"
 
@@ -380,6 +381,10 @@ def test_from_env_duplicate_override_spellings() -> None:
 
 def test_repr_and_str_hide_the_key() -> None:
     c = cfg()
+    assert repr(c) == (
+        "DeploymentConfig(api_key='***', template='base', api_url=None, domain='e2b.app', "
+        "timeout_seconds=3600, domain_allowlist=True, allow_open_egress=False, sandbox_url=None)"
+    )
     for text in (repr(c), str(c), f"{c}", repr([c])):
         assert KEY not in text
         assert "api_key='***'" in text
@@ -438,3 +443,131 @@ def test_config_schema() -> None:
     # A fresh copy each time: callers may mutate theirs.
     s["properties"]["apiKey"]["label"]["en"] = "changed"
     assert config_schema()["properties"]["apiKey"]["label"]["en"] == "API key"
+
+
+# --- messages: what each refused value is told -------------------------------------------------
+
+URL_2048 = "http://h.example/" + "a" * (2048 - len("http://h.example/"))
+
+FIELD_PROBLEMS = [
+    ({"api_url": ""}, "api_url: must be an http or https URL of 1-2048 characters"),
+    ({"api_url": URL_2048 + "a"}, "api_url: must be an http or https URL of 1-2048 characters"),
+    ({"api_url": "https://x .com"},
+     "api_url: must not contain whitespace, control or non-ASCII characters"),
+    ({"api_url": "https://x.com:abc"}, "api_url: is not a valid URL (bad host or port)"),
+    ({"api_url": "ftp://x.com"}, "api_url: must start with http:// or https://"),
+    ({"api_url": "https://u:p@x.com"}, "api_url: must not contain user info (user:password@)"),
+    ({"api_url": "https:///p"}, "api_url: must name a host"),
+    ({"api_url": "https://x.com:0"}, "api_url: must not use port 0"),
+    ({"api_url": "https://x.com?"}, "api_url: must not contain a query string"),
+    ({"sandbox_url": "https://x.com#"}, "sandbox_url: must not contain a fragment"),
+    ({"sandbox_url": 3}, "sandbox_url: must be an http or https URL string, not int"),
+    ({"api_key": "k\u00e9y-0123456789"}, "api_key: must contain only ASCII characters"),
+    ({"api_key": "a" * 4097}, "api_key: must be at most 4096 characters"),
+    ({"template": ""}, "template: must be a non-empty string, not ''"),
+    ({"template": "t" * 257}, "template: must be at most 256 characters"),
+    ({"template": "a b"}, "template: must not contain whitespace or control characters: 'a b'"),
+    ({"domain": 5}, "domain: must be a lowercase hostname such as e2b.app, not int"),
+    ({"domain": "BAD"}, "domain: must be a lowercase hostname such as e2b.app, not 'BAD'"),
+    ({"timeout_seconds": "1"}, "timeout_seconds: must be an integer number of seconds, not '1'"),
+    ({"timeout_seconds": 59}, "timeout_seconds: must be from 60 to 86400, not 59"),
+    ({"domain_allowlist": 1}, "domain_allowlist: must be true or false, not 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fields, problem", FIELD_PROBLEMS)
+def test_refused_field_is_named_with_its_problem(fields: Dict[str, Any], problem: str) -> None:
+    kw = {"api_key": KEY, "template": "base", **fields}
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig(**kw)
+    assert str(info.value) == f"invalid sandbox-e2b deployment config: {problem}"
+    assert info.value.problems == (problem,)
+
+
+def test_bounds_are_inclusive() -> None:
+    assert cfg(api_url=URL_2048).api_url == URL_2048
+    assert DeploymentConfig("a" * 4096, "base").api_key == "a" * 4096
+    assert DeploymentConfig(KEY, "t" * 256).template == "t" * 256
+
+
+def test_only_urls_lose_trailing_slashes() -> None:
+    c = cfg(api_url="http://127.0.0.1:8080/X/", sandbox_url="http://h.example/XX//")
+    assert (c.api_url, c.sandbox_url) == ("http://127.0.0.1:8080/X", "http://h.example/XX")
+    assert cfg(api_url="http://X/").api_url == "http://X"
+    m = DeploymentConfig.from_mapping({"apiKey": KEY, "template": "tpl/"})
+    assert m.template == "tpl/"
+
+
+def test_from_mapping_checks_urls_without_their_trailing_slashes() -> None:
+    # 2048 characters once the slashes are gone: accepted, as the constructor does
+    slashed = URL_2048 + "//"
+    c = DeploymentConfig.from_mapping(
+        {"apiKey": KEY, "template": "t", "apiUrl": slashed, "sandboxUrl": slashed}
+    )
+    assert c.api_url == URL_2048 and c.sandbox_url == URL_2048
+
+
+def test_from_mapping_null_url_before_other_fields() -> None:
+    c = DeploymentConfig.from_mapping({"sandboxUrl": None, "apiKey": KEY, "template": "t"})
+    assert c == DeploymentConfig(KEY, "t")
+
+
+def test_from_mapping_every_key_problem_is_reported() -> None:
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_mapping(
+            {"apiKey": KEY, "api_key": KEY, "nope": 1, "template": "t", "timeout": 5}
+        )
+    assert info.value.problems == (
+        "apiKey and api_key both given (use one spelling)",
+        "unknown key 'nope'",
+        "unknown key 'timeout'",
+    )
+
+
+def test_not_a_mapping_and_unknown_fields_messages() -> None:
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_mapping([("apiKey", KEY)])  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "invalid sandbox-e2b deployment config: config must be a mapping, not list"
+    )
+    assert info.value.problems == ("config must be a mapping, not list",)
+    with pytest.raises(ConfigError) as info:
+        cfg().replace(nope=1, zz=2)
+    assert str(info.value) == (
+        "invalid sandbox-e2b deployment config: unknown field 'nope'; unknown field 'zz'"
+    )
+    assert info.value.problems == ("unknown field 'nope'", "unknown field 'zz'")
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_env(
+            {"E2B_API_KEY": KEY, "E2B_TEMPLATE": "t", "E2B_TIMEOUT_SECONDS": "1e3"}
+        )
+    assert info.value.problems == ("E2B_TIMEOUT_SECONDS: must be a decimal integer, not '1e3'",)
+
+
+def test_api_key_is_a_secret_as_soon_as_it_is_seen() -> None:
+    # also when the rest of the config is refused: later messages never show it
+    seen = f"e2b_{uuid.uuid4().hex}"
+    with pytest.raises(ConfigError):
+        DeploymentConfig.from_mapping({"apiKey": seen, "template": ""})
+    assert redact(f"key={seen}") == "key=***"
+    valid = f"e2b_{uuid.uuid4().hex}"
+    DeploymentConfig(valid, "base")
+    assert redact(f"key={valid}") == "key=***"
+
+
+def test_config_schema_properties_in_full() -> None:
+    props = config_schema()["properties"]
+    assert {k: p["field"] for k, p in props.items()} == {c: s for c, s in zip(CAMEL, SNAKE)}
+    assert props["apiUrl"] == {
+        "type": "string",
+        "format": "uri",
+        "pattern": "^https?://",
+        "maxLength": 2048,
+        "label": {"zh": "接口地址", "en": "API URL"},
+        "description": "Control-plane API URL; defaults to https://api.<domain>. "
+        "Set it for self-hosted E2B.",
+        "field": "api_url",
+    }
+    s = config_schema()
+    assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert s["title"] == "sandbox-e2b deployment config"

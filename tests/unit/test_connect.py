@@ -284,3 +284,70 @@ def test_messages_are_not_repeated_after_an_error() -> None:
     with pytest.raises(ProtocolError):
         dec.feed(good)
     assert list(dec) == []
+
+
+def test_encode_envelope_is_compact_utf8_json() -> None:
+    # what goes on the wire, byte for byte: no spaces, non-ASCII as UTF-8 (not \u escapes)
+    body = '{"a":"é","b":[1,2]}'.encode()
+    assert encode_envelope({"a": "é", "b": [1, 2]}) == b"\x00" + struct.pack(">I", len(body)) + body
+
+
+def test_end_stream_with_error_keeps_its_metadata() -> None:
+    dec = EnvelopeDecoder()
+    dec.feed(
+        encode_envelope(
+            {"error": {"code": "internal", "message": "m"}, "metadata": {"k": ["v"]}},
+            end_stream=True,
+        )
+    )
+    assert list(dec) == [EndStream("internal", "m", {"k": ["v"]})]
+
+
+def test_nothing_stays_buffered_after_the_end_of_stream() -> None:
+    dec = EnvelopeDecoder()
+    dec.feed(encode_envelope({"x": 1}) + encode_envelope({}, end_stream=True))
+    assert list(dec) == [Message({"x": 1}), EndStream()]
+    assert dec.finished and dec.buffered == 0
+
+
+def test_smallest_message_bound_is_one_byte() -> None:
+    dec = EnvelopeDecoder(max_message_bytes=1)
+    with pytest.raises(ProtocolError) as too_big:
+        dec.feed(encode_envelope({}))
+    assert str(too_big.value) == "envelope of 2 bytes exceeds the 1-byte bound"
+    with pytest.raises(ValueError) as ei:
+        EnvelopeDecoder(max_message_bytes=0)
+    assert str(ei.value) == "max_message_bytes must be positive"
+
+
+@pytest.mark.parametrize(
+    "wire, message",
+    [
+        (header(0, 2) + b"[]", "envelope JSON is a list, not an object"),
+        (header(0x02, 6) + b'{"error":1}'[:6], "envelope is not valid UTF-8 JSON: JSONDecodeError"),
+        (encode_envelope({"error": "boom"}, end_stream=True),
+         "end-of-stream error is not an object"),
+        (header(0x01, 2) + b"{}", "compressed envelope refused (we never ask for compression)"),
+        (encode_envelope({}, end_stream=True) + b"\x00",
+         "data after the end-of-stream message"),
+    ],
+)  # fmt: skip
+def test_protocol_error_messages(wire: bytes, message: str) -> None:
+    dec = EnvelopeDecoder()
+    with pytest.raises(ProtocolError) as ei:
+        dec.feed(wire)
+    assert str(ei.value) == message
+    with pytest.raises(ProtocolError) as ei:
+        dec.feed(b"more")
+    assert str(ei.value) == "the stream already failed"
+
+
+def test_messages_at_eof() -> None:
+    dec = EnvelopeDecoder()
+    dec.feed(encode_envelope({}, end_stream=True))
+    with pytest.raises(ProtocolError) as ei:
+        dec.feed(b"\x00")
+    assert str(ei.value) == "data after the end-of-stream message"
+    with pytest.raises(ProtocolError) as ei:
+        EnvelopeDecoder().close()
+    assert str(ei.value) == "stream ended without an end-of-stream message"

@@ -25,7 +25,10 @@ def state_of(esc: Escalation) -> State:
 def test_initial_state() -> None:
     esc = Escalation()
     assert state_of(esc) is State.RUNNING
-    assert not (esc.timed_out or esc.cancelled or esc.interrupted or esc.wedged or esc.stopping)
+    # booleans (they become the result's flags), not merely falsy values
+    flags = (esc.timed_out, esc.cancelled, esc.interrupted, esc.wedged, esc.stopping)
+    assert flags == (False,) * 5 and all(f is False for f in flags)
+    assert esc.cancel_reason is None
 
 
 def test_clean_stream_end_without_trigger() -> None:

@@ -438,3 +438,65 @@ def test_live_text_finish_drops_a_cut_character_only_when_truncated() -> None:
     whole = LiveText()
     whole.feed(b"x" + euro[:2])
     assert whole.finish(False) == "\ufffd"
+
+
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        ([1], "process stream message is a list, not an object"),
+        ({"event": 1}, "process event is a int, not an object"),
+        ({"event": {"start": 1}}, "process event 'start' is a int, not an object"),
+        ({"event": {"start": {"pid": "1"}}}, "process event start.pid is a str, not an integer"),
+        ({"event": {"start": {"pid": -1}}}, "process event start.pid is negative"),
+        ({"event": {"data": {"stdout": 5}}}, "process event data.stdout is a int, not base64 text"),
+        ({"event": {"data": {"pty": "!!"}}}, "process event data.pty is not valid base64"),
+        ({"event": {"data": {"stderr": 5}}}, "process event data.stderr is a int, not base64 text"),
+        ({"event": {"end": {"exitCode": "1"}}},
+         "process event end.exitCode is a str, not an integer"),
+        ({"event": {"end": {"exited": 1}}}, "process event end.exited is a int, not a bool"),
+        ({"event": {"end": {"status": 1}}}, "process event end.status is a int, not text"),
+        ({"event": {"end": {"error": 1}}}, "process event end.error is a int, not text"),
+        ({"event": {"start": {}, "end": {}}},
+         "process event has several kinds at once: start, end"),
+    ],
+)  # fmt: skip
+def test_malformed_event_messages_say_what_is_wrong(obj: Any, message: str) -> None:
+    with pytest.raises(ProtocolError) as ei:
+        event_from_wire(obj)
+    assert str(ei.value) == message
+
+
+def test_unpadded_base64_of_every_length() -> None:
+    for raw in (b"a", b"ab", b"abc", b"abcd"):
+        text = base64.b64encode(raw).decode().rstrip("=")
+        assert event_from_wire({"event": {"data": {"stderr": text}}}) == DataEvent(b"", raw)
+
+
+def test_stdout_and_pty_in_one_event_are_joined() -> None:
+    ev = event_from_wire({"event": {"data": {"stdout": b64(b"out"), "pty": b64(b"tty")}}})
+    assert ev == DataEvent(b"outtty")
+
+
+def test_end_without_a_status_has_an_empty_one() -> None:
+    ev = event_from_wire({"event": {"end": {"exited": True}}})
+    assert ev == EndEvent(exited=True, status="", raw_exit_code=None, error=None)
+
+
+def test_bad_budget_message() -> None:
+    with pytest.raises(InvalidArgument) as ei:
+        OutputBudget(-1)
+    assert str(ei.value) == "invalid max_output_bytes -1: must be an int >= 0"
+
+
+@pytest.mark.parametrize(
+    "cut, kept",
+    [
+        (b"a\xe0\xa0", "a"),  # U+0800 (lead byte E0) cut after 2 of its 3 bytes
+        (b"a\xe0", "a"),
+        (b"a\xc0", "a"),  # a 2-byte lead: needs 2 bytes, as in the reference's decodeOutput
+        (b"a\xc2", "a"),
+        (b"a\xf0\x9f\x98", "a"),
+    ],
+)
+def test_truncated_decode_drops_a_cut_sequence_by_its_lead_byte(cut: bytes, kept: str) -> None:
+    assert decode_output(cut, True) == kept

@@ -282,6 +282,108 @@ def test_messages_are_short_and_bounded() -> None:
     assert len(fin.message) < 400
 
 
+STILL_RUNNING = "the stuck command may still be running"
+PLAIN = (
+    "cold boot is not enabled for this team (connect answered 400 "
+    f"{MEMORY_OVERRIDE_DISABLED}); the sandbox was resumed with its memory and {STILL_RUNNING}"
+)
+
+
+@pytest.mark.parametrize(
+    "outcomes, finish",
+    [
+        ([A(404)], Finish("gone", False, "the sandbox no longer exists (pause answered 404)")),
+        ([A(500), A(404)],
+         Finish("gone", False, "the sandbox no longer exists (pause answered 404)")),
+        ([A(204), A(404)],
+         Finish("gone", False, "the sandbox no longer exists (connect answered 404)")),
+        ([A(204), A(400, MEMORY_OVERRIDE_DISABLED), A(404)],
+         Finish("gone", False, "the sandbox no longer exists (connect answered 404)")),
+        ([A(204), A(201)], Finish("rebooted", True, "the sandbox was cold-booted")),
+        ([A(204), A(200)], Finish("not_rebooted", False, "the sandbox was running when it was "
+         f"reconnected (resumed in between); no reboot happened and {STILL_RUNNING}")),
+        ([A(204), A(400, MEMORY_OVERRIDE_DISABLED), A(200)], Finish("not_rebooted", False, PLAIN)),
+        ([A(204), A(400, MEMORY_OVERRIDE_DISABLED), A(201)], Finish("not_rebooted", False, PLAIN)),
+        ([A(204), A(400, MEMORY_OVERRIDE_DISABLED), A(500)], Finish("not_rebooted", False,
+         "cold boot is not enabled and the plain connect answered HTTP 500; the sandbox stays "
+         f"paused with its memory and {STILL_RUNNING}")),
+        ([A(418, "x" * 150)], Finish("not_rebooted", False, "filesystem-only pause answered "
+         f"HTTP 418 ({'x' * 100}); {STILL_RUNNING}")),
+        ([A(500), A(401)], Finish("not_rebooted", False, "full pause answered HTTP 401; gave "
+         f"up, the sandbox keeps running and {STILL_RUNNING}")),
+        ([A(204), A(500)], Finish("not_rebooted", False, "connect answered HTTP 500; the "
+         f"sandbox may stay paused and {STILL_RUNNING}")),
+        ([A(503), Healthy(True), Waited(), A(503), Healthy(True), Waited(), A(503), Healthy(True)],
+         Finish("not_rebooted", False, "pause kept answering 503 after 2 retries while envd is "
+         f"healthy; the sandbox keeps running and {STILL_RUNNING}")),
+    ],
+)  # fmt: skip
+def test_each_end_says_what_happened(outcomes: Sequence[Outcome], finish: Finish) -> None:
+    # the default plan: two retries of a filesystem-only pause answering 503
+    assert drive(RebootPlan(T), outcomes)[1] == finish
+
+
+def test_plan_gives_up_after_max_steps() -> None:
+    plan = RebootPlan(T, max_pause_retries=1000)  # a healthy envd, pause busy forever
+    step = plan.first()
+    assert plan.steps == 1
+    yielded = 1
+    while not isinstance(step, Finish):
+        if isinstance(step, Pause):
+            step = plan.next(step, A(503))
+        elif isinstance(step, HealthCheck):
+            step = plan.next(step, Healthy(True))
+        else:
+            step = plan.next(step, Waited())
+        yielded += not isinstance(step, Finish)
+    assert yielded == MAX_STEPS  # every step counted once
+    assert step == Finish(
+        "not_rebooted", False, f"gave up after {MAX_STEPS} steps; {STILL_RUNNING}"
+    )
+    assert plan.steps == MAX_STEPS
+
+
+def test_full_pause_after_an_unhealthy_check_is_retried_as_a_full_pause() -> None:
+    steps, fin = drive(
+        RebootPlan(T), [A(503), Healthy(False), A(503), Waited(), A(204), A(201)]
+    )
+    assert steps == [FS, HealthCheck(), FULL, Wait(1.5), FULL, CONN]
+    assert fin.rebooted
+
+
+def test_connect_503_waits_as_long_as_retry_after_says() -> None:
+    steps, fin = drive(RebootPlan(T), [A(204), A(503, retry_after=0.7), Waited(), A(201)])
+    assert steps == [FS, CONN, Wait(0.7), CONN]
+    assert fin.rebooted
+
+
+def _refusal(call: Callable[[], object]) -> str:
+    with pytest.raises(ValueError) as ei:
+        call()
+    return str(ei.value)
+
+
+def test_misuse_messages() -> None:
+    plan = RebootPlan(T)
+    assert _refusal(lambda: plan.next(FS, A(204))) == (
+        "next() must be given the last step this plan returned"
+    )
+    step = plan.first()
+    assert _refusal(plan.first) == "the reboot plan has already started"
+    assert _refusal(lambda: plan.next(step, Healthy(True))) == (
+        "an HTTP step needs an Answer outcome"
+    )
+    check = plan.next(step, A(503))
+    assert _refusal(lambda: plan.next(check, Waited())) == (
+        "a HealthCheck step needs a Healthy outcome"
+    )
+    wait = plan.next(check, Healthy(True))
+    assert _refusal(lambda: plan.next(wait, A(204))) == "a Wait step needs a Waited outcome"
+    other = RebootPlan(T)
+    done = other.next(other.first(), A(404))
+    assert _refusal(lambda: other.next(done, A(204))) == "the reboot plan is finished"
+
+
 def worst_case(plan: RebootPlan) -> Callable[[Step], Outcome]:
     """An adversary that always picks the answer causing the most further steps."""
 

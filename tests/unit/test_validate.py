@@ -439,6 +439,121 @@ def test_message_quotes_value_with_repr_cut_to_80() -> None:
     assert len(v.show("x" * 1000)) == 80
 
 
+def test_show_keeps_a_repr_of_exactly_80_characters_whole() -> None:
+    assert v.show("a" * 78) == "'" + "a" * 78 + "'"  # repr: 80 characters
+    assert v.show("a" * 79) == "'" + "a" * 76 + "..."  # 81: cut to 77 and "..."
+
+
+NAME_253 = ".".join(["a" * 63] * 3 + ["b" * 61])  # the longest host name allowed
+GRAMMAR_HOST = (
+    "must be a lowercase DNS name with at least two labels of ASCII letters, digits and '-' "
+    "(no leading or trailing '-'), such as e2b.app"
+)
+MAX_BYTES = lambda n: v.check_max_bytes(n, "max_bytes")  # noqa: E731
+
+# What the caller reads: the value (repr, cut to 80 characters) and every problem with it.
+MESSAGES = [
+    (v.check_name, 5, "invalid sandbox name: must be a string, not int"),
+    (v.check_name, "-a", "invalid sandbox name '-a': must be 1-101 ASCII letters, digits, "
+     "'_', '.' or '-', starting with a letter or digit"),
+    (v.check_env_key, 1, "invalid environment variable name: must be a string, not int"),
+    (v.check_env_key, "A" * 1025, f"invalid environment variable name {v.show('A' * 1025)}: "
+     "longer than 1024 characters"),
+    (v.check_env_key, "1A", "invalid environment variable name '1A': must be ASCII letters, "
+     "digits and '_', not starting with a digit"),
+    (v.check_env, ["A"], "invalid env: must be a mapping, not list"),
+    (v.check_env, {"A": 1}, "invalid value for environment variable A: must be a string, "
+     "not int"),
+    (v.check_env, {"A": "a\x00"}, "invalid value for environment variable A: contains a NUL "
+     "character"),
+    (v.check_env, {"A": "\ud800"}, "invalid value for environment variable A: not encodable "
+     "as UTF-8"),
+    (v.check_env, {"A": "é" * 65537}, "invalid value for environment variable A: 131074 "
+     "bytes, at most 131072 are allowed"),
+    (v.check_sandbox_id, "a b", "invalid E2B sandbox id 'a b': must be 1-128 ASCII letters, "
+     "digits or '-'"),
+    (v.check_sandbox_id, None, "invalid E2B sandbox id: must be a string, not NoneType"),
+    (v.check_hostname, 1, "invalid host name: must be a string, not int"),
+    (v.check_hostname, "E2B.app", f"invalid host name 'E2B.app': {GRAMMAR_HOST}"),
+    (v.check_hostname, "a" * 64 + ".app", f"invalid host name {v.show('a' * 64 + '.app')}: "
+     "has a label longer than 63 characters"),
+    (v.check_hostname, NAME_253 + "c", f"invalid host name {v.show(NAME_253 + 'c')}: longer "
+     "than 253 characters"),
+    (v.check_hostname, "X" + NAME_253, f"invalid host name {v.show('X' + NAME_253)}: longer "
+     f"than 253 characters; {GRAMMAR_HOST}"),
+    (v.check_tag, "a b", "invalid sandbox tag 'a b': must be 1-64 ASCII letters, digits, '_' "
+     "or '-'"),
+    (v.check_tag, 1, "invalid sandbox tag: must be a string, not int"),
+    (v.check_path, 1, "invalid sandbox path 1: must be a string, not int"),
+    (v.check_path, "", "invalid sandbox path '': must not be empty"),
+    (v.check_path, "a//b/./", "invalid sandbox path 'a//b/./': must be absolute (start with "
+     "'/'); must not contain empty segments ('//'); must not end with '/'; must be normalized "
+     "(no '.' or '..' segments)"),
+    (v.check_path, "/a\x00", "invalid sandbox path '/a\\x00': must not contain NUL"),
+    (v.check_path, "/a\x00\x01", "invalid sandbox path '/a\\x00\\x01': must not contain NUL; "
+     "must not contain control or invisible formatting characters"),
+    (v.check_path, "/\ud800", "invalid sandbox path '/\\ud800': must be valid Unicode (no "
+     "lone surrogates)"),
+    (v.check_path, "//", "invalid sandbox path '//': must not contain empty segments ('//'); "
+     "must not end with '/'"),
+    (v.check_allow_host, 1, "invalid allowHosts entry 1: must be a string, not int"),
+    (v.check_allow_host, "", "invalid allowHosts entry '': must not be empty"),
+    (v.check_allow_host, "x" * 256, f"invalid allowHosts entry {v.show('x' * 256)}: longer "
+     "than 253 characters"),
+    (v.check_allow_host, f"{CYRILLIC_A} b{ZWSP}.com", "invalid allowHosts entry "
+     f"'{CYRILLIC_A} b\\u200b.com': must be ASCII only (no Unicode look-alike characters); must "
+     "not contain whitespace; must not contain control or invisible formatting characters"),
+    (v.check_allow_host, "https://x.com", "invalid allowHosts entry 'https://x.com': must not "
+     "include a scheme such as https://"),
+    (v.check_allow_host, "a!b.com", "invalid allowHosts entry 'a!b.com': may contain only "
+     "ASCII letters, digits, '.', '-', a leading '*.', and ':' or '/' in IP addresses and CIDR "
+     "blocks"),
+    (v.check_allow_host, "10.0.0.0/x", "invalid allowHosts entry '10.0.0.0/x': CIDR prefix "
+     "length must be a decimal number"),
+    (v.check_allow_host, "10.0.0.0/8/9", "invalid allowHosts entry '10.0.0.0/8/9': CIDR "
+     "prefix length must be a decimal number"),
+    (v.check_allow_host, "10.0.0.1/8", "invalid allowHosts entry '10.0.0.1/8': CIDR has host "
+     "bits set (use the network address)"),
+    (v.check_allow_host, "10.0.0.0/33", "invalid allowHosts entry '10.0.0.0/33': not a valid "
+     "CIDR block"),
+    (v.check_allow_host, "999.1.1.1", "invalid allowHosts entry '999.1.1.1': not a valid IPv4 "
+     "address"),
+    (v.check_allow_host, "x.com/p", "invalid allowHosts entry 'x.com/p': must not include a "
+     "path"),
+    (v.check_allow_host, "x.com:80", "invalid allowHosts entry 'x.com:80': must not include a "
+     "port"),
+    (v.check_allow_host, "*.*.com", "invalid allowHosts entry '*.*.com': a wildcard is only "
+     "allowed as a leading '*.'"),
+    (v.check_allow_host, "X.com", "invalid allowHosts entry 'X.com': must be lowercase"),
+    (v.check_allow_host, "a.b.123", "invalid allowHosts entry 'a.b.123': looks like an IPv4 "
+     "address but is not a valid one"),
+    (v.check_allow_host, "x_y.com", f"invalid allowHosts entry 'x_y.com': {GRAMMAR_HOST}"),
+    (v.check_limits, {}, "invalid sandbox limits: must be SandboxLimits, not dict"),
+    (v.check_limits, SandboxLimits(cpu=True), "invalid sandbox limits: cpu must be a positive "
+     "finite number, not True"),
+    (v.check_limits, SandboxLimits(egress="all"), "invalid sandbox limits: egress must be one "
+     "of 'none', 'allowlist', 'open', not 'all'"),
+    (v.check_timeout, "1", "invalid timeout '1': must be a positive finite number of seconds"),
+    (v.check_timeout, 86401, "invalid timeout 86401: at most 86400 seconds"),
+    (MAX_BYTES, 1.0, "invalid max_bytes 1.0: must be an int"),
+    (MAX_BYTES, -1, "invalid max_bytes -1: must not be negative"),
+    (MAX_BYTES, 2**30 + 1, "invalid max_bytes 1073741825: at most 1073741824 (1 GiB)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("check, value, message", MESSAGES)
+def test_message_names_the_value_and_every_problem(
+    check: Callable[[Any], Any], value: Any, message: str
+) -> None:
+    assert str(rejects(check, value)) == message
+
+
+def test_allow_host_length_bound_counts_the_wildcard() -> None:
+    # "*." plus the longest host name is 255 characters and fine; 256 is refused at once
+    assert v.check_allow_host("*." + NAME_253) == "*." + NAME_253
+    assert v.allow_host_problems("x" * 256) == ["longer than 253 characters"]
+
+
 def test_message_shows_invisible_characters_escaped() -> None:
     err = rejects(v.check_tag, f"a{RLO}b")
     assert "\\u202e" in str(err) and RLO not in str(err)

@@ -11,6 +11,7 @@ import warnings
 from typing import Iterator, List
 
 import pytest
+from waiting import thread_blocked_in, wait_until
 
 from e2b_provider._watchdog import THREAD_NAME, WORKER_PREFIX, Watchdog
 
@@ -204,8 +205,12 @@ def test_real_thread_fires_on_time(real_wd: Watchdog) -> None:
 def test_new_earliest_entry_wakes_the_thread(real_wd: Watchdog) -> None:
     late = threading.Event()
     early = threading.Event()
-    real_wd.call_later(20.0, late.set)  # the thread now waits ~20 s
-    time.sleep(0.05)
+    idents: List[int] = []
+    real_wd.call_later(0.0, lambda: idents.append(threading.get_ident()))
+    wait_until(lambda: idents, 5.0, "the watchdog thread to run a callback")
+    real_wd.call_later(20.0, late.set)
+    # the thread now waits (until the 20 s entry, or idle): a new earliest entry must wake it
+    wait_until(lambda: thread_blocked_in(idents[0], "threading.py"), 5.0, "the thread to wait")
     start = time.monotonic()
     real_wd.call_later(0.05, early.set)
     assert early.wait(5.0)
@@ -255,8 +260,16 @@ def test_many_timers_and_jobs_use_a_constant_number_of_threads() -> None:
         for h in handles[::2]:
             h.cancel()
         gate = threading.Event()
-        futures = [wd.submit(gate.wait, 5.0) for _ in range(40)]
-        time.sleep(0.05)
+        started = threading.Semaphore(0)
+
+        def job() -> bool:
+            started.release()
+            return gate.wait(10.0)
+
+        futures = [wd.submit(job) for _ in range(40)]
+        for _ in range(4):  # every worker is busy
+            assert started.acquire(timeout=5.0)
+        assert not started.acquire(blocking=False)  # and no fifth job runs
         assert wd.thread_count() <= 1 + 4
         assert threading.active_count() - baseline <= 1 + 4
         gate.set()
@@ -280,10 +293,7 @@ def test_close_stops_the_thread_and_can_run_from_a_callback() -> None:
 
     wd.call_later(0.01, close_from_inside)
     assert done.wait(5.0)
-    deadline = time.monotonic() + 5.0
-    while wd.thread_count() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert wd.thread_count() == 0
+    wait_until(lambda: wd.thread_count() == 0, 5.0, "the watchdog's threads to end")
     wd.close()
 
 

@@ -7,14 +7,19 @@ and ``LISTEN_PID`` is the agent's pid, systemd's convention); it also runs direc
 
 * ``GET /health`` (204), ``POST /init`` and ``GET /envs`` (internal, like envd's: default
   env vars, default user and workdir; the host server must not forward ``/init`` from clients);
-* ``POST /process.Process/{Start,Connect}`` (Connect JSON server streams) and
-  ``{List,SendSignal,SendInput,CloseStdin,Update}`` (unary JSON) — see :mod:`.process`;
+* ``POST /process.Process/{Start,Connect}`` (Connect JSON server streams), ``StreamInput``
+  (a client stream) and ``{List,SendSignal,SendInput,CloseStdin,Update}`` (unary JSON) — see
+  :mod:`.process`;
 * ``POST /filesystem.Filesystem/{Stat,ListDir,MakeDir,Remove,Move}`` — see :mod:`.filesystem`;
-* ``GET /files`` and ``POST /files`` — see :mod:`.files`.
+  ``WatchDir`` (server stream) and ``{Create,Remove}Watcher``/``GetWatcherEvents`` — see
+  :mod:`.watch`;
+* ``GET /files`` and ``POST /files`` — see :mod:`.files` (request bodies are decoded there,
+  not by aiohttp, so ``Content-Encoding`` is handled as envd does).
 
 It does not check ``X-Access-Token`` (the host server does). RPCs run as the user of
 ``Authorization: Basic base64("<user>:")``, else ``--default-user``; ``/files`` take
-``?username=``. On SIGTERM/SIGINT it SIGKILLs the processes it started and exits.
+``?username=``. On SIGTERM/SIGINT it SIGKILLs the processes it started, removes its
+watchers and exits.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import signal
 import socket
 import stat
 import sys
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import attrs
 from aiohttp import web
@@ -58,8 +63,10 @@ from .rpc import (
     read_stream_request,
     read_unary_request,
     request_user,
+    stream_messages,
     unsupported_response,
 )
+from .watch import MAX_PENDING, OVERFLOW, Watcher, WatcherRegistry, check_watch_path
 
 __all__ = ["DEFAULT_KEEPALIVE", "Agent", "AgentConfig", "main", "serve"]
 
@@ -108,12 +115,21 @@ def _keepalive_interval(request: web.BaseRequest) -> float:
     return float(value)
 
 
-def _str_field(body: Dict[str, Any], name: str) -> str:
-    value = body.get(name, "")
+def _str_field(body: Dict[str, Any], name: str, alias: Optional[str] = None) -> str:
+    value = body.get(name, body.get(alias, "") if alias else "")
     if value is None:
         return ""
     if not isinstance(value, str):
         raise RpcError("invalid_argument", f"unmarshal message: {name} is not a string")
+    return value
+
+
+def _bool_field(body: Dict[str, Any], name: str, alias: Optional[str] = None) -> bool:
+    value = body.get(name, body.get(alias, False) if alias else False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RpcError("invalid_argument", f"unmarshal message: {name} is not a bool")
     return value
 
 
@@ -125,6 +141,7 @@ class Agent:
         env = {"E2B_SANDBOX": "true"}
         env.update(config.env)
         self.processes = ProcessManager(default_env=env, default_workdir=config.default_workdir)
+        self.watchers = WatcherRegistry()
 
     @property
     def default_user(self) -> str:
@@ -145,12 +162,19 @@ class Agent:
         r.add_post("/process.Process/SendInput", self._unary(self.send_input))
         r.add_post("/process.Process/CloseStdin", self._unary(self.close_stdin))
         r.add_post("/process.Process/Update", self._unary(self.update))
+        r.add_post("/process.Process/StreamInput", self.stream_input)
         r.add_post("/filesystem.Filesystem/Stat", self._unary(self.fs_stat))
         r.add_post("/filesystem.Filesystem/ListDir", self._unary(self.fs_list_dir))
         r.add_post("/filesystem.Filesystem/MakeDir", self._unary(self.fs_make_dir))
         r.add_post("/filesystem.Filesystem/Remove", self._unary(self.fs_remove))
         r.add_post("/filesystem.Filesystem/Move", self._unary(self.fs_move))
-        r.add_get("/files", self.files_get)
+        r.add_post("/filesystem.Filesystem/WatchDir", self.fs_watch_dir)
+        r.add_post("/filesystem.Filesystem/CreateWatcher", self._unary(self.fs_create_watcher))
+        r.add_post(
+            "/filesystem.Filesystem/GetWatcherEvents", self._unary(self.fs_get_watcher_events)
+        )
+        r.add_post("/filesystem.Filesystem/RemoveWatcher", self._unary(self.fs_remove_watcher))
+        r.add_get("/files", self.files_get, allow_head=False)
         r.add_post("/files", self.files_post)
         return app
 
@@ -335,19 +359,58 @@ class Agent:
         self._user(request)
         proc = self.processes.get_live(parse_selector(body))
         pty = body.get("pty")
-        if isinstance(pty, dict) and isinstance(pty.get("size"), dict):
-            size = pty["size"]
+        if isinstance(pty, dict):
+            size = pty.get("size")
+            if not isinstance(size, dict):
+                size = {}
             cols, rows = size.get("cols", 0), size.get("rows", 0)
             if not isinstance(cols, int) or not isinstance(rows, int):
                 raise RpcError("invalid_argument", "unmarshal message: pty.size is not numeric")
             proc.resize(cols, rows)
         return {}
 
+    async def stream_input(self, request: web.Request) -> web.StreamResponse:
+        """``StreamInput`` (client stream): a ``start`` selecting the process, then ``data``
+        and ``keepalive`` messages in order; answers ``{}`` when the client ends the stream."""
+        stream = ServerStream(request)
+        timeout = _INPUT_TIMEOUT
+        proc: Optional[ManagedProcess] = None
+        try:
+            self._user(request)
+            timeout = parse_timeout_ms(request) or _INPUT_TIMEOUT
+            async for message in stream_messages(request):
+                if isinstance(message.get("start"), dict):
+                    proc = self.processes.get_live(parse_selector(message["start"]))
+                elif isinstance(message.get("data"), dict):
+                    data, pty = decode_input(message["data"])
+                    if proc is None:
+                        # envd dereferences a nil process here (a crash); answer instead
+                        raise RpcError(
+                            "failed_precondition", "no process selected: send start first"
+                        )
+                    await proc.write_input(data, pty=pty, timeout=timeout)
+                elif "keepalive" not in message:
+                    raise RpcError("unimplemented", "invalid event type <nil>")
+        except UnsupportedMediaType as exc:
+            return unsupported_response(exc)
+        except RpcError as err:
+            return await stream.finish(err)
+        try:
+            await stream.send({})
+        except ConnectionError:
+            return stream.response
+        return await stream.finish()
+
     # ---- filesystem RPCs -------------------------------------------------------------
 
+    def _resolve(self, user: UserInfo, body: Dict[str, Any], name: str = "path") -> str:
+        try:
+            return expand_and_resolve(_str_field(body, name), user, self.config.default_workdir)
+        except RpcError as err:
+            raise RpcError("invalid_argument", err.message) from None
+
     def _path(self, request: web.BaseRequest, body: Dict[str, Any], name: str = "path") -> str:
-        user = self._user(request)
-        return expand_and_resolve(_str_field(body, name), user)
+        return self._resolve(self._user(request), body, name)
 
     async def fs_stat(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
         """``Stat`` → ``{"entry": EntryInfo}``."""
@@ -367,7 +430,7 @@ class Agent:
     async def fs_make_dir(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
         """``MakeDir`` → ``{"entry": …}``; ``already_exists`` when it is there."""
         user = self._user(request)
-        path = expand_and_resolve(_str_field(body, "path"), user)
+        path = self._resolve(user, body)
         return await self._in_thread(agent_fs.make_dir, path, user)
 
     async def fs_remove(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -377,9 +440,95 @@ class Agent:
     async def fs_move(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
         """``Move`` → ``{"entry": EntryInfo of the destination}``."""
         user = self._user(request)
-        source = expand_and_resolve(_str_field(body, "source"), user)
-        destination = expand_and_resolve(_str_field(body, "destination"), user)
+        source = self._resolve(user, body, "source")
+        destination = self._resolve(user, body, "destination")
         return await self._in_thread(agent_fs.move, source, destination, user)
+
+    # ---- watchers --------------------------------------------------------------------
+
+    def _watch_target(self, request: web.BaseRequest, body: Dict[str, Any]) -> str:
+        path = self._path(request, body)
+        check_watch_path(path, _bool_field(body, "allowNetworkMounts", "allow_network_mounts"))
+        return path
+
+    async def fs_watch_dir(self, request: web.Request) -> web.StreamResponse:
+        """``WatchDir``: ``{"start": {}}``, then ``{"filesystem": event}`` and keepalives."""
+        loop = asyncio.get_running_loop()
+        stream = ServerStream(request)
+        queue: asyncio.Queue[Tuple[str, Any]] = asyncio.Queue()
+        started: List[Watcher] = []
+
+        def on_event(event: Dict[str, Any]) -> None:
+            if queue.qsize() < MAX_PENDING:
+                queue.put_nowait(("event", event))
+            else:  # the client reads too slowly: end the watch as envd's overflow does
+                started[0].fail(OVERFLOW)
+
+        try:
+            timeout = parse_timeout_ms(request)
+            deadline = None if timeout is None else loop.time() + timeout
+            body = await read_stream_request(request)
+            path = self._watch_target(request, body)
+            watcher = self.watchers.watcher(
+                path,
+                _bool_field(body, "recursive"),
+                _bool_field(body, "includeEntry", "include_entry"),
+                on_event,
+                lambda message: queue.put_nowait(("error", message)),
+            )
+            started.append(watcher)
+        except UnsupportedMediaType as exc:
+            return unsupported_response(exc)
+        except RpcError as err:
+            return await stream.finish(err)
+        keepalive = _keepalive_interval(request)
+        error: Optional[RpcError] = None
+        try:
+            await stream.send({"start": {}})
+            while True:
+                wait = keepalive
+                if deadline is not None:
+                    wait = min(wait, deadline - loop.time())
+                    if wait <= 0:
+                        error = RpcError("deadline_exceeded", "context deadline exceeded")
+                        break
+                try:
+                    kind, item = await asyncio.wait_for(queue.get(), wait)
+                except asyncio.TimeoutError:
+                    if deadline is None or loop.time() < deadline:
+                        await stream.send({"keepalive": {}})
+                    continue
+                if kind == "error":
+                    error = RpcError("internal", item)
+                    break
+                await stream.send({"filesystem": item})
+        except ConnectionError:
+            return stream.response
+        finally:
+            watcher.close()
+        return await stream.finish(error)
+
+    async def fs_create_watcher(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
+        """``CreateWatcher`` → ``{"watcherId"}`` (events kept until ``GetWatcherEvents``)."""
+        path = self._watch_target(request, body)
+        watcher_id = self.watchers.create(
+            path,
+            _bool_field(body, "recursive"),
+            _bool_field(body, "includeEntry", "include_entry"),
+        )
+        return {"watcherId": watcher_id}
+
+    async def fs_get_watcher_events(
+        self, request: web.Request, body: Dict[str, Any]
+    ) -> Dict[str, Any]:
+        """``GetWatcherEvents`` → ``{"events": […]}`` since the last call (omitted when none)."""
+        events = self.watchers.events(_str_field(body, "watcherId", "watcher_id"))
+        return {"events": events} if events else {}
+
+    async def fs_remove_watcher(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
+        """``RemoveWatcher`` → ``{}``."""
+        self.watchers.remove(_str_field(body, "watcherId", "watcher_id"))
+        return {}
 
     # ---- /files ----------------------------------------------------------------------
 
@@ -447,7 +596,11 @@ async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> No
             pass
     agent = Agent(config)
     runner = web.AppRunner(
-        agent.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        agent.build_app(),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
+        auto_decompress=False,  # /files decodes Content-Encoding itself, as envd does
     )
     await runner.setup()
     inherited = _inherited_socket()
@@ -463,6 +616,7 @@ async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> No
         await stop.wait()
     finally:
         log.info("envd agent stopping")
+        agent.watchers.close()
         await agent.processes.shutdown()
         await runner.cleanup()
         if inherited is None:  # an inherited socket outlives this agent (the next one uses it)
@@ -550,4 +704,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     asyncio.run(serve(config))
     return 0
-

@@ -30,12 +30,14 @@ __all__ = [
     "list_dir",
     "make_dir",
     "move",
+    "os_rpc_error",
     "read_metadata",
     "remove",
     "rfc3339",
     "stat_path",
+    "eval_symlinks",
     "validate_metadata",
-    "write_metadata",
+    "write_metadata_fd",
 ]
 
 #: xattr namespace of user metadata on files (``X-Metadata-<key>`` on upload).
@@ -119,7 +121,11 @@ def _file_type(st_mode: int) -> Optional[str]:
 
 
 def read_metadata(path: str) -> Dict[str, str]:
-    """The ``user.e2b.*`` xattrs of ``path`` (prefix stripped); empty when none or unsupported."""
+    """The ``user.e2b.*`` xattrs of ``path`` (prefix stripped; symlinks followed).
+
+    Empty when there are none or the filesystem has no xattrs; entries that are not valid
+    UTF-8 are skipped, as envd does.
+    """
     out: Dict[str, str] = {}
     try:
         names = os.listxattr(path)
@@ -130,54 +136,73 @@ def read_metadata(path: str) -> Dict[str, str]:
             continue
         try:
             value = os.getxattr(path, name)
-        except OSError:
+            key = name[len(METADATA_PREFIX) :]
+            key.encode("utf-8")
+            out[key] = value.decode("utf-8")
+        except (OSError, UnicodeError):
             continue
-        out[name[len(METADATA_PREFIX) :]] = value.decode("utf-8", "replace")
     return out
 
 
 def validate_metadata(meta: Mapping[str, str]) -> Dict[str, str]:
-    """Lower-case keys and check printable ASCII, key length and total size.
+    """Check metadata as envd does: printable ASCII, key length, total size.
+
+    Keys must already be lower-cased (``X-Metadata-*`` header names are).
 
     Raises:
-        RpcError: ``invalid_argument`` describing the first problem.
+        RpcError: ``invalid_argument`` with envd's message for the first problem found.
     """
-    out: Dict[str, str] = {}
     total = 0
     for key, value in meta.items():
-        low = key.lower()
-        if not low or not _printable(low) or len(low) > _MAX_METADATA_KEY:
-            raise RpcError("invalid_argument", f"invalid metadata key: {key!r}")
-        if not _printable(value):
-            raise RpcError("invalid_argument", f"invalid metadata value for key {low!r}")
-        total += len(low) + len(value)
-        out[low] = value
+        if not key:
+            raise RpcError("invalid_argument", "metadata key must not be empty")
+        raw_key = key.encode("utf-8", "surrogateescape")
+        if len(raw_key) > _MAX_METADATA_KEY:
+            raise RpcError(
+                "invalid_argument",
+                f"metadata key {_go_quote(key)} exceeds {_MAX_METADATA_KEY} bytes",
+            )
+        _check_printable("key", raw_key)
+        raw_value = value.encode("utf-8", "surrogateescape")
+        _check_printable(f"value for key {_go_quote(key)}", raw_value)
+        total += len(METADATA_PREFIX) + len(raw_key) + len(raw_value)
     if total > _MAX_METADATA_TOTAL:
-        raise RpcError("invalid_argument", f"metadata exceeds {_MAX_METADATA_TOTAL} bytes")
-    return out
+        raise RpcError(
+            "invalid_argument", f"total metadata size {total} exceeds {_MAX_METADATA_TOTAL} bytes"
+        )
+    return dict(meta)
 
 
-def _printable(text: str) -> bool:
-    return all(0x20 <= ord(c) < 0x7F for c in text)
+def _go_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def write_metadata(path: str, meta: Mapping[str, str]) -> None:
-    """Replace the ``user.e2b.*`` xattrs of ``path`` with ``meta`` (already validated).
+def _check_printable(label: str, raw: bytes) -> None:
+    for i, c in enumerate(raw):
+        if c < 0x20 or c > 0x7E:
+            raise RpcError(
+                "invalid_argument",
+                f"metadata {label} contains non-printable-ASCII byte 0x{c:02x} at offset {i}",
+            )
+
+
+def write_metadata_fd(fd: int, meta: Mapping[str, str]) -> None:
+    """Replace the ``user.e2b.*`` xattrs of an open file with ``meta`` (already validated).
+
+    An empty ``meta`` clears them, so an overwrite does not keep a previous upload's.
 
     Raises:
         OSError: the filesystem refused (e.g. no xattr support, no space).
     """
-    try:
-        existing = [n for n in os.listxattr(path) if n.startswith(METADATA_PREFIX)]
-    except OSError:
-        if not meta:
-            return
-        raise
-    for name in existing:
-        if name[len(METADATA_PREFIX) :] not in meta:
-            os.removexattr(path, name)
+    for name in os.listxattr(fd):
+        if name.startswith(METADATA_PREFIX) and name[len(METADATA_PREFIX) :] not in meta:
+            try:
+                os.removexattr(fd, name)
+            except OSError as exc:
+                if exc.errno != errno.ENODATA:
+                    raise
     for key, value in meta.items():
-        os.setxattr(path, METADATA_PREFIX + key, value.encode("ascii"))
+        os.setxattr(fd, METADATA_PREFIX + key, value.encode("ascii"))
 
 
 def _base_name(path: str) -> str:
@@ -185,14 +210,85 @@ def _base_name(path: str) -> str:
     return posixpath.basename(stripped) if stripped else "/"
 
 
-def _eval_symlinks(path: str) -> str:
-    """The fully resolved path (symlinks followed); raises ``OSError`` if it does not exist."""
-    os.stat(path)
-    return os.path.realpath(path)
+class TooManyLinks(OSError):
+    """Go's ``EvalSymlinks: too many links`` (more than 255 symlinks on the way)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ELOOP, "EvalSymlinks: too many links")
+
+    def __str__(self) -> str:
+        return "EvalSymlinks: too many links"
+
+
+def eval_symlinks(path: str) -> str:
+    """Go's ``filepath.EvalSymlinks``: ``path`` with every symlink resolved, cleaned.
+
+    Each component is ``lstat``-ed; a link's text replaces it (an absolute one restarts from
+    ``/``), ``..`` drops the previous component lexically. ``/proc`` magic links whose text is
+    not a path (``pipe:[…]``) therefore fail, as in Go.
+
+    Raises:
+        OSError: a component is missing (``ENOENT``), a non-directory has more path after it
+            (``ENOTDIR``), or :class:`TooManyLinks`.
+    """
+    vol_len = 1 if path.startswith("/") else 0
+    dest = path[:vol_len]
+    links = 0
+    start = end = vol_len
+    while start < len(path):
+        while start < len(path) and path[start] == "/":
+            start += 1
+        end = start
+        while end < len(path) and path[end] != "/":
+            end += 1
+        part = path[start:end]
+        if not part:
+            break
+        if part == ".":
+            start = end
+            continue
+        if part == "..":
+            r = dest.rfind("/", vol_len)
+            if r < vol_len or dest[r + 1 :] == "..":
+                if len(dest) > vol_len:
+                    dest += "/"
+                dest += ".."
+            else:
+                dest = dest[:r]
+            start = end
+            continue
+        if dest and not dest.endswith("/"):
+            dest += "/"
+        dest += part
+        st = os.lstat(dest)
+        if not stat.S_ISLNK(st.st_mode):
+            if not stat.S_ISDIR(st.st_mode) and end < len(path):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), dest)
+            start = end
+            continue
+        links += 1
+        if links > 255:
+            raise TooManyLinks()
+        link = os.readlink(dest)
+        path = link + path[end:]
+        if link.startswith("/"):
+            dest = "/"
+            vol_len = 1
+            start = end = 1
+        else:
+            r = dest.rfind("/", vol_len)
+            dest = dest[:vol_len] if r < vol_len else dest[:r]
+            start = end = 0
+    return posixpath.normpath(dest) if dest else "."
 
 
 def entry_info(path: str) -> Dict[str, Any]:
     """envd's ``EntryInfo`` JSON for ``path`` (lstat; a symlink reports its target's type).
+
+    For a symlink, ``symlinkTarget`` is the fully resolved path (``path`` itself when it
+    cannot be resolved: dangling, a loop, a non-path magic link), ``type`` and ``mode`` are
+    the target's (omitted when it does not resolve) and ``isSymlink`` is set; ``size``,
+    ``permissions``, owner, group and time are the link's own.
 
     Raises:
         OSError: ``lstat`` failed.
@@ -203,7 +299,7 @@ def entry_info(path: str) -> Dict[str, Any]:
     ftype: Optional[str]
     if stat.S_ISLNK(lst.st_mode):
         try:
-            target = _eval_symlinks(path)
+            target = eval_symlinks(path)
         except OSError:
             target = path
         try:
@@ -239,11 +335,11 @@ def entry_info(path: str) -> Dict[str, Any]:
 def ensure_dirs(path: str, uid: int, gid: int) -> None:
     """Create each missing directory of ``path`` (mode 0755) and chown it to ``uid:gid``.
 
-    Existing directories are left alone.
+    Existing directories are left alone (one created concurrently is chowned too).
 
     Raises:
         RpcError: ``internal`` ``path is a file: …`` when a component is not a directory,
-            or the mkdir/chown failure.
+            or the stat/mkdir/chown failure.
     """
     parts = [p for p in path.split("/") if p]
     current = ""
@@ -255,21 +351,20 @@ def ensure_dirs(path: str, uid: int, gid: int) -> None:
             try:
                 os.mkdir(current, 0o755)
             except FileExistsError:
-                st = os.stat(current)
+                pass
             except OSError as exc:
                 raise RpcError(
                     "internal",
                     "failed to create directory: " + os_error_text("mkdir", current, exc),
                 ) from None
-            else:
-                try:
-                    os.chown(current, uid, gid)
-                except OSError as exc:
-                    raise RpcError(
-                        "internal",
-                        "failed to chown directory: " + os_error_text("chown", current, exc),
-                    ) from None
-                continue
+            try:
+                os.chown(current, uid, gid)
+            except OSError as exc:
+                raise RpcError(
+                    "internal",
+                    "failed to chown directory: " + os_error_text("chown", current, exc),
+                ) from None
+            continue
         except OSError as exc:
             raise RpcError(
                 "internal", "failed to stat directory: " + os_error_text("stat", current, exc)
@@ -278,54 +373,78 @@ def ensure_dirs(path: str, uid: int, gid: int) -> None:
             raise RpcError("internal", f"path is a file: {current}")
 
 
+def os_rpc_error(exc: OSError, op: str, path: str, missing: str, other: str) -> RpcError:
+    """envd's wrapping of a failed ``op`` on ``path``: ``not_found`` with the ``missing``
+    prefix for ENOENT, else ``internal`` with the ``other`` prefix."""
+    detail = os_error_text(op, path, exc)
+    if isinstance(exc, FileNotFoundError):
+        return RpcError("not_found", f"{missing}: {detail}")
+    return RpcError("internal", f"{other}: {detail}")
+
+
+def _entry_or_error(path: str) -> Dict[str, Any]:
+    try:
+        return entry_info(path)
+    except OSError as exc:
+        raise os_rpc_error(
+            exc, "lstat", path, "file not found", "error getting file info"
+        ) from None
+
+
 def stat_path(path: str) -> Dict[str, Any]:
     """``Stat``: ``{"entry": EntryInfo}``.
 
     Raises:
         RpcError: ``not_found`` for a missing path, ``internal`` for other failures.
     """
+    return {"entry": _entry_or_error(path)}
+
+
+def _resolve_dir(path: str) -> str:
     try:
-        return {"entry": entry_info(path)}
+        resolved = eval_symlinks(path)
+    except TooManyLinks:
+        raise RpcError(
+            "failed_precondition", f'cyclic symlink or chain >255 links at "{path}"'
+        ) from None
     except FileNotFoundError as exc:
         raise RpcError(
-            "not_found", "file not found: " + os_error_text("lstat", path, exc)
+            "not_found", "path not found: " + os_error_text("lstat", exc.filename or path, exc)
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            raise RpcError("internal", "error resolving symlink: not a directory") from None
         raise RpcError(
-            "internal", "error getting file info: " + os_error_text("lstat", path, exc)
+            "internal",
+            "error resolving symlink: " + os_error_text("lstat", exc.filename or path, exc),
         ) from None
+    try:
+        st = os.stat(resolved)
+    except OSError as exc:
+        raise os_rpc_error(
+            exc, "stat", resolved, "directory not found", "error getting file info"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RpcError("invalid_argument", f"path is not a directory: {resolved}")
+    return resolved
 
 
 def list_dir(path: str, depth: int) -> Dict[str, Any]:
     """``ListDir``: entries under ``path`` (a symlinked dir is followed) to ``depth`` levels.
 
     Entries are in lexical depth-first order, like Go's ``filepath.WalkDir``; symlinks inside
-    the tree are not followed. ``depth`` 0 means 1.
+    the tree are not followed. Each entry's ``path`` is under the requested ``path`` (not
+    the resolved one). ``depth`` 0 means 1.
 
     Raises:
         RpcError: ``not_found``, ``failed_precondition`` (symlink loop), ``invalid_argument``
             (not a directory) or ``internal``.
     """
     depth = depth or 1
-    try:
-        resolved = _eval_symlinks(path)
-    except FileNotFoundError as exc:
-        raise RpcError(
-            "not_found", "path not found: " + os_error_text("lstat", path, exc)
-        ) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RpcError(
-                "failed_precondition", f'cyclic symlink or chain >255 links at "{path}"'
-            ) from None
-        raise RpcError(
-            "internal", "error resolving symlink: " + os_error_text("lstat", path, exc)
-        ) from None
-    if not os.path.isdir(resolved):
-        raise RpcError("invalid_argument", f"path is not a directory: {resolved}")
+    resolved = _resolve_dir(path)
     entries: List[Dict[str, Any]] = []
 
-    def walk(directory: str, level: int) -> None:
+    def walk(directory: str, rel: str, level: int) -> None:
         try:
             names = sorted(os.listdir(directory))
         except OSError as exc:
@@ -335,6 +454,7 @@ def list_dir(path: str, depth: int) -> Dict[str, Any]:
             ) from None
         for name in names:
             child = posixpath.join(directory, name)
+            child_rel = posixpath.join(rel, name) if rel else name
             try:
                 info = entry_info(child)
                 is_dir = stat.S_ISDIR(os.lstat(child).st_mode)
@@ -345,16 +465,20 @@ def list_dir(path: str, depth: int) -> Dict[str, Any]:
                     "internal",
                     f"error reading directory {resolved}: " + os_error_text("lstat", child, exc),
                 ) from None
+            info["path"] = posixpath.normpath(posixpath.join(path, child_rel))
             entries.append(info)
             if is_dir and level < depth:
-                walk(child, level + 1)
+                walk(child, child_rel, level + 1)
 
-    walk(resolved, 1)
+    walk(resolved, "", 1)
     return {"entries": entries}
 
 
 def make_dir(path: str, user: UserInfo) -> Dict[str, Any]:
     """``MakeDir``: create ``path`` and missing parents, owned by ``user``.
+
+    Returns:
+        ``{"entry": EntryInfo}`` of the new directory.
 
     Raises:
         RpcError: ``already_exists`` if it is a directory already, ``invalid_argument`` if it
@@ -373,23 +497,28 @@ def make_dir(path: str, user: UserInfo) -> Dict[str, Any]:
             raise RpcError("already_exists", f"directory already exists: {path}")
         raise RpcError("invalid_argument", f"path already exists but it is not a directory: {path}")
     ensure_dirs(path, user.uid, user.gid)
-    return {"entry": {"name": _base_name(path), "type": DIRECTORY, "path": path}}
+    return stat_path(path)
 
 
 def remove(path: str) -> Dict[str, Any]:
-    """``Remove``: delete a file, symlink or whole directory tree; a missing path is fine.
+    """``Remove`` (Go's ``os.RemoveAll``): a file, symlink or whole tree; missing is fine.
 
     Raises:
-        RpcError: ``internal`` when something could not be removed.
+        RpcError: ``internal`` when something could not be removed (also for a path ending
+            in ``/.`` and for a path below a file).
     """
+    if path == "." or path.endswith("/."):
+        raise RpcError(
+            "internal", f"error removing file or directory: RemoveAll {path}: invalid argument"
+        )
     try:
         st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return {}
     except OSError as exc:
+        name = exc.filename if isinstance(exc.filename, str) else path
         raise RpcError(
-            "internal",
-            "error removing file or directory: " + os_error_text("lstat", path, exc),
+            "internal", "error removing file or directory: " + os_error_text("unlinkat", name, exc)
         ) from None
     try:
         if stat.S_ISDIR(st.st_mode):
@@ -399,10 +528,9 @@ def remove(path: str) -> Dict[str, Any]:
     except FileNotFoundError:
         pass
     except OSError as exc:
+        name = exc.filename if isinstance(exc.filename, str) else path
         raise RpcError(
-            "internal",
-            "error removing file or directory: "
-            + os_error_text("unlinkat", exc.filename or path, exc),
+            "internal", "error removing file or directory: " + os_error_text("unlinkat", name, exc)
         ) from None
     return {}
 

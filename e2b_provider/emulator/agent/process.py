@@ -609,28 +609,33 @@ class ManagedProcess:
             if self._pty_master is None:
                 raise RpcError(
                     "internal",
-                    "tty not assigned to process — input should be written to the stdin, "
-                    "not the tty",
+                    "error writing to tty: tty not assigned to process — input should be "
+                    "written to the stdin, not the tty",
                 )
-            await self._write_fd(self._pty_master, data, "tty", timeout)
+            await self._write_fd(self._pty_master, data, "tty", "/dev/ptmx", timeout)
             return
         if self.spec.pty is not None:
             raise RpcError(
                 "internal",
-                "tty assigned to process — input should be written to the pty, not the stdin",
+                "error writing to stdin: tty assigned to process — input should be written "
+                "to the pty, not the stdin",
             )
         async with self._stdin_lock:
             try:
                 stream = self._stdin
                 if stream is None:
-                    raise RpcError("internal", "stdin not enabled or closed")
-                await self._write_fd(stream.fileno(), data, "stdin", timeout)
+                    raise RpcError(
+                        "internal", "error writing to stdin: stdin not enabled or closed"
+                    )
+                await self._write_fd(stream.fileno(), data, "stdin", "|1", timeout)
             finally:
                 if self._stdin_close_pending and self._stdin is not None:
                     self._stdin.close()
                     self._stdin = None
 
-    async def _write_fd(self, fd: int, data: bytes, what: str, timeout: Optional[float]) -> None:
+    async def _write_fd(
+        self, fd: int, data: bytes, what: str, name: str, timeout: Optional[float]
+    ) -> None:
         view = memoryview(data)
         deadline = None if timeout is None else self._loop.time() + timeout
         while view:
@@ -648,7 +653,8 @@ class ManagedProcess:
             except OSError as exc:
                 raise RpcError(
                     "internal",
-                    f"error writing to {what} of process '{self.pid}': write: {errno_text(exc)}",
+                    f"error writing to {what}: error writing to {what} of process "
+                    f"'{self.pid}': write {name}: {errno_text(exc)}",
                 ) from None
             view = view[written:]
 
@@ -660,7 +666,9 @@ class ManagedProcess:
         """
         if self.spec.pty is not None:
             raise RpcError(
-                "internal", "cannot close stdin for PTY process — send Ctrl+D (0x04) instead"
+                "unknown",
+                "error closing stdin: cannot close stdin for PTY process — send Ctrl+D (0x04) "
+                "instead",
             )
         async with self._stdin_lock:
             if self._stdin is not None:
@@ -674,7 +682,7 @@ class ManagedProcess:
             RpcError: the process has no PTY.
         """
         if self._pty_master is None:
-            raise RpcError("internal", "tty not assigned to process")
+            raise RpcError("internal", "error resizing tty: tty not assigned to process")
         _set_winsize(self._pty_master, cols, rows)
 
     def info_json(self) -> Dict[str, Any]:

@@ -19,7 +19,7 @@ import os
 import posixpath
 import pwd
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple
 
 import attrs
 from aiohttp import web
@@ -47,6 +47,7 @@ __all__ = [
     "read_stream_request",
     "read_unary_request",
     "request_user",
+    "stream_messages",
     "unsupported_response",
     "user_name",
 ]
@@ -217,6 +218,33 @@ async def read_stream_request(request: web.BaseRequest) -> Dict[str, Any]:
             f"protocol error: expected exactly one request message, got {len(data)}",
         )
     return data[0]
+
+
+async def stream_messages(request: web.BaseRequest) -> AsyncIterator[Dict[str, Any]]:
+    """The messages of a client-streaming request (``application/connect+json``), each as
+    soon as its envelope is complete.
+
+    Raises:
+        RpcError: a malformed or compressed envelope, a message that is not a JSON object,
+            or a body that ends inside an envelope.
+        UnsupportedMediaType: any other Content-Type (callers answer 415).
+    """
+    if _media_type(request) not in _STREAM_TYPES:
+        raise UnsupportedMediaType(", ".join(_STREAM_TYPES))
+    _check_protocol_version(request)
+    decoder = EnvelopeDecoder(max_message_bytes=MAX_REQUEST_BYTES)
+    try:
+        async for chunk in request.content.iter_any():
+            decoder.feed(chunk)
+            for message in decoder:
+                if isinstance(message, Message):
+                    if not isinstance(message.data, dict):
+                        raise RpcError("invalid_argument", "unmarshal message: not a JSON object")
+                    yield message.data
+    except ProtocolError as exc:
+        raise RpcError("invalid_argument", f"protocol error: {exc}") from None
+    if decoder.buffered:
+        raise RpcError("unknown", "error streaming input: protocol error: incomplete envelope")
 
 
 def unsupported_response(exc: Exception) -> web.Response:

@@ -33,6 +33,11 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     The next ``count`` envd requests (of that sandbox, or any) answer 502 "The sandbox was not
     found" without reaching envd, as E2B's edge answers for a sandbox paused between a client's
     connect and its next request.
+``envd_error(status, sandbox_id=None, count=1)``
+    The next ``count`` envd requests (of that sandbox, or any) answer ``status`` with the
+    body ``{"code": status, "message": "Bad gateway"}`` without reaching envd: a generic
+    error of the edge or a proxy in between, which a client cannot tell from one that came
+    after envd acted (so it must not retry a process start on it).
 ``envd_unresponsive(sandbox_id)``
     Every new envd request to that sandbox (``GET /health`` included) hangs without an answer
     until the sandbox is rebooted (a filesystem-only pause, or a connect with ``memory:
@@ -88,6 +93,7 @@ FAULT_KINDS: Mapping[str, Tuple[str, ...]] = {
     "stream_stall": ("after_bytes", "sandbox_id"),
     "envd_unresponsive": ("sandbox_id",),
     "edge_not_found": ("sandbox_id",),
+    "envd_error": ("status", "sandbox_id"),
     "bad_envelope": ("mode", "sandbox_id"),
 }
 
@@ -155,11 +161,12 @@ def validate(kind: str, params: Mapping[str, Any]) -> Fault:
         if route not in ROUTES:
             raise FaultError(f"route must be one of {', '.join(ROUTES)}")
         out["route"] = route
-    if kind == "control_error":
+    if "status" in FAULT_KINDS[kind]:
         status = _int(params, "status")
         if not 400 <= status <= 599:
             raise FaultError("status must be an HTTP error status (400-599)")
         out["status"] = status
+    if kind == "control_error":
         retry_after = params.get("retry_after")
         if retry_after is not None:
             if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)):
@@ -211,6 +218,11 @@ class FaultRegistry:
     def __init__(self) -> None:
         self._faults: List[Fault] = []
         self._changed: Dict[str, asyncio.Event] = {}
+        # Change numbers: a waiter compares :meth:`version` before and after, to tell whether
+        # a change it would have waited for already happened (and not wait for the next one).
+        self._seq = 0
+        self._cleared_at = 0
+        self._sandbox_changed_at: Dict[str, int] = {}
 
     def arm(self, kind: str, params: Mapping[str, Any]) -> Fault:
         """Validate and arm a fault; returns it.
@@ -229,6 +241,9 @@ class FaultRegistry:
     def clear(self) -> None:
         """Disarm every fault and wake everything waiting on :meth:`wait_changed`."""
         self._faults.clear()
+        self._seq += 1
+        self._cleared_at = self._seq
+        self._sandbox_changed_at.clear()
         waiting = list(self._changed.values())
         self._changed.clear()
         for event in waiting:
@@ -288,7 +303,13 @@ class FaultRegistry:
             event = self._changed[sandbox_id] = asyncio.Event()
         await event.wait()
 
+    def version(self, sandbox_id: str) -> int:
+        """The number of the last change :meth:`wait_changed` of ``sandbox_id`` reports."""
+        return max(self._cleared_at, self._sandbox_changed_at.get(sandbox_id, 0))
+
     def _notify(self, sandbox_id: str) -> None:
+        self._seq += 1
+        self._sandbox_changed_at[sandbox_id] = self._seq
         event = self._changed.pop(sandbox_id, None)
         if event is not None:
             event.set()

@@ -6,7 +6,8 @@ request: the edge answers E2B gives itself (502 "The sandbox was not found" for 
 paused sandbox, 502 "…port is not open" for another port or a dead agent, 403 for a missing or
 wrong ``e2b-traffic-access-token`` on another port of a sandbox created with
 ``allowPublicTraffic: false``, 401 for a missing or wrong ``X-Access-Token`` on everything but
-``GET /health``), the ``envd_unresponsive`` hang,
+``GET /health`` and — as envd — for ``/files`` requests that carry neither the token nor a valid
+URL signature), the ``envd_unresponsive`` hang,
 and a byte-level streaming proxy to the agent's unix socket (an aiohttp client with a
 ``UnixConnector`` per sandbox): request and response bodies flow chunk by chunk as they are
 produced, nothing is buffered, and a client that goes away closes the upstream request (the
@@ -20,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import hmac
 import logging
 import re
+import time
 from typing import Any, AsyncIterator, Dict, Optional, Tuple
 
 import aiohttp
@@ -131,6 +134,41 @@ def basic_user(header: Optional[str]) -> Optional[str]:
     return decoded.split(":", 1)[0]
 
 
+def files_auth_error(request: web.BaseRequest, access_token: str) -> Optional[str]:
+    """envd's check of ``GET``/``POST /files``: the access token, else a signed URL.
+
+    A present ``X-Access-Token`` must match; without it, ``signature`` must be
+    ``v1_`` + unpadded base64 of SHA-256 over ``path:read|write:username:token[:expiration]``
+    and ``signature_expiration`` (if given) not past. Returns envd's 401 message, or None.
+    """
+    header = request.headers.get("X-Access-Token")
+    if header:
+        if hmac.compare_digest(header.encode("utf-8", "surrogateescape"), access_token.encode()):
+            return None
+        return "access token present in header but does not match"
+    query = request.query
+    signature = query.get("signature")
+    if signature is None:
+        return "missing signature query parameter"
+    operation = "read" if request.method == "GET" else "write"
+    parts = [query.get("path", ""), operation, query.get("username", ""), access_token]
+    expiration = query.get("signature_expiration")
+    if expiration is not None:
+        parts.append(expiration)
+    digest = hashlib.sha256(":".join(parts).encode("utf-8", "surrogateescape")).digest()
+    expected = "v1_" + base64.b64encode(digest).decode("ascii").rstrip("=")
+    if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "surrogateescape")):
+        return "invalid signature"
+    if expiration is not None:
+        try:
+            expired = int(expiration) < time.time()
+        except ValueError:
+            return "invalid signature"
+        if expired:
+            return "signature is already expired"
+    return None
+
+
 class EnvdProxy:
     """Serves envd traffic for every sandbox of one emulator server."""
 
@@ -214,6 +252,12 @@ class EnvdProxy:
                     entry["status"] = 502
                     entry["fault"] = "edge_not_found"
                     return _edge_502(sandbox_id, "The sandbox was not found")
+                error = server.faults.take("envd_error", sandbox_id=sandbox_id)
+                if error is not None:
+                    status = int(error.params["status"])
+                    entry["status"] = status
+                    entry["fault"] = "envd_error"
+                    return json_error(status, {"code": status, "message": "Bad gateway"})
                 if port != ENVD_PORT:
                     refused = _traffic_token_refusal(request, rec)
                     if refused is not None:
@@ -221,7 +265,14 @@ class EnvdProxy:
                         return refused
                     entry["status"] = 502
                     return self._port_closed(sandbox_id)
-                if not (request.method == "GET" and request.path == "/health"):
+                signed = request.path == "/files" and request.method in ("GET", "POST")
+                if signed:
+                    denied = files_auth_error(request, rec.access_token)
+                    if denied is not None:
+                        entry["status"] = 401
+                        entry["token"] = "refused"
+                        return json_error(401, {"code": 401, "message": denied})
+                elif not (request.method == "GET" and request.path == "/health"):
                     token = request.headers.get("X-Access-Token")
                     entry["token"] = "missing" if token is None else "present"
                     if token is None or not hmac.compare_digest(
@@ -266,6 +317,7 @@ class EnvdProxy:
             for fault in (bad, cut, stall):
                 if fault is not None:
                     entry["fault"] = fault.kind
+        changes = faults.version(rec.sandbox_id)
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         data: Any = None
@@ -329,7 +381,8 @@ class EnvdProxy:
                 return resp
             if stall is not None and not finished:
                 entry["stalled"] = True
-                await faults.wait_changed(rec.sandbox_id)
+                if faults.version(rec.sandbox_id) == changes:  # not cleared meanwhile
+                    await faults.wait_changed(rec.sandbox_id)
             if not finished:
                 entry["cut"] = True
                 self._abort(request)

@@ -175,6 +175,7 @@ class EmulatorServer:
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=2.0,
+            auto_decompress=False,  # envd bodies reach the agent as sent (it decodes gzip)
         )
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_address=True)

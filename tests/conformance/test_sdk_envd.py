@@ -1,0 +1,460 @@
+"""Conformance of the emulator's envd side with the OFFICIAL ``e2b`` SDK, sync and async.
+
+Every behaviour is driven twice, through ``e2b.Sandbox`` and ``e2b.AsyncSandbox`` (each async
+test connects to the module's sandbox inside its own event loop): gzip and octet-stream
+uploads, downloads (gzip, bytes, streams), many files in one write, metadata, ``EntryInfo``
+of files, directories and symlinks, the filesystem calls (``exists``, ``make_dir``,
+``rename``, ``remove``, ``list``), ``watch_dir`` (the sync client polls, the async one
+streams), and the command surface beyond ``run``: ``list``, ``send_stdin``,
+``stream_input``, ``close_stdin``, ``connect``, ``kill`` and the PTY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import time
+import uuid
+from typing import Any, Awaitable, Callable, Iterator, List, TypeVar
+
+import pytest
+import requests
+
+e2b = pytest.importorskip("e2b")
+
+from e2b import (  # noqa: E402
+    AsyncSandbox,
+    CommandExitException,
+    FilesystemEvent,
+    FilesystemEventType,
+    FileType,
+    InvalidArgumentException,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+)
+
+from e2b_provider.emulator import Emulator  # noqa: E402
+
+pytestmark = [pytest.mark.conformance, pytest.mark.integration]
+
+T = TypeVar("T")
+BIG = bytes(range(256)) * 4096 + b"end"  # 1 MiB and a bit
+
+
+@pytest.fixture(scope="module")
+def envd_sandbox(emulator: Emulator) -> Iterator[Sandbox]:
+    """One sandbox for the module, with the SDK pointed at the emulator."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in emulator.sdk_env().items():
+            mp.setenv(key, value)
+        sb = Sandbox.create(timeout=600)
+        try:
+            yield sb
+        finally:
+            sb.kill()
+
+
+def run_async(sandbox: Sandbox, body: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
+    """Run ``body`` with an ``AsyncSandbox`` connected to ``sandbox`` in a fresh loop."""
+
+    async def main() -> T:
+        return await body(await AsyncSandbox.connect(sandbox.sandbox_id))
+
+    return asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def wait_for(pred: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+async def await_for(pred: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def tmpdir() -> str:
+    return f"/home/user/t-{uuid.uuid4().hex[:10]}"
+
+
+def _watches_on(emulator: Emulator, sandbox_id: str, inode: int) -> int:
+    """How many inotify watches the sandbox's processes hold on ``inode``, read on the host
+    (the agent is not dumpable: even the sandbox's root cannot read its /proc files)."""
+    pattern = re.compile(rf"^inotify wd:\S+ ino:{inode:x} ", re.MULTILINE)
+    count = 0
+    for pid in emulator.sandbox_pids(sandbox_id):
+        try:
+            names = os.listdir(f"/proc/{pid}/fdinfo")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(f"/proc/{pid}/fdinfo/{name}") as f:
+                    count += len(pattern.findall(f.read()))
+            except OSError:
+                continue
+    return count
+
+
+def watched(emulator: Emulator, sb: Sandbox, path: str) -> int:
+    inode = int(sb.commands.run(f"stat -c %i {path}").stdout)
+    return _watches_on(emulator, sb.sandbox_id, inode)
+
+
+# -- uploads and downloads ----------------------------------------------------------------
+
+
+def test_files_gzip_streams_and_many_files_sync(envd_sandbox: Sandbox) -> None:
+    sb, d = envd_sandbox, tmpdir()
+    info = sb.files.write(f"{d}/gz.bin", BIG, gzip=True)
+    assert (info.path, info.name, info.type) == (f"{d}/gz.bin", "gz.bin", FileType.FILE)
+    assert bytes(sb.files.read(f"{d}/gz.bin", format="bytes", gzip=True)) == BIG
+    assert bytes(sb.files.read(f"{d}/gz.bin", format="bytes")) == BIG
+    reader = sb.files.read(f"{d}/gz.bin", format="stream")
+    assert b"".join(reader) == BIG
+    # a streamed (file-like) upload goes octet-stream, here also gzip-compressed
+    sb.files.write(f"{d}/streamed.bin", io.BytesIO(BIG), gzip=True)
+    assert sb.commands.run(f"wc -c < {d}/streamed.bin").stdout.strip() == str(len(BIG))
+    files = [{"path": f"{d}/many/{i:02d}.txt", "data": f"file {i}"} for i in range(40)]
+    written = sb.files.write_files(files)
+    assert [w.path for w in written] == [f["path"] for f in files]
+    written = sb.files.write_files(files[:3], use_octet_stream=True)
+    assert len(written) == 3
+    assert sb.files.read(f"{d}/many/39.txt") == "file 39"
+    assert sorted(e.name for e in sb.files.list(f"{d}/many")) == [f"{i:02d}.txt" for i in range(40)]
+    info = sb.files.write("rel-" + d.rsplit("-", 1)[1], "x")  # relative: the user's home
+    assert info.path == "/home/user/rel-" + d.rsplit("-", 1)[1]
+    sb.files.remove(info.path)
+    info = sb.files.write(f"{d}/m.txt", "meta", metadata={"owner": "team"})
+    assert info.metadata == {"owner": "team"}
+    assert sb.files.get_info(f"{d}/m.txt").metadata == {"owner": "team"}
+    with pytest.raises(NotFoundException):
+        sb.files.read(f"{d}/missing.txt")
+
+
+def test_files_gzip_streams_and_many_files_async(envd_sandbox: Sandbox) -> None:
+    d = tmpdir()
+
+    async def body(sb: AsyncSandbox) -> None:
+        info = await sb.files.write(f"{d}/gz.bin", BIG, gzip=True)
+        assert (info.path, info.type) == (f"{d}/gz.bin", FileType.FILE)
+        assert bytes(await sb.files.read(f"{d}/gz.bin", format="bytes", gzip=True)) == BIG
+        chunks = [c async for c in await sb.files.read(f"{d}/gz.bin", format="stream")]
+        assert b"".join(chunks) == BIG
+
+        async def gen() -> Any:
+            for i in range(0, len(BIG), 100_000):
+                yield BIG[i : i + 100_000]
+
+        await sb.files.write(f"{d}/streamed.bin", gen(), gzip=True)
+        assert bytes(await sb.files.read(f"{d}/streamed.bin", format="bytes")) == BIG
+        files = [{"path": f"{d}/many/{i:02d}", "data": str(i).encode()} for i in range(30)]
+        written = await sb.files.write_files(files)
+        assert [w.path for w in written] == [f["path"] for f in files]
+        assert await sb.files.read(f"{d}/many/29") == "29"
+        info = await sb.files.write(f"{d}/m.txt", "meta", metadata={"k": "v"})
+        assert info.metadata == {"k": "v"}
+        assert (await sb.files.get_info(f"{d}/m.txt")).metadata == {"k": "v"}
+        with pytest.raises(NotFoundException):
+            await sb.files.read(f"{d}/missing.txt")
+
+    run_async(envd_sandbox, body)
+
+
+# -- entries and filesystem calls ---------------------------------------------------------
+
+
+def _links_script(d: str) -> str:
+    return (
+        f"mkdir -p {d}/dir && printf hello > {d}/f.txt && chmod 640 {d}/f.txt && "
+        f"ln -s f.txt {d}/to-file && ln -s {d}/dir {d}/to-dir && ln -s nowhere {d}/dangling"
+    )
+
+
+def test_entries_and_filesystem_calls_sync(envd_sandbox: Sandbox) -> None:
+    sb, d = envd_sandbox, tmpdir()
+    sb.commands.run(_links_script(d))
+    f = sb.files.get_info(f"{d}/f.txt")
+    assert (f.type, f.size, f.mode, f.permissions, f.owner, f.group) == (
+        FileType.FILE,
+        5,
+        0o640,
+        "-rw-r-----",
+        "user",
+        "user",
+    )
+    assert f.symlink_target is None and f.modified_time.tzinfo is not None
+    link = sb.files.get_info(f"{d}/to-file")
+    assert (link.type, link.symlink_target, link.mode) == (FileType.SYMLINK, f"{d}/f.txt", 0o640)
+    assert link.permissions == "Lrwxrwxrwx"
+    assert sb.files.get_info(f"{d}/to-dir").symlink_target == f"{d}/dir"
+    dangling = sb.files.get_info(f"{d}/dangling")
+    assert (dangling.type, dangling.symlink_target) == (FileType.SYMLINK, f"{d}/dangling")
+    # list skips entries whose type is unknown (the dangling link)
+    assert sorted(e.name for e in sb.files.list(d)) == ["dir", "f.txt", "to-dir", "to-file"]
+    assert [e.path for e in sb.files.list(f"{d}/to-dir")] == []
+    assert sb.files.make_dir(f"{d}/new/sub") is True
+    assert sb.files.make_dir(f"{d}/new/sub") is False
+    moved = sb.files.rename(f"{d}/f.txt", f"{d}/moved/g.txt")
+    assert (moved.path, moved.name, moved.type, moved.size) == (
+        f"{d}/moved/g.txt",
+        "g.txt",
+        FileType.FILE,
+        5,
+    )
+    assert sb.files.exists(f"{d}/moved/g.txt") and not sb.files.exists(f"{d}/f.txt")
+    with pytest.raises(NotFoundException):
+        sb.files.get_info(f"{d}/f.txt")
+    with pytest.raises(NotFoundException):
+        sb.files.rename(f"{d}/f.txt", f"{d}/x")
+    with pytest.raises(InvalidArgumentException):
+        sb.files.list(f"{d}/moved/g.txt")
+    sb.files.remove(d)
+    assert not sb.files.exists(d)
+    sb.files.remove(d)  # missing: not an error
+
+
+def test_entries_and_filesystem_calls_async(envd_sandbox: Sandbox) -> None:
+    d = tmpdir()
+
+    async def body(sb: AsyncSandbox) -> None:
+        await sb.commands.run(_links_script(d))
+        link = await sb.files.get_info(f"{d}/to-file")
+        assert (link.type, link.symlink_target, link.size) == (FileType.SYMLINK, f"{d}/f.txt", 5)
+        to_dir = await sb.files.get_info(f"{d}/to-dir")
+        assert (to_dir.type, to_dir.symlink_target) == (FileType.SYMLINK, f"{d}/dir")
+        names = sorted(e.name for e in await sb.files.list(d, depth=2))
+        assert names == ["dir", "f.txt", "to-dir", "to-file"]
+        assert await sb.files.make_dir(f"{d}/n") is True
+        assert await sb.files.make_dir(f"{d}/n") is False
+        moved = await sb.files.rename(f"{d}/f.txt", f"{d}/n/f.txt")
+        assert moved.path == f"{d}/n/f.txt" and moved.permissions == "-rw-r-----"
+        assert await sb.files.exists(f"{d}/n/f.txt")
+        await sb.files.remove(d)
+        assert not await sb.files.exists(d)
+        with pytest.raises(NotFoundException):
+            await sb.files.list(d)
+
+    run_async(envd_sandbox, body)
+
+
+# -- watch_dir -------------------------------------------------------------------------------
+
+
+def _names(events: List[FilesystemEvent]) -> List[Any]:
+    return [(e.name, e.type) for e in events]
+
+
+def test_watch_dir_sync(emulator: Emulator, envd_sandbox: Sandbox) -> None:
+    sb, d = envd_sandbox, tmpdir()
+    sb.files.make_dir(d)
+    handle = sb.files.watch_dir(d, recursive=True, include_entry=True)
+    got: List[FilesystemEvent] = []
+
+    def seen(*want: Any) -> bool:
+        got.extend(handle.get_new_events())
+        return all(w in _names(got) for w in want)
+
+    try:
+        sb.files.write(f"{d}/a.txt", "1")
+        sb.commands.run(f"chmod 600 {d}/a.txt")
+        sb.files.rename(f"{d}/a.txt", f"{d}/c.txt")
+        want = [
+            ("a.txt", FilesystemEventType.CREATE),
+            ("a.txt", FilesystemEventType.WRITE),
+            ("a.txt", FilesystemEventType.CHMOD),
+            ("a.txt", FilesystemEventType.RENAME),
+            ("c.txt", FilesystemEventType.CREATE),
+        ]
+        wait_for(lambda: seen(*want), "watch events")
+        create = next(e for e in got if e.name == "a.txt")
+        assert create.entry is not None and create.entry.path == f"{d}/a.txt"
+        # a new directory is watched once its creation is reported
+        sb.files.make_dir(f"{d}/sub")
+        wait_for(lambda: seen(("sub", FilesystemEventType.CREATE)), "the new directory")
+        sb.files.write(f"{d}/sub/b", "2")
+        sb.files.remove(f"{d}/sub/b")
+        want = [
+            ("sub/b", FilesystemEventType.CREATE),
+            ("sub/b", FilesystemEventType.WRITE),
+            ("sub/b", FilesystemEventType.REMOVE),
+        ]
+        wait_for(lambda: seen(*want), "events in the new directory")
+        assert all(e.entry is None for e in got if e.type == FilesystemEventType.REMOVE)
+        assert watched(emulator, sb, f"{d}/sub") == 1
+    finally:
+        handle.stop()
+    assert watched(emulator, sb, d) == 0 and watched(emulator, sb, f"{d}/sub") == 0
+    with pytest.raises(SandboxException):
+        handle.get_new_events()
+    with pytest.raises(NotFoundException):
+        sb.files.watch_dir(f"{d}/missing")
+    with pytest.raises(InvalidArgumentException):
+        sb.files.watch_dir(f"{d}/c.txt")
+
+
+def test_watch_dir_async(emulator: Emulator, envd_sandbox: Sandbox) -> None:
+    d = tmpdir()
+
+    async def body(sb: AsyncSandbox) -> None:
+        await sb.files.make_dir(d)
+        got: List[FilesystemEvent] = []
+        exits: List[Any] = []
+        handle = await sb.files.watch_dir(
+            d, got.append, on_exit=exits.append, recursive=True, timeout=0
+        )
+
+        def seen(*want: Any) -> Callable[[], bool]:
+            return lambda: all(w in _names(got) for w in want)
+
+        try:
+            # parents created by the write are watched; the file is reported either way
+            await sb.files.write(f"{d}/x/y/z.txt", "deep")
+            created = ("x", FilesystemEventType.CREATE), ("x/y/z.txt", FilesystemEventType.CREATE)
+            await await_for(seen(*created), "streamed events")
+            await sb.files.remove(f"{d}/x/y/z.txt")
+            await await_for(seen(("x/y/z.txt", FilesystemEventType.REMOVE)), "the removal")
+            assert all(e.entry is None for e in got)
+            assert await awatched(emulator, sb, d) == 1
+        finally:
+            await handle.stop()
+        assert exits == [None]
+        # the stream's end removes the watch inside the sandbox
+        deadline = time.monotonic() + 10
+        while await awatched(emulator, sb, d):
+            assert time.monotonic() < deadline, "the watch outlived its stream"
+            await asyncio.sleep(0.05)
+        with pytest.raises(NotFoundException):
+            await sb.files.watch_dir(f"{d}/missing", got.append)
+
+    run_async(envd_sandbox, body)
+
+
+async def awatched(emulator: Emulator, sb: AsyncSandbox, path: str) -> int:
+    inode = int((await sb.commands.run(f"stat -c %i {path}")).stdout)
+    return _watches_on(emulator, sb.sandbox_id, inode)
+
+
+# -- signed URLs -----------------------------------------------------------------------------
+
+
+def _fetch(emulator: Emulator, sid: str, url: str, method: str = "GET", **kw: Any) -> Any:
+    """Send a signed file URL the way a browser would reach E2B: routed by its Host."""
+    query = url.split("?", 1)[1]
+    host = f"49983-{sid}.{emulator.domain}"
+    return requests.request(
+        method, f"{emulator.sandbox_url}/files?{query}", headers={"Host": host}, timeout=30, **kw
+    )
+
+
+def test_signed_file_urls_sync(emulator: Emulator, envd_sandbox: Sandbox) -> None:
+    sb, d, sid = envd_sandbox, tmpdir(), envd_sandbox.sandbox_id
+    up = _fetch(emulator, sid, sb.upload_url(f"{d}/up.txt"), "POST", files={"file": ("x", b"hi")})
+    assert up.status_code == 200 and up.json()[0]["path"] == f"{d}/up.txt"
+    r = _fetch(emulator, sid, sb.download_url(f"{d}/up.txt", use_signature_expiration=60))
+    assert (r.status_code, r.content) == (200, b"hi")
+    r = _fetch(emulator, sid, sb.download_url(f"{d}/up.txt", user="root"))
+    assert r.status_code == 200
+    # a signature is bound to its path, user and operation, and expires
+    other = sb.download_url(f"{d}/up.txt").replace("up.txt", "other.txt")
+    r = _fetch(emulator, sid, other)
+    assert (r.status_code, r.json()["message"]) == (401, "invalid signature")
+    r = _fetch(emulator, sid, sb.download_url(f"{d}/up.txt", use_signature_expiration=-5))
+    assert (r.status_code, r.json()["message"]) == (401, "signature is already expired")
+    r = _fetch(emulator, sid, sb.download_url(f"{d}/up.txt"), "POST", data=b"x")
+    assert r.status_code == 401
+    r = _fetch(emulator, sid, f"x?path={d}/up.txt")
+    assert (r.status_code, r.json()["message"]) == (401, "missing signature query parameter")
+
+
+def test_signed_file_urls_async(emulator: Emulator, envd_sandbox: Sandbox) -> None:
+    d, sid = tmpdir(), envd_sandbox.sandbox_id
+
+    async def body(sb: AsyncSandbox) -> List[str]:
+        await sb.files.write(f"{d}/a.txt", "async")
+        return [sb.download_url(f"{d}/a.txt"), sb.upload_url(f"{d}/b.txt", user="root")]
+
+    down, up = run_async(envd_sandbox, body)
+    assert _fetch(emulator, sid, down).content == b"async"
+    r = _fetch(emulator, sid, up, "POST", files={"file": ("b", b"B")})
+    assert r.status_code == 200
+    assert envd_sandbox.commands.run(f"stat -c %U {d}/b.txt").stdout == "root\n"
+
+
+# -- commands and PTY ------------------------------------------------------------------------
+
+
+def test_commands_input_list_connect_kill_sync(envd_sandbox: Sandbox) -> None:
+    sb = envd_sandbox
+    handle = sb.commands.run("cat", background=True, stdin=True)
+    assert handle.pid in [p.pid for p in sb.commands.list()]
+    sb.commands.send_stdin(handle.pid, "one\n")
+    sb.commands.stream_input(handle.pid, ["two ", b"three\n"])
+    sb.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "one\ntwo three\n"
+    with pytest.raises(NotFoundException):
+        sb.commands.send_stdin(handle.pid, "late")
+    sleeper = sb.commands.run("echo up; sleep 300", background=True)
+    sleeper.disconnect()
+    again = sb.commands.connect(sleeper.pid)
+    assert sb.commands.kill(sleeper.pid) is True
+    with pytest.raises(CommandExitException) as info:
+        again.wait()
+    assert info.value.exit_code == -1
+    assert sb.commands.kill(sleeper.pid) is False
+
+
+def test_commands_input_list_connect_kill_async(envd_sandbox: Sandbox) -> None:
+    async def body(sb: AsyncSandbox) -> None:
+        handle = await sb.commands.run("cat", background=True, stdin=True)
+        assert handle.pid in [p.pid for p in await sb.commands.list()]
+        await sb.commands.send_stdin(handle.pid, "one\n")
+        async with sb.commands.stream_input(handle.pid) as feed:
+            await feed.send("two ")
+            await feed.send(b"three\n")
+        await sb.commands.close_stdin(handle.pid)
+        assert (await handle.wait()).stdout == "one\ntwo three\n"
+        sleeper = await sb.commands.run("sleep 300", background=True)
+        await sleeper.disconnect()
+        again = await sb.commands.connect(sleeper.pid)
+        assert await sb.commands.kill(sleeper.pid) is True
+        with pytest.raises(CommandExitException):
+            await again.wait()
+        with pytest.raises(NotFoundException):
+            async with sb.commands.stream_input(sleeper.pid) as feed:
+                await feed.send("nobody is listening")
+
+    run_async(envd_sandbox, body)
+
+
+def test_pty_sync(envd_sandbox: Sandbox) -> None:
+    sb = envd_sandbox
+    handle = sb.pty.create(PtySize(rows=24, cols=80))
+    sb.pty.resize(handle.pid, PtySize(rows=30, cols=100))
+    sb.pty.send_stdin(handle.pid, b"echo $((6*7)); stty size; exit\n")
+    out: List[bytes] = []
+    handle.wait(on_pty=out.append)
+    text = b"".join(out).decode()
+    assert "42" in text and "30 100" in text
+
+
+def test_pty_async(envd_sandbox: Sandbox) -> None:
+    async def body(sb: AsyncSandbox) -> None:
+        out: List[bytes] = []
+        handle = await sb.pty.create(PtySize(rows=24, cols=80), on_data=out.append)
+        await sb.pty.resize(handle.pid, PtySize(rows=40, cols=90))
+        await sb.pty.send_stdin(handle.pid, b"stty size; sleep 300\n")
+        await await_for(lambda: b"40 90" in b"".join(out), "the resized PTY")
+        assert await sb.pty.kill(handle.pid) is True
+        with pytest.raises(CommandExitException):
+            await handle.wait()
+
+    run_async(envd_sandbox, body)
