@@ -10,6 +10,11 @@ Usage::
 
     python -m e2b_provider.emulator [--host 127.0.0.1] [--port 0] [--api-key KEY]
                                     [--state-dir DIR] [--log-level warning]
+                                    [--cpu-count 2] [--memory-mb 512] [--disk-mb 1024]
+                                    [--max-processes 1024]
+
+The resource options size the template every sandbox runs (E2B sizes sandboxes by template, not
+by create request); with ``--log-level info`` each boot logs which of them the host enforces.
 
 Once it serves, it prints (in one flushed write) the machine-readable ready line, always the
 first line of stdout (one line; wrapped here), then what a shell needs to point this library or
@@ -40,9 +45,9 @@ import shlex
 import signal
 import sys
 import tempfile
-from typing import List, Optional
+from typing import Callable, List, Optional
 
-from .api.state import DEFAULT_TEMPLATE
+from .api.state import DEFAULT_TEMPLATE, TemplateResources
 from .handle import remove_state_dir
 
 __all__ = ["main"]
@@ -79,6 +84,19 @@ def _parser() -> argparse.ArgumentParser:
         choices=("debug", "info", "warning", "error"),
         help="log level of the messages written to stderr (default warning)",
     )
+    defaults = TemplateResources()
+    for flag, attr, minimum, what in (
+        ("--cpu-count", "cpu_count", 1, "CPUs of every sandbox"),
+        ("--memory-mb", "memory_mb", 16, "memory limit of every sandbox, MiB"),
+        ("--disk-mb", "disk_mb", 16, "disk size of every sandbox, MiB"),
+        ("--max-processes", "max_processes", 16, "processes and threads per sandbox"),
+    ):
+        p.add_argument(
+            flag,
+            type=_at_least(minimum),
+            default=getattr(defaults, attr),
+            help=f"{what} (default {getattr(defaults, attr)})",
+        )
     p.add_argument(
         "--exit-with-parent",
         action="store_true",
@@ -92,6 +110,19 @@ def _parser() -> argparse.ArgumentParser:
         "at startup)",
     )
     return p
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}: {value}")
+        return value
+
+    return parse
 
 
 def _url(host: str, port: int) -> str:
@@ -120,7 +151,13 @@ def ready_text(url: str, api_key: str) -> str:
 async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None:
     from .api.server import EmulatorServer
 
-    server = EmulatorServer(api_key=api_key, state_dir=state_dir)
+    resources = TemplateResources(
+        cpu_count=args.cpu_count,
+        memory_mb=args.memory_mb,
+        disk_mb=args.disk_mb,
+        max_processes=args.max_processes,
+    )
+    server = EmulatorServer(api_key=api_key, state_dir=state_dir, resources=resources)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -81,6 +81,10 @@ class Emulator:
             here and removed by :meth:`stop`.
         startup_timeout: seconds to wait for the ready line.
         log_level: the emulator's stderr log level (``debug``/``info``/``warning``/``error``).
+        cpu_count: CPUs of every sandbox (the template's; default 2).
+        memory_mb: memory limit of every sandbox in MiB (default 512).
+        disk_mb: disk size of every sandbox in MiB (default 1024).
+        max_processes: processes and threads a sandbox may have at once (default 1024).
 
     Raises (from :meth:`start` / ``__enter__``):
         EmulatorUnavailable: isolation is unavailable on this machine (message included).
@@ -96,6 +100,10 @@ class Emulator:
         startup_timeout: float = 30.0,
         *,
         log_level: str = "warning",
+        cpu_count: Optional[int] = None,
+        memory_mb: Optional[int] = None,
+        disk_mb: Optional[int] = None,
+        max_processes: Optional[int] = None,
     ) -> None:
         self._requested_key = api_key
         self._host = host
@@ -104,6 +112,12 @@ class Emulator:
         self._own_state_dir: Optional[str] = None
         self._startup_timeout = startup_timeout
         self._log_level = log_level
+        self._resources = {
+            "--cpu-count": cpu_count,
+            "--memory-mb": memory_mb,
+            "--disk-mb": disk_mb,
+            "--max-processes": max_processes,
+        }
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._stderr: Optional[IO[bytes]] = None
         self._api_url: Optional[str] = None
@@ -142,6 +156,9 @@ class Emulator:
             # removes it too when it stops (also when this process dies without stopping it)
             state_dir = self._own_state_dir = tempfile.mkdtemp(prefix="e2b-emulator-")
             extra.append("--remove-state-dir")
+        for flag, value in self._resources.items():
+            if value is not None:
+                extra += [flag, str(value)]
         cmd = [
             sys.executable,
             "-m",
@@ -492,7 +509,12 @@ class Emulator:
         return result
 
     def list_sandboxes(self) -> List[Dict[str, Any]]:
-        """Every sandbox the emulator knows (running and paused), with internal details."""
+        """Every sandbox the emulator knows (running and paused), with internal details.
+
+        Besides the ``ListedSandbox`` fields: ``pauseMode``, ``egress``, ``autoPause``,
+        ``envdUnresponsive``, ``maxProcesses`` and ``enforcedLimits`` (which of ``cpu``,
+        ``memory``, ``pids`` and ``disk`` the host enforces for it, and how).
+        """
         result: List[Dict[str, Any]] = self._admin("GET", "/_emulator/sandboxes")
         return result
 

@@ -10,6 +10,7 @@ SDK's latency is measured by ``benchmarks/sdk_latency.py``, not here.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import uuid
@@ -153,6 +154,19 @@ def test_run_default_user_and_sandbox_user(sandbox: Sandbox) -> None:
     assert r.stdout == "sandbox\n/workspace\n"
     r = sandbox.commands.run("whoami", user="root")
     assert r.stdout == "root\n"
+
+
+def test_base_template_sudo_and_python(sandbox: Sandbox) -> None:
+    # E2B's base template: `user` may sudo without a password, and `python` is Python 3.
+    if shutil.which("sudo", path="/usr/bin") is None:
+        pytest.skip(reason="sudo is not installed on this host (./dev installs it)")
+    r = sandbox.commands.run("sudo -n true", user="user")
+    assert r.exit_code == 0
+    assert sandbox.commands.run("sudo -n whoami", user="user").stdout == "root\n"
+    r = sandbox.commands.run("python -c 'import sys; print(sys.version_info[0])'")
+    assert r.stdout == "3\n"
+    info = sandbox.get_info()
+    assert (info.cpu_count, info.memory_mb) == (2, 512)
 
 
 def test_run_envs_stderr_and_exit_codes(sandbox: Sandbox) -> None:

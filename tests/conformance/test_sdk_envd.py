@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import re
 import time
 import uuid
 from typing import Any, Awaitable, Callable, Iterator, List, TypeVar
@@ -83,16 +85,28 @@ def tmpdir() -> str:
     return f"/home/user/t-{uuid.uuid4().hex[:10]}"
 
 
-def _watched_script(path: str) -> str:
-    """A root shell command printing how many inotify watches in the sandbox are on ``path``."""
-    return (
-        f"ino=$(printf %x $(stat -c %i {path})); "
-        'cat /proc/[0-9]*/fdinfo/* 2>/dev/null | grep -c "^inotify wd:.* ino:$ino " || true'
-    )
+def _watches_on(emulator: Emulator, sandbox_id: str, inode: int) -> int:
+    """How many inotify watches the sandbox's processes hold on ``inode``, read on the host
+    (the agent is not dumpable: even the sandbox's root cannot read its /proc files)."""
+    pattern = re.compile(rf"^inotify wd:\S+ ino:{inode:x} ", re.MULTILINE)
+    count = 0
+    for pid in emulator.sandbox_pids(sandbox_id):
+        try:
+            names = os.listdir(f"/proc/{pid}/fdinfo")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(f"/proc/{pid}/fdinfo/{name}") as f:
+                    count += len(pattern.findall(f.read()))
+            except OSError:
+                continue
+    return count
 
 
-def watched(sb: Sandbox, path: str) -> int:
-    return int(sb.commands.run(_watched_script(path), user="root").stdout.strip())
+def watched(emulator: Emulator, sb: Sandbox, path: str) -> int:
+    inode = int(sb.commands.run(f"stat -c %i {path}").stdout)
+    return _watches_on(emulator, sb.sandbox_id, inode)
 
 
 # -- uploads and downloads ----------------------------------------------------------------
@@ -239,7 +253,7 @@ def _names(events: List[FilesystemEvent]) -> List[Any]:
     return [(e.name, e.type) for e in events]
 
 
-def test_watch_dir_sync(envd_sandbox: Sandbox) -> None:
+def test_watch_dir_sync(emulator: Emulator, envd_sandbox: Sandbox) -> None:
     sb, d = envd_sandbox, tmpdir()
     sb.files.make_dir(d)
     handle = sb.files.watch_dir(d, recursive=True, include_entry=True)
@@ -275,10 +289,10 @@ def test_watch_dir_sync(envd_sandbox: Sandbox) -> None:
         ]
         wait_for(lambda: seen(*want), "events in the new directory")
         assert all(e.entry is None for e in got if e.type == FilesystemEventType.REMOVE)
-        assert watched(sb, f"{d}/sub") == 1
+        assert watched(emulator, sb, f"{d}/sub") == 1
     finally:
         handle.stop()
-    assert watched(sb, d) == 0 and watched(sb, f"{d}/sub") == 0
+    assert watched(emulator, sb, d) == 0 and watched(emulator, sb, f"{d}/sub") == 0
     with pytest.raises(SandboxException):
         handle.get_new_events()
     with pytest.raises(NotFoundException):
@@ -287,7 +301,7 @@ def test_watch_dir_sync(envd_sandbox: Sandbox) -> None:
         sb.files.watch_dir(f"{d}/c.txt")
 
 
-def test_watch_dir_async(envd_sandbox: Sandbox) -> None:
+def test_watch_dir_async(emulator: Emulator, envd_sandbox: Sandbox) -> None:
     d = tmpdir()
 
     async def body(sb: AsyncSandbox) -> None:
@@ -309,13 +323,13 @@ def test_watch_dir_async(envd_sandbox: Sandbox) -> None:
             await sb.files.remove(f"{d}/x/y/z.txt")
             await await_for(seen(("x/y/z.txt", FilesystemEventType.REMOVE)), "the removal")
             assert all(e.entry is None for e in got)
-            assert await awatched(sb, d) == 1
+            assert await awatched(emulator, sb, d) == 1
         finally:
             await handle.stop()
         assert exits == [None]
         # the stream's end removes the watch inside the sandbox
         deadline = time.monotonic() + 10
-        while await awatched(sb, d):
+        while await awatched(emulator, sb, d):
             assert time.monotonic() < deadline, "the watch outlived its stream"
             await asyncio.sleep(0.05)
         with pytest.raises(NotFoundException):
@@ -324,8 +338,9 @@ def test_watch_dir_async(envd_sandbox: Sandbox) -> None:
     run_async(envd_sandbox, body)
 
 
-async def awatched(sb: AsyncSandbox, path: str) -> int:
-    return int((await sb.commands.run(_watched_script(path), user="root")).stdout.strip())
+async def awatched(emulator: Emulator, sb: AsyncSandbox, path: str) -> int:
+    inode = int((await sb.commands.run(f"stat -c %i {path}")).stdout)
+    return _watches_on(emulator, sb.sandbox_id, inode)
 
 
 # -- signed URLs -----------------------------------------------------------------------------

@@ -317,6 +317,9 @@ SCRIPT = textwrap.dedent(
              cpu=usage.cpu_usec, mem=usage.mem_used, disk=usage.disk_used)
         remove_tree(copy_dir)
         emit(step="denied", result=run(rt, "touch /usr/local/e2b-x 2>&1; echo rc=$?"))
+        emit(step="base", boot_id=rt.boot_id, result=run(
+            rt, "python -c 'print(3)'; cat /proc/sys/kernel/random/boot_id; "
+                "test -x /usr/bin/sudo || exit 0; sudo -n id -u", user="user"))
         run(rt, "(setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.01; done'"
                 " >/dev/null 2>&1 &)")
         tick = os.path.join(rt.state_dir, "root", "workspace", "tick")
@@ -475,6 +478,9 @@ def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
     assert copy["sources"] == {"cpu": "proc", "memory": "proc", "disk": "files"}, copy
     assert copy["cpu"] >= 0 and copy["mem"] > 0 and copy["disk"] > 0, copy
     assert "Permission denied" in steps["denied"]["result"][1]
+    code, text = steps["base"]["result"]  # the base template: python, sudo for user, boot id
+    expected = ["3", steps["base"]["boot_id"]] + (["0"] if os.path.exists("/usr/bin/sudo") else [])
+    assert code == 0 and text.split() == expected, text
     freeze = steps["freeze"]
     assert freeze["frozen"] is True and freeze["still"] is True and freeze["resumed"] is True
     assert freeze["states"] and set(freeze["states"].values()) <= {"T", "t"}, freeze

@@ -1,8 +1,9 @@
 """Tests of the emulator runtime: real namespaced sandboxes (root only) and the pure helpers.
 
-Each sandbox runs a stand-in agent (a stdlib HTTP server on the agent socket that answers
-``GET /health`` and runs ``POST /run {"cmd": …}`` with ``/bin/sh`` inside the sandbox), so these
-tests do not depend on the real agent; ``test_real_agent_boots`` uses the real one.
+Each sandbox runs a stand-in agent (a stdlib HTTP server on the agent socket PID 1 passes as fd
+3, that answers ``GET /health`` and runs ``POST /run {"cmd": …}`` with ``/bin/sh`` inside the
+sandbox, as the sandbox's root), so these tests do not depend on the real agent;
+``test_real_agent_boots`` uses the real one.
 Every sandbox is destroyed by the ``make`` fixture, and no test leaves processes behind.
 """
 
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, Optional, cast
@@ -59,7 +61,7 @@ pytestmark = pytest.mark.skipif(
 
 STANDIN = textwrap.dedent(
     """
-    import json, os, socketserver, subprocess, sys
+    import json, os, socket, socketserver, subprocess, sys
     from http.server import BaseHTTPRequestHandler
 
     class H(BaseHTTPRequestHandler):
@@ -89,9 +91,11 @@ STANDIN = textwrap.dedent(
         def handle_error(self, request, client_address):
             pass
 
-    if os.path.exists(sys.argv[1]):
-        os.unlink(sys.argv[1])
-    S(sys.argv[1], H).serve_forever()
+    assert os.environ.get("LISTEN_FDS") == "1", "no listening socket from PID 1"
+    server = S(sys.argv[1], H, bind_and_activate=False)
+    server.socket.close()
+    server.socket = socket.socket(fileno=3)
+    server.serve_forever()
     """
 )
 STANDIN_ARGV = [sys.executable, "-E", "-s", "-S", "-c", STANDIN, runtime.AGENT_SOCKET]
@@ -135,6 +139,12 @@ def out(rt: SandboxRuntime, cmd: str) -> str:
     r = sh(rt, cmd)
     assert r["rc"] == 0, r
     return str(r["out"]).strip()
+
+
+def inside(rt: SandboxRuntime, path: str) -> str:
+    """The host path of ``path`` in the running sandbox (its files are on its own disk)."""
+    assert rt.init_pid is not None
+    return f"/proc/{rt.init_pid}/root{path}"
 
 
 def alive(pid: int) -> bool:
@@ -326,12 +336,16 @@ def test_users_hostname_and_capabilities(make: Callable[..., SandboxRuntime]) ->
     assert sh(rt, "mknod /tmp/vda b 254 0")["rc"] != 0
     chown = "touch /workspace/f && chown user:user /workspace/f && stat -c %U /workspace/f"
     assert out(rt, chown) == "user"
-    # Writes to the system dirs land in the sandbox's upper dir, not on the host.
+    # The sandbox's root is not host root: the host's files in the system dirs stay the host's
+    # (unmapped owner, read-only); new entries at their top land in the sandbox's own layer.
     marker = f"e2b-rt-{uuid.uuid4().hex}"
-    out(rt, f"touch /usr/local/{marker}")
-    assert not os.path.exists(f"/usr/local/{marker}")
-    assert os.path.exists(os.path.join(rt.state_dir, "upper", "usr", "local", marker))
-    assert sh(rt, f"runuser -u sandbox -- touch /usr/{marker}")["rc"] != 0
+    out(rt, f"touch /usr/{marker}")
+    assert not os.path.exists(f"/usr/{marker}")
+    assert os.path.exists(inside(rt, f"/usr/{marker}"))
+    assert "Permission denied" in sh(rt, f"touch /usr/local/{marker}")["err"]
+    assert "Permission denied" in sh(rt, "touch /usr/bin/env")["err"]
+    assert out(rt, "stat -c %U /usr/bin /usr/bin/env") == "nobody\nnobody"
+    assert sh(rt, f"runuser -u sandbox -- touch /usr/{marker}-2")["rc"] != 0
 
 
 def test_isolation_between_sandboxes_and_from_the_host(
@@ -375,7 +389,7 @@ def test_freeze_stops_a_ticker_and_thaw_resumes_it(make: Callable[..., SandboxRu
     asyncio.run(rt.boot(timeout=20))
     out(rt, "(setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.01; done' "
             ">/dev/null 2>&1 &)")
-    tick = os.path.join(rt.state_dir, "root", "workspace", "tick")
+    tick = inside(rt, "/workspace/tick")
 
     def size() -> int:
         try:
@@ -399,7 +413,7 @@ def test_halt_kills_escapees_and_boot_keeps_files(make: Callable[..., SandboxRun
     rt = make()
     asyncio.run(rt.boot(timeout=20))
     out(rt, "echo kept > /workspace/keep; echo home > /home/user/.x; echo t > /tmp/t; "
-            "echo etc >> /etc/motd; (setsid sleep 4243 >/dev/null 2>&1 &)")
+            "echo etc >> /etc/kept; (setsid sleep 4243 >/dev/null 2>&1 &)")
     before = rt.host_pids()
     assert len(before) >= 4
     asyncio.run(rt.halt())
@@ -407,7 +421,7 @@ def test_halt_kills_escapees_and_boot_keeps_files(make: Callable[..., SandboxRun
     assert not any(alive(p) for p in before)
     asyncio.run(rt.halt())  # idempotent
     asyncio.run(rt.boot(timeout=20))
-    kept = out(rt, "cat /workspace/keep /home/user/.x /tmp/t; tail -1 /etc/motd")
+    kept = out(rt, "cat /workspace/keep /home/user/.x /tmp/t; tail -1 /etc/kept")
     assert kept == "kept\nhome\nt\netc"
     assert sh(rt, "pgrep -f '^sleep 4243$'")["rc"] != 0
     assert not set(before) & set(rt.host_pids()) - {os.getpid()}
@@ -426,7 +440,7 @@ def test_freezer_fallbacks(
     assert rt._cgroups.mode == mode
     out(rt, "(setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.01; done' "
             ">/dev/null 2>&1 &)")
-    tick = os.path.join(rt.state_dir, "root", "workspace", "tick")
+    tick = inside(rt, "/workspace/tick")
     assert wait_for(lambda: os.path.exists(tick) and os.path.getsize(tick) > 10)
     asyncio.run(rt.freeze())
     frozen_at = os.path.getsize(tick)
@@ -442,6 +456,16 @@ def test_freezer_fallbacks(
     assert not os.path.exists(rt.state_dir)
 
 
+def _controllers() -> List[str]:
+    """The limit controllers this host has (cgroup2 or v1)."""
+    v2 = linux.cgroup2_mount()
+    available = []
+    if v2 is not None:
+        with open(os.path.join(v2, "cgroup.controllers")) as f:
+            available = f.read().split()
+    return [c for c in ("memory", "cpu", "pids") if c in available or linux.cgroup1_mount(c)]
+
+
 def test_limits_and_cgroup_namespace(make: Callable[..., SandboxRuntime]) -> None:
     rt = make(memory_mb=300, cpu_count=1)
     asyncio.run(rt.boot(timeout=20))
@@ -452,6 +476,7 @@ def test_limits_and_cgroup_namespace(make: Callable[..., SandboxRuntime]) -> Non
         "memory.limit_in_bytes": str(300 * 1024 * 1024),
         "cpu.max": "100000 100000",
         "cpu.cfs_quota_us": "100000",
+        "pids.max": "1024",  # the default
     }
     seen = 0
     for d in [rt._cgroups.control, *rt._cgroups.extra]:
@@ -461,8 +486,248 @@ def test_limits_and_cgroup_namespace(make: Callable[..., SandboxRuntime]) -> Non
                 with open(path) as f:
                     assert f.read().strip() == value, path
                 seen += 1
-    controllers = [c for c in ("memory", "cpu") if linux.cgroup1_mount(c)]
+    controllers = _controllers()
     assert seen >= len(controllers)
+    # What is enforced is reported, and logged once per boot in one line.
+    enforced = rt.enforced_limits
+    assert set(controllers) <= set(enforced)
+    line = rt.limits_line()
+    assert line.startswith(f"sandbox {rt.spec.sandbox_id} limits: cpu 1 (")
+    assert "memory 300 MiB (" in line and "processes 1024 (" in line
+    if "disk" in enforced:
+        assert "disk 1024 MiB (ext4 image on a loop device)" in line
+
+
+def test_sandbox_root_is_not_host_root(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    tag = uuid.uuid4().hex
+    secret = f"/etc/e2b-rt-secret-{tag}"
+    private_dir = f"/etc/e2b-rt-private-{tag}"
+    public = f"/etc/e2b-rt-public-{tag}"
+    try:
+        for path, mode in ((secret, 0o600), (public, 0o644)):
+            with open(path, "w") as f:
+                f.write(f"host {tag}\n")
+            os.chmod(path, mode)
+        os.mkdir(private_dir, 0o700)
+        with open(os.path.join(private_dir, "inner"), "w") as f:
+            f.write("inner\n")
+        os.chmod(os.path.join(private_dir, "inner"), 0o644)
+        # Root inside (uid 0 of the sandbox's user namespace) reads what everyone may read...
+        assert out(rt, f"id -u; cat {public}") == f"0\nhost {tag}"
+        # ...and nothing else of the host's, whatever its capabilities inside.
+        for cmd in (f"cat {secret}", f"cat {private_dir}/inner", f"ls {private_dir}",
+                    f"cp {secret} /tmp/x", f"chmod 644 {secret}", f"chown root {secret}"):
+            r = sh(rt, cmd)
+            assert r["rc"] != 0 and "host" not in r["out"], (cmd, r)
+        if os.path.exists("/etc/shadow-"):
+            assert "Permission denied" in sh(rt, "cat /etc/shadow-")["err"]
+        # On the host, every process of the sandbox but PID 1 runs as an unprivileged uid.
+        uid = runtime.root_id_range()[0]
+        assert uid > 65535
+        for pid in rt.host_pids():
+            with open(f"/proc/{pid}/status") as f:
+                uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+            if pid in (rt.init_pid, rt._proc.pid if rt._proc else None):
+                assert uids == ["0"] * 4
+            else:
+                assert uids == [str(uid)] * 4, (pid, uids)
+        # Nor can it reach PID 1 (host root): no signal, no /proc access to it.
+        assert sh(rt, "kill -0 1")["rc"] != 0
+        assert sh(rt, "cat /proc/1/environ")["rc"] != 0
+    finally:
+        for path in (secret, public, os.path.join(private_dir, "inner")):
+            if os.path.exists(path):
+                os.unlink(path)
+        if os.path.isdir(private_dir):
+            os.rmdir(private_dir)
+    # What the sandboxes need still works as root inside.
+    out(rt, "runuser -u sandbox -- sh -c 'setsid sleep 0 && timeout 1 true && pgrep -x sh'")
+    assert out(rt, "touch /workspace/f && chown sandbox:sandbox /workspace/f && "
+                   "stat -c %U /workspace/f; echo s > /skills/s && cat /skills/s") == "sandbox\ns"
+
+
+def test_agent_output_cannot_be_written_from_inside(
+    make: Callable[..., SandboxRuntime],
+) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    mark = f"e2b-rt-log-{uuid.uuid4().hex}"
+    # $PPID is the agent (the stand-in); 1 is PID 1. Their stdout/stderr are a pipe of host
+    # root's that the host drains into init.log.
+    for target in ("$PPID", "1"):
+        for fd in (1, 2):
+            r = sh(rt, f"echo {mark} > /proc/{target}/fd/{fd}")
+            assert r["rc"] != 0, (target, fd, r)
+    out(rt, "echo still-ok")
+    assert mark not in rt.log_tail(1 << 20)
+    assert not any(p.startswith("init.log") for p in os.listdir(inside(rt, "/run/e2b")))
+    assert sh(rt, "touch /run/e2b/x")["rc"] != 0  # nor the agent's socket directory
+
+
+def test_fork_bomb_is_contained(make: Callable[..., SandboxRuntime]) -> None:
+    limit = 100
+    rt = make(max_processes=limit, cpu_count=1)
+    asyncio.run(rt.boot(timeout=20))
+    pids_dir = next(
+        d for d in [rt._cgroups.control, *rt._cgroups.extra]
+        if d and os.path.exists(os.path.join(d, "pids.max"))
+    )
+
+    def events() -> int:
+        with open(os.path.join(pids_dir, "pids.events")) as f:
+            return int(f.read().split()[1])
+
+    def current() -> int:
+        with open(os.path.join(pids_dir, "pids.current")) as f:
+            return int(f.read())
+
+    before = events()
+    # A real fork bomb, as a sandbox user; its top shell becomes a sleep (no fork needed) that
+    # timeout SIGKILLs after 3 s with its whole process group, the bomb included.
+    bomb = "runuser -u user -- timeout -s KILL 3 bash -c 'b(){ b|b& }; b; exec sleep 60'"
+    done: List[Dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: done.append(sh(rt, bomb + " >/dev/null 2>&1")))
+    runner.start()
+    seen = [0]
+
+    def bombed() -> bool:
+        seen[0] = max(seen[0], current(), len(rt.host_pids()) - 1)  # minus unshare
+        return events() > before  # forks were refused at the limit
+
+    try:
+        assert wait_for(bombed, 20)
+        while runner.is_alive():
+            bombed()
+            runner.join(0.05)
+    finally:
+        runner.join(60)
+    assert done and done[0]["rc"] != 0
+    assert 0 < seen[0] <= limit
+    assert wait_for(lambda: current() < 10)
+    assert out(rt, "pgrep -c -u user || true") == "0"
+    assert out(rt, "echo alive") == "alive"
+
+
+def test_disk_is_bounded_and_kept(make: Callable[..., SandboxRuntime]) -> None:
+    if runtime.disk.disk_support() is not None:
+        pytest.skip(reason=f"no sandbox disks on this host: {runtime.disk.disk_support()}")
+    rt = make(disk_mb=16)
+    asyncio.run(rt.boot(timeout=20))
+    assert rt.enforced_limits["disk"] == "ext4 image on a loop device"
+    r = sh(rt, "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1")
+    assert r["rc"] != 0 and "No space left on device" in r["out"], r
+    for more in ("/tmp/more", "/etc/more"):  # the whole sandbox shares its disk, upper included
+        r = sh(rt, f"head -c 1M /dev/zero > {more}")
+        assert "No space left on device" in r["err"], (more, r)
+    size = int(out(rt, "stat -c %s /workspace/big"))
+    assert 8 << 20 < size < 16 << 20
+    image = os.path.join(rt.state_dir, "disk.img")
+    st = os.stat(image)
+    assert st.st_size == 16 << 20 and st.st_blocks * 512 <= 17 << 20
+    assert not os.path.exists(os.path.join(rt.state_dir, "root"))  # nothing on the host's disk
+    # The disk survives a halt and a cold boot, full as it was; freeing space works.
+    asyncio.run(rt.halt())
+    assert wait_for(lambda: not runtime.disk.image_attached(image))
+    asyncio.run(rt.boot(timeout=20))
+    assert int(out(rt, "stat -c %s /workspace/big")) == size
+    out(rt, "rm /workspace/big && head -c 1M /dev/zero > /tmp/more")
+
+
+def test_a_frozen_sandboxs_disk_copies_whole(
+    make: Callable[..., SandboxRuntime], base_dir: str
+) -> None:
+    if runtime.disk.disk_support() is not None:
+        pytest.skip(reason=f"no sandbox disks on this host: {runtime.disk.disk_support()}")
+    debugfs = shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    assert debugfs is not None  # e2fsprogs, as mkfs.ext4
+    rt = make(disk_mb=32)
+    asyncio.run(rt.boot(timeout=20))
+    tag = uuid.uuid4().hex
+    out(rt, f"echo {tag} > /workspace/x; echo {tag} > /usr/new-{tag}")
+    asyncio.run(rt.freeze())
+    rt.flush_files()
+    [image] = rt.storage_paths()
+    copy = os.path.join(base_dir, "copy.img")
+    shutil.copyfile(image, copy)
+    asyncio.run(rt.thaw())
+    for path in ("/root/workspace/x", f"/upper/usr/new-{tag}"):  # the image's own layout
+        done = subprocess.run([debugfs, "-R", f"cat {path}", copy], capture_output=True,
+                              text=True, timeout=30)
+        assert done.stdout.strip() == tag, (path, done.stderr)
+
+
+def test_copied_disk_boots_as_another_sandbox_and_usage_reads_it(
+    make: Callable[..., SandboxRuntime], base_dir: str
+) -> None:
+    if runtime.disk.disk_support() is not None:
+        pytest.skip(reason=f"no sandbox disks on this host: {runtime.disk.disk_support()}")
+    src = make(disk_mb=64, hostname="source-box")
+    asyncio.run(src.boot(timeout=20))
+    before = src.resource_usage()
+    assert before.sources["disk"] == "statvfs" and before.disk_used is not None
+    out(src, "head -c 4M /dev/urandom > /workspace/data; echo mine > /usr/added; sync")
+    after = src.resource_usage()
+    assert after.disk_used is not None and after.disk_used >= before.disk_used + (4 << 20)
+    digest = out(src, "md5sum < /workspace/data")
+    asyncio.run(src.halt())
+    assert src.resource_usage().sources["disk"] == "image"
+    dst_dir = os.path.join(base_dir, "copy" + uuid.uuid4().hex[:8])
+    runtime.copy_sandbox_files(src.state_dir, dst_dir)
+    assert sorted(os.listdir(dst_dir)) == ["disk.img"]
+    st = os.stat(os.path.join(dst_dir, "disk.img"))
+    assert st.st_size == 64 << 20 and st.st_blocks * 512 < 32 << 20  # still sparse
+    dst = SandboxRuntime(SandboxSpec("c" + uuid.uuid4().hex[:12], "copy-box"), dst_dir,
+                         agent_argv=STANDIN_ARGV)
+    try:
+        asyncio.run(dst.boot(timeout=20))
+        assert out(dst, "md5sum < /workspace/data; cat /usr/added") == digest + "\nmine"
+        # its own names: the generated files follow the new hostname
+        assert out(dst, "cat /etc/hostname; grep -c copy-box /etc/hosts") == "copy-box\n1"
+        out(dst, "rm /workspace/data")
+    finally:
+        asyncio.run(dst.destroy())
+    asyncio.run(src.boot(timeout=20))
+    assert out(src, "md5sum < /workspace/data; cat /etc/hostname") == digest + "\nsource-box"
+
+
+def test_boot_id_changes_at_each_boot_only(make: Callable[..., SandboxRuntime]) -> None:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        host_boot_id = f.read().strip()
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    first = out(rt, "cat /proc/sys/kernel/random/boot_id")
+    assert first == rt.boot_id and first != host_boot_id
+    assert sh(rt, "echo x > /proc/sys/kernel/random/boot_id")["rc"] != 0
+    # uptime counts from the sandbox's boot (a time namespace), not the host's
+    with open("/proc/uptime") as f:
+        host_uptime = float(f.read().split()[0])
+    if os.path.exists("/proc/self/ns/time"):
+        assert float(out(rt, "cut -d' ' -f1 /proc/uptime")) < min(60.0, host_uptime)
+    asyncio.run(rt.freeze())  # a pause with memory keeps the boot
+    asyncio.run(rt.thaw())
+    assert out(rt, "cat /proc/sys/kernel/random/boot_id") == first
+    asyncio.run(rt.halt())  # a cold boot is a boot
+    asyncio.run(rt.boot(timeout=20))
+    second = out(rt, "cat /proc/sys/kernel/random/boot_id")
+    assert second == rt.boot_id and second not in (first, host_boot_id)
+
+
+def test_base_template_has_sudo_and_python(make: Callable[..., SandboxRuntime]) -> None:
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    assert out(rt, "runuser -u user -- python -c 'import sys; print(sys.version_info[0])'") == "3"
+    if not os.path.exists("/usr/bin/sudo"):
+        pytest.skip(reason="sudo is not installed on this host (./dev installs it)")
+    assert out(rt, "runuser -u user -- sudo -n id -un") == "root"
+    assert out(rt, "runuser -u user -- sudo -n sh -c 'echo x > /root/by-sudo; stat -c %U "
+                   "/root/by-sudo'") == "root"
+    r = sh(rt, "runuser -u sandbox -- sudo -n true")  # only `user` may, as on E2B's base
+    assert r["rc"] != 0
+    assert out(rt, "ls -A /etc/sudoers.d | wc -l") == "0"  # the host's rules do not apply
+    # sudo stays the sandbox's root: host files stay out of reach
+    assert sh(rt, "runuser -u user -- sudo -n cat /etc/sudoers.d/README")["rc"] != 0
 
 
 def test_halt_of_a_frozen_sandbox(make: Callable[..., SandboxRuntime]) -> None:
@@ -501,12 +766,18 @@ def test_agent_is_restarted_and_pid1_ignores_signals_from_inside(
 ) -> None:
     rt = make()
     asyncio.run(rt.boot(timeout=20))
+    # PID 1 is the only host-root process of the sandbox: its root cannot even signal it.
+    assert "Operation not permitted" in sh(rt, "kill -TERM 1")["err"]
     # $PPID is the stand-in agent; kill it once it has answered.
-    out(rt, "kill -TERM 1; (sleep 0.2; kill -9 $PPID) >/dev/null 2>&1 &")
+    out(rt, "(sleep 0.2; kill -9 $PPID) >/dev/null 2>&1 &")
     assert wait_for(lambda: "agent killed by signal 9" in rt.log_tail())
     assert wait_for(lambda: _healthy(rt))
     assert rt.running
-    assert "restarting" in rt.log_tail() and "ignoring signal 15" in rt.log_tail()
+    assert "restarting" in rt.log_tail()
+    # The restarted agent serves on the same socket and in the same user namespace.
+    assert out(rt, "id -u; cat /proc/self/uid_map").split() == [
+        "0", "0", str(runtime.root_id_range()[0]), "65536"
+    ]
     init_pid = rt.init_pid
     assert init_pid is not None
     os.kill(init_pid, signal.SIGTERM)  # from outside: the sandbox shuts down
@@ -580,6 +851,9 @@ def test_sandboxes_die_with_the_server_process(base_dir: str) -> None:
         child.kill()  # SIGKILL: no cleanup code runs in the "server"
         child.wait(timeout=10)
         assert wait_for(lambda: not any(alive(p) for p in pids)), "sandbox outlived its server"
+        # its disk went with its mount namespace: no loop device holds the image any more
+        image = os.path.join(state, "disk.img")
+        assert wait_for(lambda: not runtime.disk.image_attached(image))
         if cgroup:
             assert wait_for(lambda: _read_procs(cgroup) == [])
             parent = os.path.dirname(cgroup)
@@ -615,6 +889,35 @@ def _read_procs(cgroup: str) -> List[int]:
         return []
 
 
+def _agent_run(rt: SandboxRuntime, cmd: str, user: str) -> str:
+    """Run ``cmd`` through the real agent's process.Process/Start as ``user``; its stdout."""
+    conn = _UnixHTTP(rt.envd_socket)
+    try:
+        body = encode_envelope({"process": {"cmd": "/bin/sh", "args": ["-c", cmd]}})
+        conn.request(
+            "POST",
+            "/process.Process/Start",
+            body=body,
+            headers={
+                "Content-Type": "application/connect+json",
+                "Connect-Protocol-Version": "1",
+                "Authorization": "Basic " + base64.b64encode(f"{user}:".encode()).decode(),
+            },
+        )
+        resp = conn.getresponse()
+        assert resp.status == 200
+        decoder = EnvelopeDecoder()
+        decoder.feed(resp.read())
+        stdout = b""
+        for item in decoder:
+            if isinstance(item, Message):
+                data = item.data.get("event", {}).get("data", {})
+                stdout += base64.b64decode(data.get("stdout", ""))
+        return stdout.decode()
+    finally:
+        conn.close()
+
+
 def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) -> None:
     sid = "t" + uuid.uuid4().hex[:12]
     rt = SandboxRuntime(SandboxSpec(sid, sid), os.path.join(base_dir, sid))
@@ -623,33 +926,20 @@ def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) ->
         print(f"real agent: boot took {rt.last_boot_seconds * 1000:.0f} ms")  # type: ignore[operator]
         assert request(rt, "GET", "/health")[0] in (200, 204)
         # One real command through the agent, as `sandbox`, to show the pieces fit together.
-        conn = _UnixHTTP(rt.envd_socket)
-        try:
-            cmd = "id -un; hostname; pwd; cat /proc/self/status | grep CapBnd"
-            body = encode_envelope({"process": {"cmd": "/bin/sh", "args": ["-c", cmd]}})
-            conn.request(
-                "POST",
-                "/process.Process/Start",
-                body=body,
-                headers={
-                    "Content-Type": "application/connect+json",
-                    "Connect-Protocol-Version": "1",
-                    "Authorization": "Basic " + base64.b64encode(b"sandbox:").decode(),
-                },
-            )
-            resp = conn.getresponse()
-            assert resp.status == 200
-            decoder = EnvelopeDecoder()
-            decoder.feed(resp.read())
-            stdout = b""
-            for item in decoder:
-                if isinstance(item, Message):
-                    data = item.data.get("event", {}).get("data", {})
-                    stdout += base64.b64decode(data.get("stdout", ""))
-        finally:
-            conn.close()
-        assert stdout.decode().split("\n")[:3] == ["sandbox", sid, "/home/sandbox"]
-        assert "00000000a00425fb" in stdout.decode()  # the bounding set init.py leaves
+        stdout = _agent_run(rt, "id -un; hostname; pwd; cat /proc/self/status | grep CapBnd",
+                            "sandbox")
+        assert stdout.split("\n")[:3] == ["sandbox", sid, "/home/sandbox"]
+        assert "00000000a00425fb" in stdout  # the bounding set init.py leaves
+        # The agent ($PPID) is not dumpable: the sandbox's root, its own user, can neither
+        # read its /proc files nor reach its descriptors (its output pipe); its own, it can.
+        stdout = _agent_run(
+            rt,
+            "cat /proc/self/environ >/dev/null && echo own-ok; "
+            "cat /proc/$PPID/environ >/dev/null 2>&1 || echo agent-private; "
+            "echo x 2>/dev/null > /proc/$PPID/fd/2 || echo pipe-private",
+            "root",
+        )
+        assert stdout.split() == ["own-ok", "agent-private", "pipe-private"]
     finally:
         asyncio.run(rt.destroy())
     assert rt.host_pids() == []

@@ -1,8 +1,9 @@
 """Routes and lifetime of the envd look-alike agent (``python -m e2b_provider.emulator.agent``).
 
 The runtime starts the agent inside each sandbox, as root, serving HTTP/1.1 (aiohttp) on a unix
-socket (``--socket /run/e2b/envd.sock``); it also runs directly on a host (as root) for its
-own tests. It owns the routes and the process lifetime of the agent:
+socket (``--socket /run/e2b/envd.sock``; the socket is inherited as fd 3 when ``LISTEN_FDS=1``
+and ``LISTEN_PID`` is the agent's pid, systemd's convention); it also runs directly on a host
+(as root) for its own tests. It owns the routes and the process lifetime of the agent:
 
 * ``GET /health`` (204), ``POST /init`` and ``GET /envs`` (internal, like envd's: default
   env vars, default user and workdir; the host server must not forward ``/init`` from clients);
@@ -30,6 +31,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import stat
 import sys
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
@@ -564,6 +566,20 @@ def _prepare_socket_path(path: str) -> None:
     os.unlink(path)
 
 
+def _inherited_socket() -> Optional[socket.socket]:
+    """The listening socket passed as fd 3 (``LISTEN_FDS``/``LISTEN_PID``), if any.
+
+    The variables are removed from the environment so that no child sees them.
+    """
+    fds = os.environ.pop("LISTEN_FDS", None)
+    pid = os.environ.pop("LISTEN_PID", None)
+    if fds != "1" or pid != str(os.getpid()):
+        return None
+    sock = socket.socket(fileno=3)
+    sock.set_inheritable(False)
+    return sock
+
+
 async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT), then kill the processes and exit.
 
@@ -587,8 +603,13 @@ async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> No
         auto_decompress=False,  # /files decodes Content-Encoding itself, as envd does
     )
     await runner.setup()
-    _prepare_socket_path(config.socket_path)
-    site = web.UnixSite(runner, config.socket_path, backlog=1024)
+    inherited = _inherited_socket()
+    site: web.BaseSite
+    if inherited is not None:
+        site = web.SockSite(runner, inherited, backlog=1024)
+    else:
+        _prepare_socket_path(config.socket_path)
+        site = web.UnixSite(runner, config.socket_path, backlog=1024)
     await site.start()
     log.info("envd agent on %s (default user %s)", config.socket_path, config.default_user)
     try:
@@ -598,10 +619,11 @@ async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> No
         agent.watchers.close()
         await agent.processes.shutdown()
         await runner.cleanup()
-        try:
-            os.unlink(config.socket_path)
-        except OSError:
-            pass
+        if inherited is None:  # an inherited socket outlives this agent (the next one uses it)
+            try:
+                os.unlink(config.socket_path)
+            except OSError:
+                pass
 
 
 def _read_env_file(path: str) -> Dict[str, str]:

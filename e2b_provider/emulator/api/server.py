@@ -38,6 +38,7 @@ from .state import (
     DEFAULT_DOMAIN,
     CreateRequest,
     SandboxRecord,
+    TemplateResources,
     new_access_token,
     new_sandbox_id,
     sandbox_not_found,
@@ -92,6 +93,7 @@ class EmulatorServer:
             to :mod:`e2b_provider.emulator.runtime`.
         domain: the ``domain`` reported to clients.
         boot_timeout: seconds a sandbox may take to boot.
+        resources: CPU, memory, disk and process limits of every sandbox (the template's).
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class EmulatorServer:
         runtime_module: Any = None,
         domain: str = DEFAULT_DOMAIN,
         boot_timeout: float = 30.0,
+        resources: Optional[TemplateResources] = None,
     ) -> None:
         if runtime_module is None:
             runtime_module = importlib.import_module("..runtime", __package__)
@@ -110,6 +113,7 @@ class EmulatorServer:
         self.state_dir = state_dir
         self.domain = domain
         self.boot_timeout = boot_timeout
+        self.resources = resources if resources is not None else TemplateResources()
         self.records: Dict[str, SandboxRecord] = {}
         self.templates = TemplateStore()
         self.metrics = MetricsHistory()
@@ -288,15 +292,17 @@ class EmulatorServer:
         sandbox_id = new_sandbox_id()
         while sandbox_id in self.records:
             sandbox_id = new_sandbox_id()
-        cpu_count, memory_mb = 2, 512
+        res = self.resources
         spec = rt_mod.SandboxSpec(
             sandbox_id=sandbox_id,
             hostname=sandbox_id,
             egress=req.egress,
             allow_hosts=tuple(req.allow_hosts),
             env_vars=dict(req.env_vars),
-            cpu_count=cpu_count,
-            memory_mb=memory_mb,
+            cpu_count=res.cpu_count,
+            memory_mb=res.memory_mb,
+            disk_mb=res.disk_mb,
+            max_processes=res.max_processes,
         )
         state_dir = os.path.join(self.state_dir, sandbox_id)
         try:
@@ -308,15 +314,13 @@ class EmulatorServer:
         try:
             if req.files_from is not None:
                 await self._copy_files(req.files_from, state_dir, runtime)
-            rec = await self._boot_new(sandbox_id, runtime, req, cpu_count, memory_mb)
+            rec = await self._boot_new(sandbox_id, runtime, req)
             self.records[sandbox_id] = rec
         finally:
             self._booting.discard(runtime)
         return rec
 
-    async def _boot_new(
-        self, sandbox_id: str, runtime: Any, req: CreateRequest, cpu_count: int, memory_mb: int
-    ) -> SandboxRecord:
+    async def _boot_new(self, sandbox_id: str, runtime: Any, req: CreateRequest) -> SandboxRecord:
         """Boot a new runtime and send envd's ``/init``; destroy it again on any failure."""
         try:
             await runtime.boot(timeout=self.boot_timeout)
@@ -349,8 +353,9 @@ class EmulatorServer:
                 if req.network is not None and req.network.allow_public_traffic is False
                 else None
             ),
-            cpu_count=cpu_count,
-            memory_mb=memory_mb,
+            cpu_count=self.resources.cpu_count,
+            memory_mb=self.resources.memory_mb,
+            disk_size_mb=self.resources.disk_mb,
         )
         try:
             if self._closed:
@@ -409,6 +414,8 @@ class EmulatorServer:
             if frozen_here:
                 await runtime.freeze()
             try:
+                # its disk's pending writes first, or the copy of its image is not whole
+                await self.loop.run_in_executor(None, runtime.flush_files)
                 copy = self._runtime_module.copy_sandbox_files
                 await self.loop.run_in_executor(None, copy, runtime.state_dir, dest)
             except Exception as exc:
@@ -686,6 +693,8 @@ class EmulatorServer:
             item["egress"] = rec.egress
             item["autoPause"] = rec.auto_pause
             item["envdUnresponsive"] = self.faults.is_unresponsive(rec.sandbox_id)
+            item["maxProcesses"] = self.resources.max_processes
+            item["enforcedLimits"] = dict(getattr(rec.runtime, "enforced_limits", {}))
             out.append(item)
         return web.json_response(out)
 

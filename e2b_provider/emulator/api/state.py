@@ -35,6 +35,7 @@ __all__ = [
     "BadRequest",
     "CreateRequest",
     "SandboxRecord",
+    "TemplateResources",
     "check_idempotency_key",
     "epoch_us",
     "new_access_token",
@@ -66,6 +67,28 @@ MAX_TIMEOUT_SECONDS = 24 * 3600
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _PATH_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)?$")
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[a-z0-9-]{1,255}$")
+
+
+@attrs.frozen
+class TemplateResources:
+    """What the emulator's template (``base``) gives every sandbox.
+
+    E2B sizes sandboxes by template: a create request carries no CPU, memory or disk, and a
+    sandbox reports its template's ``cpuCount``, ``memoryMB`` and ``diskSizeMB``. The runtime
+    enforces them where the host allows (see the runtime's per-sandbox ``limits`` log line).
+
+    Attributes:
+        cpu_count: CPUs (a CFS quota).
+        memory_mb: memory limit in MiB.
+        disk_mb: the sandbox's disk in MiB (a full disk is ENOSPC inside, 507 on uploads).
+        max_processes: processes and threads a sandbox may have at once (an emulator knob:
+            a fork bomb stops there).
+    """
+
+    cpu_count: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    memory_mb: int = attrs.field(default=512, validator=attrs.validators.ge(16))
+    disk_mb: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
+    max_processes: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
 
 
 def sandbox_not_found(sandbox_id: str) -> BadRequest:

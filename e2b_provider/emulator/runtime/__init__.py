@@ -3,11 +3,13 @@
 Runs in the emulator's server process (host side), except :mod:`.init`, which runs inside
 each sandbox as its PID 1 (started by file path, standard library only) and then starts the
 envd agent (:mod:`e2b_provider.emulator.agent`). Modules: :mod:`.boot` (:class:`SandboxSpec`,
-:class:`SandboxRuntime`: boot, freeze, thaw, halt, destroy), :mod:`.namespaces` (the isolation
-check, rootless mode, overlaid host directories), :mod:`.cgroups` (freeze/kill/limits),
-:mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc), :mod:`.files` (copying a
-sandbox's files for forks and snapshots), :mod:`.usage` (CPU, memory and disk use),
-:mod:`.errors`. Nothing here imports the host API (:mod:`e2b_provider.emulator.api`) or the agent.
+:class:`SandboxRuntime`: boot, freeze, thaw, halt, destroy, limits), :mod:`.namespaces` (the
+isolation check, root mode's id range, rootless mode, overlaid host directories),
+:mod:`.cgroups` (freeze/kill/CPU, memory and process limits), :mod:`.disk` (each sandbox's
+size-limited disk image), :mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc),
+:mod:`.files` (copying a sandbox's files for forks and snapshots), :mod:`.usage` (CPU, memory
+and disk use), :mod:`.errors`. Nothing here imports the host API
+(:mod:`e2b_provider.emulator.api`) or the agent.
 """
 
 from .boot import AGENT_SOCKET, SandboxRuntime, SandboxSpec, default_agent_argv, python_bind_paths
@@ -16,8 +18,10 @@ from .errors import IsolationUnavailable, SandboxRuntimeError
 from .files import copy_sandbox_files
 from .namespaces import (
     OVERLAY_DIRS,
+    ROOT_MODE_ID_START,
     check_isolation,
     remove_tree,
+    root_id_range,
     rootless_message,
     rootless_missing,
     subid_range,
@@ -27,6 +31,7 @@ from .usage import ResourceUsage
 __all__ = [
     "AGENT_SOCKET",
     "OVERLAY_DIRS",
+    "ROOT_MODE_ID_START",
     "IsolationUnavailable",
     "ResourceUsage",
     "SandboxRuntime",
@@ -38,6 +43,7 @@ __all__ = [
     "python_bind_paths",
     "remove_stale_cgroups",
     "remove_tree",
+    "root_id_range",
     "rootless_message",
     "rootless_missing",
     "subid_range",

@@ -1,19 +1,35 @@
 """Boot, freeze, halt and destroy one sandbox of the local E2B emulator (host side).
 
-This module owns the host side of a sandbox's life: its state directory, and the ``unshare``
-process whose child (:mod:`.init`, PID 1 of fresh pid/mount/uts/ipc/net namespaces, run by
-file path) builds the sandbox's root filesystem and runs the envd agent
-(``python -m e2b_provider.emulator.agent``) on a unix socket. Cgroups are :mod:`.cgroups`',
-the isolation check and rootless mode :mod:`.namespaces`'.
+This module owns the host side of a sandbox's life: its state directory, its limits, and the
+``unshare`` process whose child (:mod:`.init`, PID 1 of fresh pid/mount/uts/ipc/net/cgroup/time
+namespaces, run by file path) builds the sandbox's root filesystem and runs the envd agent
+(``python -m e2b_provider.emulator.agent``) on a unix socket. Cgroups are :mod:`.cgroups`', disk
+images :mod:`.disk`'s, the isolation check, ids and rootless mode :mod:`.namespaces`'.
+
+Root mode: the agent and every process it starts run in a user namespace whose ids 0-65535
+are an unprivileged host range (:func:`.namespaces.root_id_range`); the sandbox's files live
+in an ext4 image of ``disk_mb`` MiB, attached by PID 1 inside the sandbox's mount namespace
+(where the host has loop devices; else in the state directory, unbounded); CPU, memory and
+process count are capped by cgroups where the host has the controllers. Every boot logs (INFO)
+which limits are enforced: ``sandbox <id> limits: cpu 2 (cgroup v1 …), …; not enforced: …``.
+Rootless mode: the same contract without cgroups or disk image (see :mod:`.namespaces`).
 
 Layout of a sandbox's ``state_dir`` (all of it stays on the host, none of it is visible inside)::
 
-    root/          the sandbox's own root directory (persistent: /workspace, /home, /root, /tmp…)
-    upper/<d>      overlayfs upper dirs of /usr, /etc, /var, /opt (the sandbox's changes)
-    work/<d>       overlayfs work dirs
-    e2b/           bound at /run/e2b inside (0700 root): envd.sock, sandbox.json
+    disk.img       root mode: the sandbox's disk (sparse ext4), holding root/, upper/, work/
+                   and hostname
+    disk/          root mode: where PID 1 mounts it (in the sandbox's mount namespace only)
+    root/          otherwise: the sandbox's own root directory (persistent: /workspace, /home,
+                   /root, /tmp…)
+    upper/<d>      otherwise: overlayfs upper dirs of /usr, /etc, /var, /opt (its changes)
+    work/<d>       otherwise: overlayfs work dirs
+    e2b/           bound at /run/e2b inside (host root's; sandbox processes cannot write it):
+                   envd.sock (made by PID 1), sandbox.json (the agent's)
     boot.json      the configuration read by init.py
-    init.log       PID 1's and the agent's stdout/stderr (truncated at each boot)
+    boot_id        this boot's /proc/sys/kernel/random/boot_id (new at each boot)
+    hostname       otherwise: the hostname /etc/hostname and /etc/hosts were generated for
+    init.log       PID 1's and the agent's stdout/stderr, written by this process from a pipe
+                   (truncated at each boot; rotated to init.log.1 past 1 MiB)
 
 Every coroutine method must run on the server's event-loop thread: ``unshare`` is spawned with
 ``PR_SET_PDEATHSIG=SIGKILL``, which fires when the *spawning thread* dies, and ``unshare
@@ -31,18 +47,29 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 import types
-from typing import Callable, List, Mapping, Optional, Sequence, Set, Tuple
+import uuid
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import attrs
 
-from . import linux
+from . import disk, linux
 from .cgroups import SandboxCgroups
 from .errors import IsolationUnavailable, SandboxRuntimeError
-from .namespaces import HOST_PATH, OVERLAY_DIRS, check_isolation, remove_tree, usr_merge_links
+from .namespaces import (
+    HOST_PATH,
+    OVERLAY_DIRS,
+    ROOTLESS_IDS,
+    check_isolation,
+    remove_tree,
+    root_id_range,
+    usr_merge_links,
+)
 from .usage import ResourceUsage, read_usage
 
 __all__ = [
@@ -62,6 +89,8 @@ _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _SUN_PATH_MAX = 107
 _INIT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init.py")
 _WAIT_LIMIT = 10.0  # bound on freeze/thaw/halt waits, seconds
+_LOG_LIMIT = 1 << 20  # init.log is rotated past this many bytes
+_warned: Set[str] = set()
 
 
 def _env_vars(value: Mapping[str, str]) -> Mapping[str, str]:
@@ -109,6 +138,10 @@ class SandboxSpec:
             :class:`SandboxRuntime`); kept out of ``repr``, they may hold secrets.
         cpu_count: CPUs (a CFS quota where a cpu controller is available).
         memory_mb: memory limit in MiB where a memory controller is available.
+        disk_mb: size in MiB of the sandbox's disk (root mode with loop devices), fixed at its
+            first boot; a full disk is ENOSPC inside.
+        max_processes: the most processes and threads the sandbox may have at once (a pids
+            controller limit): a fork bomb stops there.
     """
 
     sandbox_id: str = attrs.field(validator=_check_id)
@@ -120,6 +153,8 @@ class SandboxSpec:
     )
     cpu_count: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     memory_mb: int = attrs.field(default=512, validator=attrs.validators.ge(16))
+    disk_mb: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
+    max_processes: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
 
 
 def _package_dir() -> str:
@@ -169,13 +204,57 @@ def python_bind_paths() -> List[str]:
     return kept
 
 
+def _time_namespace() -> List[str]:
+    """unshare options for a time namespace whose uptime starts at 0 (none if unsupported)."""
+    if not os.path.exists("/proc/self/ns/time"):
+        return []
+    # Whole seconds, rounded down: the sandbox's CLOCK_BOOTTIME starts between 0 and 1 s.
+    return ["--time", "--boottime", str(-int(time.clock_gettime(time.CLOCK_BOOTTIME)))]
+
+
+def _pump_log(fd: int, path: str) -> None:
+    """Copy a sandbox's output from the pipe ``fd`` to ``path`` until every writer is gone.
+
+    The file is truncated first and rotated to ``<path>.1`` past :data:`_LOG_LIMIT` bytes, so
+    a sandbox that floods its output costs at most twice that on the host.
+    """
+    try:
+        os.unlink(path + ".1")
+    except OSError:
+        pass
+    out = open(path, "wb")
+    written = 0
+    try:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            if written + len(data) > _LOG_LIMIT:
+                out.close()
+                os.replace(path, path + ".1")
+                out = open(path, "wb")
+                written = 0
+            out.write(data)
+            out.flush()
+            written += len(data)
+    except OSError as exc:
+        log.warning("sandbox log %s: %s", path, exc)
+    finally:
+        out.close()
+        os.close(fd)
+
+
 class SandboxRuntime:
     """One sandbox's namespaces, filesystem and processes, driven from the event-loop thread.
 
     As root, or rootless in a user namespace when the process is not root (:attr:`rootless`,
     see the module docstring for what differs).
 
-    The agent runs as root inside the sandbox with ``cwd`` = the directory holding the
+    The agent runs as root inside the sandbox (root of the sandbox's user namespace, not host
+    root) with its listening socket as fd 3, ``cwd`` = the directory holding the
     ``e2b_provider`` package and an environment of ``PATH``, ``LANG``, ``HOME``, ``USER``,
     ``LOGNAME``, ``E2B_SANDBOX=true``, ``E2B_SANDBOX_ID`` plus ``spec.env_vars``; the spec is
     also written to ``/run/e2b/sandbox.json`` (``sandbox_id``, ``hostname``, ``egress``,
@@ -191,6 +270,7 @@ class SandboxRuntime:
     Attributes:
         envd_socket: host path of the agent's unix socket (exists once :meth:`boot` returned).
         last_boot_seconds: wall time of the last successful :meth:`boot`.
+        boot_id: the sandbox's ``/proc/sys/kernel/random/boot_id`` since the last :meth:`boot`.
     """
 
     def __init__(
@@ -218,7 +298,10 @@ class SandboxRuntime:
         self._frozen = False
         self._lock: Optional[Tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = None
         self._rootless = os.geteuid() != 0
+        self._log_pump: Optional[threading.Thread] = None
+        self._disk = False
         self.last_boot_seconds: Optional[float] = None
+        self.boot_id: Optional[str] = None
 
     def __repr__(self) -> str:
         return (
@@ -258,9 +341,63 @@ class SandboxRuntime:
         return "cgroup2" if self._cgroups.mode == "v2" else "cgroup1-freezer"
 
     @property
+    def enforced_limits(self) -> Mapping[str, str]:
+        """The limits the current (or last) boot enforces, each with how.
+
+        Keys among ``"cpu"``, ``"memory"``, ``"pids"`` (cgroups) and ``"disk"`` (the ext4
+        image); a limit this host cannot enforce is absent.
+        """
+        enforced = dict(self._cgroups.enforced)
+        if self._disk:
+            enforced["disk"] = "ext4 image on a loop device"
+        return types.MappingProxyType(enforced)
+
+    def limits_line(self) -> str:
+        """The log line naming every limit of this sandbox and how (or whether) it is enforced."""
+        spec = self.spec
+        wanted = (
+            ("cpu", f"cpu {spec.cpu_count}"),
+            ("memory", f"memory {spec.memory_mb} MiB"),
+            ("pids", f"processes {spec.max_processes}"),
+            ("disk", f"disk {spec.disk_mb} MiB"),
+        )
+        enforced = self.enforced_limits
+        done = [f"{text} ({enforced[key]})" for key, text in wanted if key in enforced]
+        left = [text for key, text in wanted if key not in enforced]
+        return (
+            f"sandbox {spec.sandbox_id} limits: {', '.join(done) or 'none'}; "
+            f"not enforced: {', '.join(left) or 'none'}"
+        )
+
+    @property
     def init_pid(self) -> Optional[int]:
         """Host pid of the sandbox's PID 1 while it runs (for nsenter in tests)."""
         return self._init_pid if self.running else None
+
+    def storage_paths(self) -> List[str]:
+        """The host paths that hold the sandbox's files: what a copy of the sandbox copies.
+
+        ``disk.img`` when its files live in a disk image (root mode, from its first boot on),
+        else its ``root``, ``upper`` and ``work`` directories. Copy them while the sandbox is
+        halted, or frozen and after :meth:`flush_files`.
+        """
+        image = os.path.join(self.state_dir, "disk.img")
+        if self._disk or os.path.exists(image):
+            return [image]
+        return [os.path.join(self.state_dir, d) for d in ("root", "upper", "work")]
+
+    def flush_files(self) -> None:
+        """Write the running sandbox's pending file changes to its disk image (blocking).
+
+        A copy of :meth:`storage_paths` taken afterwards, while the sandbox stays frozen, is
+        consistent. No-op when it is not running (a halted sandbox's image is complete).
+
+        Raises:
+            OSError: the sandbox's filesystem could not be synced.
+        """
+        init_pid = self.init_pid
+        if init_pid is not None:
+            linux.syncfs(f"/proc/{init_pid}/root/")
 
     def host_pids(self) -> List[int]:
         """Return the host pids of every process of the sandbox (``unshare`` included)."""
@@ -272,11 +409,29 @@ class SandboxRuntime:
         return sorted(pids)
 
     def resource_usage(self) -> ResourceUsage:
-        """Read the sandbox's CPU, memory and disk use now (blocking: run it off the loop)."""
+        """Read the sandbox's CPU, memory and disk use now (blocking: run it off the loop).
+
+        With a disk image, disk use is what its filesystem has in use while it runs (statvfs),
+        else the image's allocated bytes; otherwise the files of ``root``/``upper``.
+        """
         cg = self._cgroups
         dirs = ([cg.control] if cg.control else []) + list(cg.extra)
-        files = [os.path.join(self.state_dir, "root"), os.path.join(self.state_dir, "upper")]
-        return read_usage(dirs, self.host_pids() if self.running else [], files)
+        pids = self.host_pids() if self.running else []
+        [image] = self.storage_paths()[:1]
+        if not image.endswith("disk.img"):
+            return read_usage(dirs, pids, self.storage_paths()[:2])
+        usage = read_usage(dirs, pids, [])
+        used, source = None, "image"
+        init_pid = self.init_pid
+        try:
+            if init_pid is not None:
+                st = os.statvfs(f"/proc/{init_pid}/root/")
+                used, source = (st.f_blocks - st.f_bfree) * st.f_frsize, "statvfs"
+            else:
+                used = os.stat(image).st_blocks * 512
+        except OSError:
+            pass
+        return attrs.evolve(usage, disk_used=used, sources={**usage.sources, "disk": source})
 
     def _guard(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -286,22 +441,52 @@ class SandboxRuntime:
 
     # -- boot --
 
+    def _uses_disk(self) -> bool:
+        """Whether this sandbox's files live in a disk image (decided at its first boot)."""
+        if self._rootless:
+            return False
+        image = os.path.join(self.state_dir, "disk.img")
+        if os.path.exists(image):
+            return True
+        first_boot = not os.path.exists(os.path.join(self.state_dir, "root"))
+        return first_boot and disk.disk_support() is None
+
+    def _check_binds(self, binds: Sequence[str]) -> None:
+        sd = os.path.realpath(self.state_dir)
+        for bind in binds:
+            if _under(sd, bind):
+                raise SandboxRuntimeError(
+                    f"state_dir {self.state_dir} is inside {bind}, which every sandbox sees "
+                    "read-only"
+                )
+            mode = os.stat(bind).st_mode
+            if not self._rootless and mode & 0o005 != 0o005:
+                raise SandboxRuntimeError(
+                    f"{bind} (needed by the agent inside every sandbox) must be readable and "
+                    f"searchable by everyone (mode {stat.S_IMODE(mode):o}): the sandbox's root "
+                    "is not host root"
+                )
+
     def _prepare(self) -> str:
         """Create the state dir's skeleton and boot.json; return the boot.json path."""
         sd = self.state_dir
-        for bind in python_bind_paths():
-            if _under(os.path.realpath(sd), bind):
-                raise SandboxRuntimeError(
-                    f"state_dir {sd} is inside {bind}, which every sandbox sees read-only"
-                )
+        binds = python_bind_paths()
+        self._check_binds(binds)
         os.makedirs(sd, mode=0o700, exist_ok=True)
         os.chmod(sd, 0o700)
-        for sub in ("root", "upper", "work"):
-            os.makedirs(os.path.join(sd, sub), mode=0o755, exist_ok=True)
-        os.chmod(os.path.join(sd, "root"), 0o755)
+        if self._disk:
+            data = os.path.join(sd, "disk")
+            os.makedirs(data, mode=0o700, exist_ok=True)
+        else:
+            data = sd
+            for sub in ("root", "upper", "work"):
+                os.makedirs(os.path.join(sd, sub), mode=0o755, exist_ok=True)
+            os.chmod(os.path.join(sd, "root"), 0o755)
+        ids = None if self._rootless else root_id_range()
         e2b = os.path.join(sd, "e2b")
         os.makedirs(e2b, mode=0o700, exist_ok=True)
-        os.chmod(e2b, 0o700)
+        # Root mode: the agent (the sandbox's root, not host root) may pass through, not write.
+        os.chmod(e2b, 0o700 if ids is None else 0o711)
         try:
             os.unlink(self.envd_socket)
         except FileNotFoundError:
@@ -314,7 +499,10 @@ class SandboxRuntime:
             "allow_hosts": list(spec.allow_hosts),
             "env_vars": dict(spec.env_vars),
         }
-        self._write_private(os.path.join(e2b, "sandbox.json"), info)
+        self._write_private(os.path.join(e2b, "sandbox.json"), info, owner=ids)
+        self.boot_id = str(uuid.uuid4())
+        boot_id_file = os.path.join(sd, "boot_id")
+        self._write_file(boot_id_file, self.boot_id + "\n", 0o444)
         links, real_dirs = usr_merge_links()
         env = {
             "PATH": HOST_PATH,
@@ -326,31 +514,53 @@ class SandboxRuntime:
             "E2B_SANDBOX_ID": spec.sandbox_id,
         }
         env.update(spec.env_vars)
-        cfg = {
+        cfg: Dict[str, Any] = {
             "sandbox_id": spec.sandbox_id,
             "hostname": spec.hostname,
-            "root": os.path.join(sd, "root"),
-            "upper": os.path.join(sd, "upper"),
-            "work": os.path.join(sd, "work"),
+            "root": os.path.join(data, "root"),
+            "upper": os.path.join(data, "upper"),
+            "work": os.path.join(data, "work"),
             "e2b_dir": e2b,
             "overlays": list(OVERLAY_DIRS) + real_dirs,
             "symlinks": links,
-            "ro_binds": python_bind_paths(),
+            "ro_binds": binds,
             "agent_argv": self._agent_argv,
             "agent_env": env,
             "agent_cwd": self._agent_cwd,
+            "agent_socket": AGENT_SOCKET,
+            "boot_id_file": boot_id_file,
+            # what /etc/hostname and /etc/hosts were generated for (in the image, if any)
+            "hostname_file": os.path.join(data, "hostname"),
             "rootless": self._rootless,
+            "userns": None
+            if ids is None
+            else {"uid": ids[0], "gid": ids[1], "count": ROOTLESS_IDS},
+            "disk": {"image": os.path.join(sd, "disk.img"), "mount": data}
+            if self._disk
+            else None,
         }
         path = os.path.join(sd, "boot.json")
         self._write_private(path, cfg)
         return path
 
     @staticmethod
-    def _write_private(path: str, obj: object) -> None:
+    def _write_file(
+        path: str, text: str, mode: int, owner: Optional[Tuple[int, int]] = None
+    ) -> None:
         fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f)
+            f.write(text)
+        if owner is not None:
+            os.chown(path + ".new", *owner)
+        os.chmod(path + ".new", mode)
         os.replace(path + ".new", path)
+
+    @classmethod
+    def _write_private(
+        cls, path: str, obj: object, owner: Optional[Tuple[int, int]] = None
+    ) -> None:
+        """Write JSON readable by its owner only (host root, or ``owner``)."""
+        cls._write_file(path, json.dumps(obj), 0o600, owner)
 
     def _spawn(self, boot_json: str) -> None:
         unshare = shutil.which("unshare", path=HOST_PATH)
@@ -358,17 +568,20 @@ class SandboxRuntime:
             raise IsolationUnavailable("the unshare command is missing (package util-linux)")
         # Rootless: a user namespace mapping root to this user and 1-65535 to its subuid and
         # subgid ranges (newuidmap/newgidmap, --map-auto), so that sandbox users are real ids.
+        # Root mode: PID 1 makes the sandbox's user namespace itself, once its mounts are done.
         userns = ["--user", "--map-root-user", "--map-auto"] if self._rootless else []
         argv = [
             unshare, *userns, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net",
-            "--cgroup", "--propagation", "private", "--kill-child", "--",
+            "--cgroup", *_time_namespace(), "--propagation", "private", "--kill-child", "--",
             sys.executable, "-E", "-s", "-S", _INIT_PATH, boot_json,
         ]  # fmt: skip
         if self._rootless:
             # No cgroups: an unprivileged user cannot create them (freeze = SIGSTOP, no limits).
             self._cgroups.mode, self._cgroups.control, self._cgroups.extra = "none", None, []
+            self._cgroups.enforced = {}
         else:
-            self._cgroups.create(self.spec.cpu_count, self.spec.memory_mb)
+            spec = self.spec
+            self._cgroups.create(spec.cpu_count, spec.memory_mb, spec.max_processes)
         required, optional = self._cgroups.procs_fds()
         set_pdeathsig = linux.pdeathsig_setter(signal.SIGKILL, os.getpid())
 
@@ -384,22 +597,37 @@ class SandboxRuntime:
                 except OSError:
                     pass
 
+        # PID 1's and the agent's output go through a pipe that this process drains into
+        # init.log: no process of the sandbox holds a descriptor of a host file (the pipe is
+        # host root's, the sandbox's root cannot reopen it through /proc).
         log_path = os.path.join(self.state_dir, "init.log")
+        read_end, write_end = os.pipe()
         try:
-            with open(log_path, "wb") as log_file:
-                self._proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=preexec,  # must run in the spawning (event-loop) thread
-                    env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
-                    close_fds=True,
-                )
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=write_end,
+                start_new_session=True,
+                preexec_fn=preexec,  # must run in the spawning (event-loop) thread
+                env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
         finally:
+            os.close(write_end)
             for fd in required + optional:
                 os.close(fd)
+        pump = threading.Thread(
+            target=_pump_log,
+            args=(read_end, log_path),
+            name=f"e2b-log-{self.spec.sandbox_id}",
+            daemon=True,
+        )
+        pump.start()
+        self._log_pump = pump
 
     def _find_init(self) -> Optional[int]:
         assert self._proc is not None
@@ -415,14 +643,24 @@ class SandboxRuntime:
         return None
 
     def log_tail(self, limit: int = 4000) -> str:
-        """Return the end of ``init.log`` (PID 1's and the agent's output)."""
-        try:
-            with open(os.path.join(self.state_dir, "init.log"), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - limit))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        """Return the end of ``init.log`` (PID 1's and the agent's output, this boot)."""
+        text = b""
+        for name in ("init.log", "init.log.1"):
+            try:
+                with open(os.path.join(self.state_dir, name), "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    f.seek(max(0, f.tell() - (limit - len(text))))
+                    text = f.read() + text
+            except OSError:
+                pass
+            if len(text) >= limit:
+                break
+        return text.decode(errors="replace")
+
+    def _drain_log(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) until the log pipe's writers are gone and init.log has it all."""
+        if self._log_pump is not None:
+            self._log_pump.join(timeout)
 
     async def _healthy(self, timeout: float) -> bool:
         writer = None
@@ -462,6 +700,7 @@ class SandboxRuntime:
             t0 = time.monotonic()
             deadline = t0 + timeout
             try:
+                await self._prepare_disk()
                 self._spawn(self._prepare())
                 await self._wait_ready(deadline)
             except BaseException:
@@ -469,6 +708,31 @@ class SandboxRuntime:
                 raise
             self.last_boot_seconds = time.monotonic() - t0
             log.info("sandbox %s booted in %.3f s", self.spec.sandbox_id, self.last_boot_seconds)
+            self._log_limits()
+
+    async def _prepare_disk(self) -> None:
+        """Create the disk image at the first boot; wait until an earlier boot released it."""
+        self._disk = self._uses_disk()
+        if not self._disk:
+            return
+        image = os.path.join(self.state_dir, "disk.img")
+        if not os.path.exists(image):
+            os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, disk.create_image, image, self.spec.disk_mb)
+        await disk.wait_released(image)
+
+    def _log_limits(self) -> None:
+        log.info("%s", self.limits_line())
+        missing = [k for k in ("cpu", "memory", "pids", "disk") if k not in self.enforced_limits]
+        key = ",".join(missing)
+        if missing and key not in _warned:
+            _warned.add(key)
+            log.warning(
+                "this host cannot enforce these sandbox limits: %s (see the INFO line of each "
+                "sandbox)",
+                ", ".join(missing),
+            )
 
     async def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None
@@ -479,6 +743,7 @@ class SandboxRuntime:
                 if self._init_pid is not None:
                     self._pid_ns = linux.namespace_id(self._init_pid, "pid")
             if self._proc.poll() is not None:
+                self._drain_log()
                 raise SandboxRuntimeError(
                     f"sandbox {self.spec.sandbox_id} failed to boot "
                     f"(PID 1 exited with {self._proc.returncode}):\n{self.log_tail()}"

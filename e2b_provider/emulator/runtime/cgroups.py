@@ -2,8 +2,9 @@
 
 This module owns each sandbox's cgroups: ``<cgroup2>/e2b-emulator-<server pid>/<sandbox id>``
 (freeze/kill through ``cgroup.freeze`` / ``cgroup.kill``), else the v1 freezer, else none
-(the runtime then freezes with SIGSTOP and kills every pid). Memory and CPU limits are applied
-where a controller is available (best effort). The ``e2b-emulator-<pid>`` parents of servers
+(the runtime then freezes with SIGSTOP and kills every pid). Memory, CPU and process-count
+(``pids.max``) limits are applied where a controller is available (cgroup2 first, else v1), and
+:attr:`SandboxCgroups.enforced` says which were. The ``e2b-emulator-<pid>`` parents of servers
 that died are removed (:func:`remove_stale_cgroups`). Rootless sandboxes get no cgroups.
 """
 
@@ -23,6 +24,9 @@ from .errors import SandboxRuntimeError
 __all__ = ["SandboxCgroups", "remove_stale_cgroups"]
 
 log = logging.getLogger(__name__)
+
+_V1_CONTROLLERS = ("freezer", "memory", "cpu", "pids")
+_LIMITED = ("memory", "cpu", "pids")
 
 _cleaned_parents: Dict[str, bool] = {}
 
@@ -50,7 +54,7 @@ def _hierarchy_dirs() -> List[str]:
     v2 = linux.cgroup2_mount()
     if v2 is not None:
         dirs.append(v2)
-    for ctrl in ("freezer", "memory", "cpu"):
+    for ctrl in _V1_CONTROLLERS:
         mount = linux.cgroup1_mount(ctrl)
         if mount is not None:
             path = mount + linux.own_cgroup_path(ctrl).rstrip("/")
@@ -110,24 +114,42 @@ def _parent_dir(hierarchy_dir: str) -> str:
 
 @attrs.define(eq=False)
 class SandboxCgroups:
-    """The cgroup directories of one sandbox (freezer/killer and limit holders)."""
+    """The cgroup directories of one sandbox (freezer/killer and limit holders).
+
+    Attributes:
+        enforced: the limits applied by :meth:`create`, ``"cpu"``, ``"memory"`` and
+            ``"pids"``, each mapped to the file that holds it (e.g. ``"cgroup v1 pids.max"``).
+    """
 
     sandbox_id: str
     mode: str = "none"  # "v2" | "v1" | "none"
     control: Optional[str] = None  # dir with cgroup.freeze (v2) or freezer.state (v1)
-    extra: List[str] = attrs.field(factory=list)  # v1 limit cgroups (memory, cpu)
+    extra: List[str] = attrs.field(factory=list)  # v1 limit cgroups (memory, cpu, pids)
+    enforced: Dict[str, str] = attrs.field(factory=dict)
 
-    def create(self, cpu_count: int, memory_mb: int) -> None:
+    def create(self, cpu_count: int, memory_mb: int, max_processes: int) -> None:
+        """Create the sandbox's cgroups and apply the limits the host's controllers allow."""
+        values = {
+            "memory": {"memory.max": str(memory_mb * 1024 * 1024)},
+            "cpu": {"cpu.max": f"{cpu_count * 100000} 100000"},
+            "pids": {"pids.max": str(max_processes)},
+        }
+        values_v1 = {
+            "memory": {"memory.limit_in_bytes": str(memory_mb * 1024 * 1024)},
+            "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(cpu_count * 100000)},
+            "pids": {"pids.max": str(max_processes)},
+        }
         v2 = linux.cgroup2_mount()
         self.extra = []
+        self.enforced = {}
         if v2 is not None:
             parent = _parent_dir(v2)
             path = os.path.join(parent, self.sandbox_id)
             os.makedirs(path, exist_ok=True)
             if os.path.exists(os.path.join(path, "cgroup.freeze")):
                 self.mode, self.control = "v2", path
-                self._v2_limits(parent, path, cpu_count, memory_mb)
-                self._v1_limits(cpu_count, memory_mb, skip_v2=True)
+                self._v2_limits(parent, path, values)
+                self._v1_limits(values_v1)
                 return
             _rmdir_quiet(path)
         freezer = linux.cgroup1_mount("freezer")
@@ -138,31 +160,27 @@ class SandboxCgroups:
             self.mode, self.control = "v1", path
         else:
             self.mode, self.control = "none", None
-        self._v1_limits(cpu_count, memory_mb, skip_v2=False)
+        self._v1_limits(values_v1)
 
-    def _v2_limits(self, parent: str, path: str, cpu_count: int, memory_mb: int) -> None:
+    def _v2_limits(self, parent: str, path: str, values: Dict[str, Dict[str, str]]) -> None:
         try:
             available = _read(os.path.join(parent, "cgroup.controllers")).split()
-            wanted = [c for c in ("memory", "cpu") if c in available]
+            wanted = [c for c in _LIMITED if c in available]
             if wanted:
                 _write(
                     os.path.join(parent, "cgroup.subtree_control"),
                     " ".join("+" + c for c in wanted),
                 )
-            if "memory" in wanted:
-                _write(os.path.join(path, "memory.max"), str(memory_mb * 1024 * 1024))
-            if "cpu" in wanted:
-                _write(os.path.join(path, "cpu.max"), f"{cpu_count * 100000} 100000")
+            for ctrl in wanted:
+                for name, value in values[ctrl].items():
+                    _write(os.path.join(path, name), value)
+                self.enforced[ctrl] = "cgroup2 " + " ".join(values[ctrl])
         except OSError as exc:
             log.info("cgroup2 limits not applied for %s: %s", self.sandbox_id, exc)
 
-    def _v1_limits(self, cpu_count: int, memory_mb: int, skip_v2: bool) -> None:
-        v2 = self.control if self.mode == "v2" else None
-        for ctrl, files in (
-            ("memory", {"memory.limit_in_bytes": str(memory_mb * 1024 * 1024)}),
-            ("cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(cpu_count * 100000)}),
-        ):
-            if skip_v2 and v2 is not None and os.path.exists(os.path.join(v2, f"{ctrl}.max")):
+    def _v1_limits(self, values: Dict[str, Dict[str, str]]) -> None:
+        for ctrl in _LIMITED:
+            if ctrl in self.enforced:  # by cgroup2
                 continue
             mount = linux.cgroup1_mount(ctrl)
             if mount is None:
@@ -172,8 +190,9 @@ class SandboxCgroups:
                 path = os.path.join(_parent_dir(base), self.sandbox_id)
                 os.makedirs(path, exist_ok=True)
                 self.extra.append(path)
-                for name, value in files.items():
+                for name, value in values[ctrl].items():
                     _write(os.path.join(path, name), value)
+                self.enforced[ctrl] = "cgroup v1 " + " ".join(values[ctrl])
             except OSError as exc:
                 log.info("cgroup v1 %s limit not applied for %s: %s", ctrl, self.sandbox_id, exc)
 
@@ -234,3 +253,4 @@ class SandboxCgroups:
                     raise SandboxRuntimeError(f"cannot remove cgroup {path}: {exc}") from exc
             _rmdir_quiet(os.path.dirname(path))  # the server's parent, once empty
         self.control, self.extra, self.mode = None, [], "none"
+        self.enforced = {}

@@ -1,13 +1,16 @@
 """Copying a sandbox's files: what a fork or a snapshot of a sandbox starts from.
 
 This module owns :func:`copy_sandbox_files`, the one place that knows which parts of a sandbox's
-state directory (see :mod:`.boot`) are the sandbox's files: its persistent root directory
+state directory (see :mod:`.boot`) are the sandbox's files: its disk image (``disk.img``, root
+mode: it holds everything below, sparse copies stay sparse), else its persistent root directory
 (``root/``) and the overlay upper directories (``upper/``: its changes to ``/usr``, ``/etc``,
 ``/var``, ``/opt``). The copy keeps owners, modes, timestamps, extended attributes and overlay
 whiteouts (``cp -a``, reflinked where the filesystem can). The per-boot parts (``e2b/``, the
 overlay work directories, ``boot.json``, ``init.log``) are not copied; neither are the
 ``/etc/hostname`` and ``/etc/hosts`` that the source's first boot generated for its own
-hostname, so the copy's first boot writes its own.
+hostname, so the copy's first boot writes its own (in an image, PID 1 replaces them: the image
+records the hostname they were generated for). A running source must be frozen and its
+pending writes flushed first (:meth:`.boot.SandboxRuntime.flush_files`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import List, Optional
 
 from .errors import SandboxRuntimeError
 from .init import render_hosts
+from .linux import run_tool
 from .namespaces import HOST_PATH, remove_tree
 
 __all__ = ["copy_sandbox_files"]
 
 _PARTS = ("root", "upper")
+_IMAGE = "disk.img"
 
 
 def _source_hostname(state_dir: str) -> Optional[str]:
@@ -71,8 +76,11 @@ def copy_sandbox_files(src_state_dir: str, dst_state_dir: str, *, timeout: float
     if cp is None:
         raise SandboxRuntimeError("cannot copy sandbox files: cp is missing")
     os.makedirs(dst_state_dir, mode=0o700)
-    sources = [os.path.join(src_state_dir, p) for p in _PARTS]
-    argv: List[str] = [cp, "-a", "--reflink=auto", "--", *[s for s in sources if os.path.isdir(s)]]
+    image = os.path.join(src_state_dir, _IMAGE)
+    parts = (_IMAGE,) if os.path.isfile(image) else _PARTS
+    sources = [os.path.join(src_state_dir, p) for p in parts]
+    present = [s for s in sources if os.path.isdir(s) or os.path.isfile(s)]
+    argv: List[str] = [cp, "-a", "--reflink=auto", "--", *present]
     argv.append(dst_state_dir)
     if os.geteuid() != 0:
         unshare = shutil.which("unshare", path=HOST_PATH)
@@ -80,18 +88,9 @@ def copy_sandbox_files(src_state_dir: str, dst_state_dir: str, *, timeout: float
             raise SandboxRuntimeError("cannot copy sandbox files: unshare is missing")
         argv = [unshare, "--user", "--map-root-user", "--map-auto", "--", *argv]
     try:
-        done = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=timeout,
-            check=False,
-            env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
-        )
-        if done.returncode != 0:
-            err = done.stderr.decode(errors="replace").strip()
-            raise SandboxRuntimeError(f"cannot copy sandbox files: {err or done.returncode}")
+        code, err = run_tool(argv, timeout=timeout)
+        if code != 0:
+            raise SandboxRuntimeError(f"cannot copy sandbox files: {err or code}")
         _drop_generated(src_state_dir, dst_state_dir)
     except BaseException as exc:
         try:

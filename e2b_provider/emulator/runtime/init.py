@@ -1,11 +1,22 @@
 """PID 1 of an emulator sandbox: builds the sandbox's filesystem, then reaps and runs the agent.
 
 This module owns everything that happens inside a sandbox's fresh namespaces before the envd
-agent serves: the root filesystem (a persistent per-sandbox root directory, overlayfs over the
-host's ``/usr``, ``/etc``, ``/var`` and ``/opt``, generated account files, read-only binds of
-what the host Python needs, ``/proc``, ``/sys``, a minimal ``/dev``, ``/run`` with ``/run/e2b``),
-``pivot_root``, the hostname and loopback, the capability bounding set; and then the PID-1 job:
-reap every orphan and keep the agent running until SIGTERM arrives from outside the sandbox.
+agent serves: the sandbox's disk (an ext4 image on a loop device, when the boot config names
+one), the root filesystem (a persistent per-sandbox root directory, overlayfs over the host's
+``/usr``, ``/etc``, ``/var`` and ``/opt``, generated account files, the base template's
+``sudo`` and ``python``, read-only binds of what the host Python needs, ``/proc`` with the
+sandbox's own boot id, ``/sys``, a minimal ``/dev``, ``/run`` with ``/run/e2b``),
+``pivot_root``, the hostname and loopback, the agent's listening socket, the sandbox's user
+namespace, the capability bounding set; and then the PID-1 job: reap every orphan and keep the
+agent running until SIGTERM arrives from outside the sandbox.
+
+Root mode (``"userns"`` in the boot config): PID 1 stays host root, the only process of the
+sandbox that does; it builds everything above, then creates one user namespace mapping ids
+0-65535 to an unprivileged host range, and starts the agent (and so every process of the
+sandbox) in it as that namespace's root. Files PID 1 creates for the sandbox belong to the
+mapped ids. Host files keep their owners, unmapped inside: the sandbox's root reads only what
+the host lets everyone read, and cannot modify host files of the overlaid directories (it can
+add new entries at their top level, and everything in its own directories).
 
 Rootless mode (``"rootless": true`` in the boot config; PID 1 is then root of a user namespace
 mapping the host user to root and its subuid/subgid range to ids 1-65535): the overlays use
@@ -17,15 +28,18 @@ own directories (``/workspace``, ``/home``, ``/root``, ``/tmp``, ``/opt/capybara
 :mod:`.boot` starts it as ``unshare --pid --fork --mount … -- <python> -E -s -S
 <path of this file> <config.json>``: run by path and with ``-S``, it must use the standard
 library only (no ``attrs``, nothing from ``e2b_provider``). It does no networking besides
-bringing ``lo`` up; no requests/urllib3. The pure helpers (``render_*``) are importable for tests.
+bringing ``lo`` up and listening on the agent's unix socket; no requests/urllib3. The pure
+helpers (``render_*``, ``locked_flags``) are importable for tests.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -43,6 +57,7 @@ __all__ = [
     "render_hosts",
     "render_passwd",
     "render_shadow",
+    "render_sudoers",
 ]
 
 # (name, uid/gid, home) of the accounts every sandbox has besides the host's system accounts.
@@ -82,6 +97,12 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 PR_CAPBSET_DROP = 24
+CLONE_NEWUSER = 0x10000000
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_SET_FD = 0x4C00
+LOOP_SET_STATUS64 = 0x4C04
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -99,11 +120,19 @@ _PIVOT_ROOT_NR = {
 }
 
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+#: The fd on which the agent finds its listening socket (systemd's LISTEN_FDS convention).
+LISTEN_FD = 3
 
 # Rootless mode (set by setup() from the boot config): PID 1 is root of a user namespace
 # that maps only root (the host user) and the subuid range, not the host's root.
 _rootless = False
+# Root mode with a user namespace: the host ids of the sandbox's uid 0 and gid 0 (ids 0-65535
+# inside are these plus 0-65535 on the host). 0 otherwise: PID 1 is already the sandbox's root.
+_uid_base = 0
+_gid_base = 0
 _OUTSIDE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: What the base template's sudo needs from the host, besides /usr/bin/sudo.
+_SUDO_DIRS = ("/usr/libexec/sudo", "/usr/lib/sudo")
 
 
 def _log(msg: str) -> None:
@@ -194,6 +223,22 @@ def render_hosts(hostname: str) -> str:
     )
 
 
+def render_sudoers() -> str:
+    """Return the sandbox's ``/etc/sudoers``: E2B's base lets ``user`` sudo without a password.
+
+    The host's rules never apply inside (the sandbox gets its own, empty ``/etc/sudoers.d``).
+    """
+    return (
+        "# e2b emulator sandbox: the base template's sudoers\n"
+        "Defaults\tenv_reset\n"
+        'Defaults\tsecure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
+        "root\tALL=(ALL:ALL) ALL\n"
+        "%sudo\tALL=(ALL:ALL) ALL\n"
+        "user\tALL=(ALL:ALL) NOPASSWD: ALL\n"
+        "@includedir /etc/sudoers.d\n"
+    )
+
+
 RESOLV_CONF = (
     "# e2b emulator: sandboxes have no outside network (loopback only).\n"
     "nameserver 127.0.0.1\n"
@@ -277,23 +322,149 @@ def _drop_bounding_set(keep: Iterable[int]) -> None:
             _check(_libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0), f"drop cap {cap}")
 
 
+def _open_loop_device(path: str) -> int:
+    # A device that LOOP_CTL_GET_FREE has just created may need a moment to show in /dev.
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _loop_configure(dev: int, image: int) -> None:
+    config = bytearray(304)  # struct loop_config: fd, block_size, loop_info64, reserved
+    struct.pack_into("=II", config, 0, image, 0)
+    struct.pack_into("=I", config, 8 + 52, LO_FLAGS_AUTOCLEAR)  # loop_info64.lo_flags
+    try:
+        fcntl.ioctl(dev, LOOP_CONFIGURE, config)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTTY):  # kernels before 5.8
+            raise
+    fcntl.ioctl(dev, LOOP_SET_FD, image)
+    info = bytearray(232)
+    struct.pack_into("=I", info, 52, LO_FLAGS_AUTOCLEAR)
+    fcntl.ioctl(dev, LOOP_SET_STATUS64, info)
+
+
+def _loop_attach(image: str) -> Tuple[str, int]:
+    """Attach ``image`` to a free loop device that detaches itself once unused (autoclear).
+
+    Returns the device's path and an open descriptor of it: keep the descriptor until the
+    device is mounted (closing the last user of an autoclear device detaches it).
+    """
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        img = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for _ in range(64):
+                path = f"/dev/loop{fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)}"
+                dev = _open_loop_device(path)
+                try:
+                    _loop_configure(dev, img)
+                except OSError as exc:
+                    os.close(dev)
+                    if exc.errno == errno.EBUSY:  # another process took it meanwhile
+                        continue
+                    raise
+                return path, dev
+            raise OSError(errno.EBUSY, "no free loop device")
+        finally:
+            os.close(img)
+    finally:
+        os.close(ctl)
+
+
+def _make_userns(ids: Mapping[str, int]) -> int:
+    """Create the sandbox's user namespace; return a descriptor of it.
+
+    Ids 0 to ``count - 1`` inside map to host uids from ``uid`` and gids from ``gid``. A child
+    creates it, PID 1 (host root, in the parent namespace) writes the maps; the descriptor
+    keeps the namespace alive for every agent started later.
+    """
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            if _libc.unshare(CLONE_NEWUSER) == 0:
+                os.write(ready_w, b"u")
+                os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        if os.read(ready_r, 1) != b"u":
+            raise OSError("unshare(CLONE_NEWUSER) failed in the namespace's first process")
+        for name, start in (("uid_map", ids["uid"]), ("gid_map", ids["gid"])):
+            with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as f:
+                f.write(f"0 {start} {ids['count']}\n")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(go_w)  # the child reads EOF and exits
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+
+
+def _enter_userns(fd: int) -> None:
+    """Become root of the sandbox's user namespace (in a child, before exec)."""
+    _check(_libc.setns(fd, CLONE_NEWUSER), "setns into the sandbox's user namespace")
+    os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    # Joining a user namespace gives every capability in it: bound them again.
+    _drop_bounding_set(KEEP_CAPS)
+
+
+def _listen(path: str) -> socket.socket:
+    """The agent's listening socket, made by PID 1 so that the sandbox cannot replace it."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(1024)
+    return sock
+
+
 # --- filesystem ---------------------------------------------------------------------------
 
 
+def _own(path: str, uid: int = 0, gid: int = 0) -> None:
+    """Give ``path`` (not followed) to the sandbox's ids ``uid``:``gid``."""
+    os.lchown(path, _uid_base + uid, _gid_base + gid)
+
+
 def _mkdir(path: str, mode: int, uid: int = 0, gid: int = 0) -> None:
-    """Create ``path`` with this owner and mode if it does not exist (kept as is otherwise)."""
+    """Create ``path`` with this owner (sandbox ids) and mode if it does not exist."""
     if os.path.lexists(path):
         return
     os.mkdir(path)
-    os.chown(path, uid, gid)
+    _own(path, uid, gid)
     os.chmod(path, mode)
+
+
+def _makedirs(path: str) -> None:
+    """Create ``path`` and its missing parents, 0755 and owned by the sandbox's root."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.lexists(parent):
+        _makedirs(parent)
+    _mkdir(path, 0o755)
 
 
 def _write_new(path: str, text: str, mode: int, gid: int = 0) -> None:
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.e2b-new")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    os.chown(tmp, 0, gid)
+    _own(tmp, 0, gid)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
 
@@ -314,8 +485,23 @@ def _group_id(group_text: str, name: str) -> int:
     return 0
 
 
+def _mount_disk(disk: Mapping[str, str]) -> None:
+    """Mount the sandbox's ext4 image in this mount namespace only.
+
+    The loop device detaches itself when the namespace dies with the sandbox's last process,
+    whatever kills it, so nothing is left on the host.
+    """
+    device, fd = _loop_attach(disk["image"])
+    try:
+        _mount(device, disk["mount"], "ext4", MS_NODEV | MS_NOATIME, "noinit_itable")
+    finally:
+        os.close(fd)
+
+
 def _skeleton(cfg: Mapping[str, Any]) -> None:
     root = cfg["root"]
+    _mkdir(root, 0o755)
+    _own(root)  # the sandbox's / is its root's
     for name in ("usr", "etc", "var", "opt", "proc", "sys", "dev", "run", "mnt", "media", "srv"):
         _mkdir(os.path.join(root, name), 0o755)
     _mkdir(os.path.join(root, "tmp"), 0o1777)
@@ -329,6 +515,7 @@ def _skeleton(cfg: Mapping[str, Any]) -> None:
         link = os.path.join(root, name)
         if not os.path.lexists(link):
             os.symlink(target, link)
+            _own(link)
 
 
 def _overlays(cfg: Mapping[str, Any]) -> None:
@@ -338,6 +525,9 @@ def _overlays(cfg: Mapping[str, Any]) -> None:
         work = os.path.join(cfg["work"], name)
         os.makedirs(upper, mode=0o755, exist_ok=True)
         os.makedirs(work, mode=0o700, exist_ok=True)
+        # The top of each overlay is the sandbox root's (as it is rootless): it may add entries
+        # there; what the host owns below stays the host's.
+        os.lchown(upper, _uid_base, _gid_base)
         _mkdir(os.path.join(root, name), 0o755)
         # Rootless, overlayfs keeps its metadata in user.* xattrs (trusted.* needs real root).
         _mount(
@@ -350,6 +540,80 @@ def _overlays(cfg: Mapping[str, Any]) -> None:
         )
 
 
+def _upper_path(cfg: Mapping[str, Any], host_path: str) -> Optional[str]:
+    """The path in the upper layers that overlays ``host_path``, or None if not overlaid.
+
+    Missing parent directories are created the way a copy-up makes them: with the host
+    directory's mode and, as host root, its owner. Call it before the overlays are mounted.
+    """
+    rel = host_path.strip("/")
+    if rel.split("/", 1)[0] not in cfg["overlays"]:
+        return None
+    current = cfg["upper"]
+    os.makedirs(current, mode=0o755, exist_ok=True)
+    for part in os.path.dirname(rel).split("/"):
+        current = os.path.join(current, part)
+        if os.path.lexists(current):
+            continue
+        st = os.stat("/" + os.path.relpath(current, cfg["upper"]))
+        os.mkdir(current)
+        os.chmod(current, st.st_mode & 0o7777)
+        if not _rootless:
+            os.lchown(current, st.st_uid, st.st_gid)
+    return os.path.join(cfg["upper"], rel)
+
+
+def _copy_up(cfg: Mapping[str, Any], host_path: str) -> None:
+    """Put a copy of a host file (or symlink) owned by the sandbox's root in the upper layer.
+
+    Kept if the sandbox already has its own version (or deleted it).
+    """
+    dest = _upper_path(cfg, host_path)
+    if dest is None or os.path.lexists(dest):
+        return
+    if os.path.islink(host_path):
+        os.symlink(os.readlink(host_path), dest)
+        _own(dest)
+        return
+    shutil.copyfile(host_path, dest)
+    _own(dest)
+    os.chmod(dest, os.stat(host_path).st_mode & 0o7777)  # after chown, which clears setuid
+
+
+def _base_template(cfg: Mapping[str, Any]) -> None:
+    """Give the sandbox E2B's base template's ``sudo`` and ``python`` (before the overlays).
+
+    ``sudo`` is the host's, copied into the sandbox's upper layer with its helpers and
+    ``/etc/sudo.conf`` so that they belong to the sandbox's root (a set-user-ID binary of an
+    owner the sandbox does not map would not raise privileges, and sudo checks owners); the
+    rules are the sandbox's own (:func:`render_sudoers` and an empty ``/etc/sudoers.d``).
+    ``python`` is a symlink to ``python3`` when the host has no ``python``.
+    """
+    if os.path.isfile("/usr/bin/sudo"):
+        _copy_up(cfg, "/usr/bin/sudo")
+        for directory in _SUDO_DIRS:
+            if os.path.isdir(directory) and not os.path.islink(directory):
+                for name in sorted(os.listdir(directory)):
+                    path = os.path.join(directory, name)
+                    if os.path.islink(path) or os.path.isfile(path):
+                        _copy_up(cfg, path)
+        if os.path.isfile("/etc/sudo.conf"):
+            _copy_up(cfg, "/etc/sudo.conf")
+        rules = _upper_path(cfg, "/etc/sudoers.d")
+        if rules is not None and not os.path.lexists(rules):
+            os.mkdir(rules)
+            _own(rules)
+            os.chmod(rules, 0o755)
+            # opaque: the host's own rules never show inside
+            xattr = "user.overlay.opaque" if _rootless else "trusted.overlay.opaque"
+            os.setxattr(rules, xattr, b"y")
+    if not os.path.lexists("/usr/bin/python") and os.path.exists("/usr/bin/python3"):
+        link = _upper_path(cfg, "/usr/bin/python")
+        if link is not None and not os.path.lexists(link):
+            os.symlink("python3", link)
+            _own(link)
+
+
 def _accounts(cfg: Mapping[str, Any]) -> None:
     """Write the generated /etc files into the overlay, once (later edits persist)."""
     etc = os.path.join(cfg["root"], "etc")
@@ -358,6 +622,22 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
 
     def fresh(name: str) -> bool:
         return not os.path.lexists(os.path.join(upper, name))
+
+    # A copy of another sandbox's files (fork, snapshot) gets its own names: the generated
+    # files the source never changed are made again for this hostname.
+    marker = cfg.get("hostname_file")
+    previous = _read(marker).strip() if marker else ""
+    if previous and previous != hostname:
+        for name, old, new in (
+            ("hostname", previous + "\n", hostname + "\n"),
+            ("hosts", render_hosts(previous), render_hosts(hostname)),
+        ):
+            path = os.path.join(etc, name)
+            if not fresh(name) and _read(path) == old:
+                _write_new(path, new, 0o644)
+    if marker and previous != hostname:
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(hostname + "\n")
 
     passwd = render_passwd(_read("/etc/passwd"))
     group = render_group(_read("/etc/group"), passwd)
@@ -369,6 +649,7 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
         ("gshadow", render_gshadow(group), 0o640, shadow_gid),
         ("hostname", hostname + "\n", 0o644, 0),
         ("hosts", render_hosts(hostname), 0o644, 0),
+        ("sudoers", render_sudoers(), 0o440, 0),
     )
     for name, text, mode, gid in files:
         if fresh(name):
@@ -379,7 +660,9 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
             os.unlink(resolv)
         _write_new(resolv, RESOLV_CONF, 0o644)
     upload = os.path.join(cfg["root"], "opt", "capybara", "upload")
-    os.makedirs(upload, mode=0o700, exist_ok=True)
+    _makedirs(os.path.dirname(upload))
+    _mkdir(upload, 0o700)
+    _own(upload)
     os.chmod(upload, 0o700)  # the staging directory is root-only
 
 
@@ -387,15 +670,34 @@ def _ro_binds(cfg: Mapping[str, Any]) -> None:
     root = cfg["root"]
     for path in cfg["ro_binds"]:
         target = root + path
-        os.makedirs(target, mode=0o755, exist_ok=True)
+        _makedirs(target)
         _bind(path, target, readonly=True, extra=MS_NOSUID | MS_NODEV)
+
+
+def _write_sysctl(proc: str, name: str, value: str) -> None:
+    with open(os.path.join(proc, "sys", *name.split(".")), "w", encoding="ascii") as f:
+        f.write(value)
 
 
 def _kernel_fs(cfg: Mapping[str, Any]) -> None:
     root = cfg["root"]
+    ids = f"uid={_uid_base},gid={_gid_base}"
     proc = os.path.join(root, "proc")
     _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    if cfg.get("userns"):
+        # The network namespace belongs to the host's user namespace, in which the sandbox's
+        # root has no capability: let it bind ports below 1024 and ping, as root can on E2B.
+        _write_sysctl(proc, "net.ipv4.ip_unprivileged_port_start", "0")
+        _write_sysctl(proc, "net.ipv4.ping_group_range", "0 2147483647")
     _bind(proc + "/sys", proc + "/sys", readonly=True, extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if cfg.get("boot_id_file"):
+        # This boot's own id (the host's otherwise): a cold boot is a boot.
+        _bind(
+            cfg["boot_id_file"],
+            proc + "/sys/kernel/random/boot_id",
+            readonly=True,
+            extra=MS_NOSUID | MS_NODEV | MS_NOEXEC,
+        )
     for masked in ("sysrq-trigger", "kcore"):
         if os.path.exists(os.path.join(proc, masked)):
             _bind("/dev/null", os.path.join(proc, masked))
@@ -403,7 +705,7 @@ def _kernel_fs(cfg: Mapping[str, Any]) -> None:
     _mount("sysfs", os.path.join(root, "sys"), "sysfs", ro_flags, None)
 
     dev = os.path.join(root, "dev")
-    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k")
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, f"mode=755,size=64k,{ids}")
     for name in _DEVICES:
         path = os.path.join(dev, name)
         with open(path, "w"):
@@ -415,33 +717,48 @@ def _kernel_fs(cfg: Mapping[str, Any]) -> None:
         dev + "/pts",
         "devpts",
         MS_NOSUID | MS_NOEXEC,
-        "newinstance,ptmxmode=0666,mode=0620,gid=5",
+        f"newinstance,ptmxmode=0666,mode=0620,gid={_gid_base + 5}",
     )
     os.symlink("pts/ptmx", dev + "/ptmx")
     os.mkdir(dev + "/shm")
-    _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{ids}")
     os.symlink("/proc/self/fd", dev + "/fd")
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
 
     run = os.path.join(root, "run")
-    _mount("tmpfs", run, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+    _mount("tmpfs", run, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=755,{ids}")
     os.mkdir(run + "/e2b", 0o700)
     _bind(cfg["e2b_dir"], run + "/e2b", extra=MS_NOSUID | MS_NODEV)
-    os.mkdir(run + "/lock")
-    os.chmod(run + "/lock", 0o1777)
+    _mkdir(run + "/lock", 0o1777)
 
 
-def setup(cfg: Mapping[str, Any]) -> None:
+class Boot:
+    """What :func:`setup` leaves for PID 1's loop: the agent's socket and user namespace."""
+
+    def __init__(self, listener: socket.socket, userns: Optional[int]) -> None:
+        self.listener = listener
+        self.userns = userns
+
+
+def setup(cfg: Mapping[str, Any]) -> Boot:
     """Build the sandbox's root and enter it. Runs as PID 1 in the new namespaces.
 
     Args:
         cfg: the boot configuration written by :class:`.boot.SandboxRuntime`.
+
+    Returns:
+        The agent's listening socket and, in root mode, the sandbox's user namespace.
     """
-    global _rootless
+    global _rootless, _uid_base, _gid_base
     _rootless = bool(cfg.get("rootless", False))
+    userns = cfg.get("userns")
+    _uid_base, _gid_base = (userns["uid"], userns["gid"]) if userns else (0, 0)
+    if cfg.get("disk"):
+        _mount_disk(cfg["disk"])
     root = cfg["root"]
     _skeleton(cfg)
+    _base_template(cfg)
     _bind(root, root)  # pivot_root needs the new root to be a mount point
     _overlays(cfg)
     _accounts(cfg)
@@ -450,13 +767,16 @@ def setup(cfg: Mapping[str, Any]) -> None:
     _pivot_root(root)
     socket.sethostname(cfg["hostname"])
     _loopback_up()
+    listener = _listen(cfg["agent_socket"])
+    userns_fd = _make_userns(userns) if userns else None
     _drop_bounding_set(KEEP_CAPS)
+    return Boot(listener, userns_fd)
 
 
 # --- PID 1 --------------------------------------------------------------------------------
 
 
-def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
+def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) -> int:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
@@ -464,8 +784,16 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_OUTSIDE_SIGNALS):
                 signal.signal(sig, signal.SIG_DFL)
             os.setsid()
+            if boot.userns is not None:
+                _enter_userns(boot.userns)
+            fd = boot.listener.fileno()
+            if fd == LISTEN_FD:
+                os.set_inheritable(fd, True)
+            else:
+                os.dup2(fd, LISTEN_FD)
+            agent_env = dict(env, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
             os.chdir(cwd)
-            os.execve(argv[0], list(argv), dict(env))
+            os.execve(argv[0], list(argv), agent_env)
         except BaseException as exc:  # report, then leave the child
             os.write(2, f"e2b-init: cannot start the agent: {exc!r}\n".encode())
         os._exit(127)
@@ -478,15 +806,18 @@ def _describe(status: int) -> str:
     return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
-def serve(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
+def serve(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) -> int:
     """Run PID 1's loop: keep the agent alive, reap orphans, exit on SIGTERM from outside.
 
-    Signals sent from inside the sandbox (``kill 1``) are ignored, as for a real init.
+    Signals sent from inside the sandbox (``kill 1``) are ignored, as for a real init. Every
+    agent gets the listening socket as fd 3 (``LISTEN_FDS=1``, ``LISTEN_PID``) and, in root
+    mode, runs as root of the sandbox's user namespace.
 
     Args:
         argv: the agent's command line (argv[0] is an absolute path).
         env: the agent's environment.
         cwd: the agent's working directory.
+        boot: what :func:`setup` made.
 
     Returns:
         The exit status for PID 1 (0 on a requested shutdown).
@@ -500,7 +831,7 @@ def serve(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
     while True:
         now = time.monotonic()
         if agent is None and restart_at is not None and now >= restart_at:
-            agent = _spawn(argv, env, cwd)
+            agent = _spawn(argv, env, cwd, boot)
             started = now
             restart_at = None
             _log(f"agent started (pid {agent})")
@@ -546,12 +877,12 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         if os.getpid() != 1:
             raise OSError("init must run as PID 1 of a new pid namespace")
         cfg = _load(args[0])
-        setup(cfg)
+        boot = setup(cfg)
     except BaseException:  # the log is the only channel out
         _log("setup failed:\n" + traceback.format_exc())
         return 1
     _log(f"sandbox {cfg['sandbox_id']} set up in {1000 * (time.monotonic() - t0):.0f} ms")
-    return serve(cfg["agent_argv"], cfg["agent_env"], cfg["agent_cwd"])
+    return serve(cfg["agent_argv"], cfg["agent_env"], cfg["agent_cwd"], boot)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 This module owns the few kernel interfaces the host side of the runtime (and the
 :class:`~e2b_provider.emulator.Emulator` handle) needs: ``prctl(PR_SET_PDEATHSIG)`` through
 ctypes, parsing ``/proc/self/mountinfo`` (to find the cgroup2 and cgroup-v1 hierarchies and to
-check that no mount is left behind), capability masks from ``/proc/<pid>/status``, and process
-states, children and namespace identities. No sockets, no aiohttp/requests/urllib3. The
+check that no mount is left behind), capability masks from ``/proc/<pid>/status``, process
+states, children and namespace identities, and running host tools quietly (:func:`run_tool`,
+with :data:`HOST_PATH`). No sockets, no aiohttp/requests/urllib3. The
 sandbox side (mounts, pivot_root) lives in :mod:`.init`, which must stay runnable without this
 package.
 """
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+import subprocess
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
 __all__ = [
     "CAP_SYS_ADMIN",
+    "HOST_PATH",
     "MountInfo",
     "cap_effective",
     "cgroup1_mount",
@@ -32,10 +35,14 @@ __all__ = [
     "pdeathsig_setter",
     "pids_in_pid_namespace",
     "process_state",
+    "run_tool",
+    "syncfs",
 ]
 
 PR_SET_PDEATHSIG = 1
 CAP_SYS_ADMIN = 21
+#: The ``PATH`` host tools (``unshare``, ``rm``, ``newuidmap``, ``mkfs.ext4``) are looked up in.
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @attrs.frozen
@@ -245,3 +252,40 @@ def pdeathsig_setter(sig: int, parent_pid: int) -> Callable[[], None]:
             os._exit(1)
 
     return apply
+
+
+def run_tool(argv: Sequence[str], timeout: float) -> Tuple[int, str]:
+    """Run a host tool without stdin or stdout, ``PATH`` = :data:`HOST_PATH`; bounded.
+
+    Returns:
+        Its exit status and its stderr (decoded, stripped).
+
+    Raises:
+        OSError: it could not be started.
+        subprocess.TimeoutExpired: it ran longer than ``timeout`` seconds (it is killed).
+    """
+    done = subprocess.run(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+        check=False,
+        env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
+    )
+    return done.returncode, done.stderr.decode(errors="replace").strip()
+
+
+def syncfs(path: str) -> None:
+    """Write the pending changes of the filesystem holding ``path`` to its device (syncfs(2)).
+
+    Raises:
+        OSError: ``path`` cannot be opened or the call failed.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc().syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)

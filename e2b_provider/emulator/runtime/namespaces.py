@@ -1,10 +1,16 @@
-"""Namespaces of the emulator's sandboxes: what this host can isolate, and rootless mode.
+"""Namespaces of the emulator's sandboxes: what this host can isolate, ids, and rootless mode.
 
 This module owns the isolation check run before any sandbox boots (:func:`check_isolation`:
-``unshare`` with pid/mount/uts/ipc/net/cgroup namespaces, mounting and overlayfs must work,
-or sandboxes are refused with one message saying what is missing), the host directories
-overlaid into every sandbox's mount namespace (:data:`OVERLAY_DIRS` plus the host's usr-merge
-layout), the ``PATH`` used for host tools, and rootless mode.
+``unshare`` with pid/mount/uts/ipc/net/cgroup namespaces, user namespaces, mounting and
+overlayfs must work, or sandboxes are refused with one message saying what is missing), the
+host directories overlaid into every sandbox's mount namespace (:data:`OVERLAY_DIRS` plus the
+host's usr-merge layout), the ``PATH`` used for host tools, the host ids of root-mode
+sandboxes (:func:`root_id_range`), and rootless mode.
+
+Root mode (the server is root): every process of a sandbox but its PID 1 runs in a user
+namespace mapping ids 0-65535 to an unprivileged host range (root's range in /etc/subuid and
+/etc/subgid when it has one of 65536 ids, else :data:`ROOT_MODE_ID_START`): the sandbox's root
+is not host root and reads only the host files everyone may read.
 
 Rootless mode (the server is not root): ``unshare --user --map-root-user --map-auto`` adds a
 user namespace in which root is the calling user and ids 1-65535 are its subuid/subgid range
@@ -28,16 +34,19 @@ import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import linux
+from .disk import disk_support
 from .errors import IsolationUnavailable, SandboxRuntimeError
 
 __all__ = [
     "HOST_PATH",
     "OVERLAY_DIRS",
     "ROOTLESS_IDS",
+    "ROOT_MODE_ID_START",
     "check_isolation",
     "remove_tree",
     "rootless_message",
     "rootless_missing",
+    "root_id_range",
     "subid_range",
     "usr_merge_links",
 ]
@@ -45,7 +54,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The ``PATH`` host tools (``unshare``, ``rm``, ``newuidmap``) are looked up in.
-HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_PATH = linux.HOST_PATH
 #: Host directories every sandbox sees through an overlay of its own.
 OVERLAY_DIRS = ("usr", "etc", "var", "opt")
 _USR_MERGE_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -67,6 +76,9 @@ _isolation_ok = False
 SUBUID_FILE = "/etc/subuid"
 SUBGID_FILE = "/etc/subgid"
 ROOTLESS_IDS = 65536  # ids a rootless sandbox needs: 0 (the user itself) + 1..65535 (sub ids)
+#: Host uid and gid of a root-mode sandbox's root when /etc/subuid and /etc/subgid give root no
+#: range: the last 65536 ids below 2**31, above the usual system, user and SSSD ranges.
+ROOT_MODE_ID_START = 2**31 - ROOTLESS_IDS
 _ROOTLESS_NEEDS = (
     "the E2B emulator needs root, or unprivileged user namespaces with newuidmap/newgidmap "
     "(Debian package uidmap) and a subuid/subgid range of {ids} ids for user {user} in "
@@ -96,19 +108,11 @@ mount -t proc proc "$t/proc" || { echo "mounting /proc failed" >&2; exit 1; }
 
 def _probe(argv: Sequence[str]) -> Optional[str]:
     try:
-        done = subprocess.run(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=10,
-            check=False,
-        )
+        code, err = linux.run_tool(argv, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
-    if done.returncode != 0:
-        err = done.stderr.decode(errors="replace").strip()
-        return " / ".join(err.splitlines()) or f"exit code {done.returncode}"
+    if code != 0:
+        return " / ".join(err.splitlines()) or f"exit code {code}"
     return None
 
 
@@ -217,12 +221,38 @@ def rootless_message(missing: Sequence[str]) -> str:
     return f"{needs}; running as uid {uid}, missing: " + "; ".join(missing)
 
 
+def root_id_range() -> Tuple[int, int]:
+    """Return the host ``(uid, gid)`` of root-mode sandboxes' root; ids 1-65535 follow.
+
+    Root's own first range in /etc/subuid and /etc/subgid when it holds 65536 ids (for hosts
+    that reserve one, e.g. for containers), else :data:`ROOT_MODE_ID_START` for both.
+    """
+    found = []
+    for path in (SUBUID_FILE, SUBGID_FILE):
+        text = _read_text(path)
+        entry = subid_range(text, "root", 0) if text is not None else None
+        found.append(entry[0] if entry is not None and entry[1] >= ROOTLESS_IDS else None)
+    if found[0] is not None and found[1] is not None:
+        return found[0], found[1]
+    return ROOT_MODE_ID_START, ROOT_MODE_ID_START
+
+
+def _user_namespaces_missing() -> Optional[str]:
+    if not os.path.exists("/proc/self/ns/user"):
+        return "user namespaces (kernel option CONFIG_USER_NS)"
+    limit = _read_text("/proc/sys/user/max_user_namespaces")
+    if limit is not None and limit.strip() == "0":
+        return "user namespaces (sysctl user.max_user_namespaces is 0)"
+    return None
+
+
 def check_isolation() -> None:
     """Check that this host can run isolated sandboxes, without booting one.
 
-    As root: ``unshare`` with pid/mount/uts/ipc/net namespaces, mounting, and overlayfs must
-    work (checked with two tiny probes, some milliseconds). A missing cgroup hierarchy is only
-    logged: pause then falls back to SIGSTOP.
+    As root: ``unshare`` with pid/mount/uts/ipc/net namespaces, user namespaces, mounting, and
+    overlayfs must work (checked with two tiny probes, some milliseconds). A missing cgroup
+    hierarchy or disk support is only logged: pause then falls back to SIGSTOP, limits that
+    cannot be enforced are named in each sandbox's log line.
 
     Not root: rootless mode (see :func:`rootless_missing`). Sandboxes then run in a user
     namespace mapping root to the calling user and ids 1-65535 to the user's subuid/subgid
@@ -249,7 +279,8 @@ def check_isolation() -> None:
             raise IsolationUnavailable(rootless_message(missing))
         log.warning(
             "rootless mode (uid %d): sandboxes run in user namespaces without cgroups; "
-            "pause uses SIGSTOP, no CPU/memory limits, system dirs are read-only for root",
+            "pause uses SIGSTOP, no CPU/memory/process limits, disks are not bounded, "
+            "system dirs are read-only for root",
             os.geteuid(),
         )
         _isolation_ok = True
@@ -262,6 +293,9 @@ def check_isolation() -> None:
     for kind in ("pid", "mnt", "uts", "ipc", "net", "cgroup"):
         if not os.path.exists(f"/proc/self/ns/{kind}"):
             missing.append(f"{kind} namespaces (kernel option)")
+    userns = _user_namespaces_missing()
+    if userns is not None:
+        missing.append(userns)
     try:
         with open("/proc/filesystems", encoding="ascii") as f:
             if "overlay" not in f.read().split():
@@ -292,6 +326,9 @@ def check_isolation() -> None:
         )
     if linux.cgroup2_mount() is None and linux.cgroup1_mount("freezer") is None:
         log.warning("no cgroup2 or v1 freezer hierarchy: pause falls back to SIGSTOP, no limits")
+    no_disk = disk_support()
+    if no_disk is not None:
+        log.warning("sandbox disks are not bounded (disk_mb is not enforced): %s", no_disk)
     _isolation_ok = True
 
 
@@ -316,18 +353,12 @@ def remove_tree(path: str) -> None:
     if unshare is None or rm is None:
         raise SandboxRuntimeError(f"cannot remove {path}: unshare or rm is missing")
     try:
-        done = subprocess.run(
+        code, err = linux.run_tool(
             [unshare, "--user", "--map-root-user", "--map-auto", "--",
              rm, "-rf", "--one-file-system", "--", os.path.abspath(path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
             timeout=60,
-            check=False,
-            env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxRuntimeError(f"cannot remove {path}: {exc}") from exc
-    if done.returncode != 0 or os.path.lexists(path):
-        err = done.stderr.decode(errors="replace").strip()
-        raise SandboxRuntimeError(f"cannot remove {path}: {err or done.returncode}")
+    if code != 0 or os.path.lexists(path):
+        raise SandboxRuntimeError(f"cannot remove {path}: {err or code}")
