@@ -94,7 +94,9 @@ class ProcessStream:
         TransportTimeout: envd sent nothing (not even a keepalive) within the read timeout.
 
     The stream is closed automatically when it ends or fails; use it as a context manager
-    (or call :meth:`close`) to release it early.
+    (or call :meth:`close`) to release it early. A stream read to its end-of-stream message
+    leaves its connection in the pool (the HTTP body's end is read, briefly bounded); one
+    released early closes it.
     """
 
     def __init__(self, stream: Stream, *, operation: str = _START_OP) -> None:
@@ -146,7 +148,8 @@ class ProcessStream:
             if self._end is not None:
                 end, self._end = self._end, None
                 self._done = True
-                self.close()
+                # The content is complete: read the body's end so the connection is kept.
+                self._stream.finish()
                 if end.error_code is not None:
                     raise RemoteError(end.error_code, end.error_message,
                                       operation=self._operation)
