@@ -233,6 +233,7 @@ def run_process(
                     stream.abort()
                 with stream:
                     try:
+                        skipping = False
                         for ev in stream:
                             if isinstance(ev, StartEvent):
                                 run.pid = ev.pid
@@ -241,6 +242,11 @@ def run_process(
                                     budget.add_stdout(ev.stdout)
                                 if ev.stderr:
                                     budget.add_stderr(ev.stderr)
+                                if budget.truncated and not skipping:
+                                    # Full, and known to be truncated: later output cannot
+                                    # change the result, so it is dropped unparsed.
+                                    stream.skip_output()
+                                    skipping = True
                             elif isinstance(ev, EndEvent):
                                 exit_code = ev.exit_code
                                 saw_end = True

@@ -20,7 +20,7 @@ from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
 
 from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
 from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
-from ._process import ProcessEvent, StartEvent, event_from_wire
+from ._process import ProcessEvent, StartEvent, event_from_wire, is_output_message
 from .cancel import CancelToken
 from .errors import (
     E2BProviderError,
@@ -120,6 +120,14 @@ class ProcessStream:
     def close(self) -> None:
         """Release the stream (idempotent)."""
         self._stream.close()
+
+    def skip_output(self) -> None:
+        """From now on, drop output events unread (their JSON is never parsed or decoded).
+
+        For a reader whose output budget is used up: the stream is still read to its end
+        event, at the cost of the framing alone. Events already decoded are still delivered.
+        """
+        self._decoder.skip_when(is_output_message)
 
     def __enter__(self) -> ProcessStream:
         return self
