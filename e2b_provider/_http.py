@@ -90,6 +90,7 @@ DEFAULT_MAX_BODY = 1 << 20
 _READ_CHUNK = 64 * 1024
 #: How long :meth:`Stream.finish` waits for the end of a body whose content is complete.
 END_WAIT_SECONDS = 0.5
+_QUICKACK: Optional[int] = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 Params = Union[Mapping[str, str], None]
 
@@ -393,6 +394,18 @@ def _shutdown_conn(conn: urllib3.connection.HTTPConnection) -> None:
         pass
 
 
+def _quickack(sock: Optional[socket.socket]) -> None:
+    """Acknowledge what arrives at once (Linux): on a kept connection the kernel delays its
+    ACKs, and a peer that has Nagle's algorithm on holds its next small write (the first
+    chunk after the headers, the chunked terminator) until that ACK: 40 ms or more per
+    answer. Fresh connections start in this mode; kept ones need to be told."""
+    if _QUICKACK is not None and sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+        except OSError:
+            pass
+
+
 def _publish(conn: urllib3.connection.HTTPConnection) -> None:
     slot: Optional[_AbortSlot] = getattr(_tls, "slot", None)
     if slot is not None and conn.sock is not None:
@@ -408,6 +421,10 @@ class _AbortableHTTPConnection(urllib3.connection.HTTPConnection):
     def request(self, *args: Any, **kwargs: Any) -> None:
         _publish(self)  # a pooled connection is already connected
         super().request(*args, **kwargs)
+
+    def getresponse(self) -> Any:
+        _quickack(self.sock)
+        return super().getresponse()
 
 
 class _AbortableHTTPSConnection(_AbortableHTTPConnection, urllib3.connection.HTTPSConnection):
@@ -659,6 +676,7 @@ class Stream:
                 if sock is not None:
                     # The next request on this connection sets its own timeout again.
                     sock.settimeout(bound)
+                    _quickack(sock)
                 extra = self.read1(_READ_CHUNK)
             except (E2BProviderError, OSError, RuntimeError):
                 extra = None  # timed out or broke: the content is complete all the same
