@@ -868,13 +868,38 @@ class Transport:
         method: str,
         url: str,
         *,
+        token: Optional[CancelToken],
+        operation: str,
+        read_timeout: float,
+        connect_timeout: Optional[float],
+        headers: Optional[Mapping[str, str]],
+        params: Params = None,
+        json: Any = None,
+        data: Any = None,
+        files: Any = None,
+    ) -> requests.Response:
+        """Send one request (the caller publishes its abort slot) and return the answer once
+        its headers arrived; every failure goes through :func:`map_transport_errors`."""
+        self._check_open(operation)
+        read_timeout = _positive(read_timeout, "read_timeout")
+        with map_transport_errors(token, operation):
+            return self._send_prepared(
+                method, url, headers=headers, params=params, json=json, data=data,
+                files=files, timeout=(connect_timeout or self._connect_timeout, read_timeout),
+                operation=operation,
+            )
+
+    def _send_prepared(
+        self,
+        method: str,
+        url: str,
+        *,
         headers: Optional[Mapping[str, str]],
         params: Params,
         json: Any,
         data: Any,
         files: Any,
-        read_timeout: float,
-        connect_timeout: Optional[float],
+        timeout: Tuple[float, float],
         operation: str,
     ) -> requests.Response:
         prep = requests.PreparedRequest()
@@ -895,7 +920,7 @@ class Transport:
         resp = self._adapter.send(
             prep,
             stream=True,
-            timeout=(connect_timeout or self._connect_timeout, read_timeout),
+            timeout=timeout,
             verify=self._verify,
             cert=None,
             proxies=self._proxies_for(full_url),
@@ -952,17 +977,14 @@ class Transport:
             ProtocolError: the body is larger than ``max_body``.
             TransportError, TransportTimeout, ConfigError: see :func:`map_transport_errors`.
         """
-        self._check_open(operation)
-        read_timeout = _positive(read_timeout, "read_timeout")
         slot = _AbortSlot()
         try:
             with _publishing(slot, token):
-                with map_transport_errors(token, operation):
-                    resp = self._send(
-                        method, url, headers=headers, params=params, json=json, data=data,
-                        files=files, read_timeout=read_timeout,
-                        connect_timeout=connect_timeout, operation=operation,
-                    )
+                resp = self._send(
+                    method, url, token=token, operation=operation, read_timeout=read_timeout,
+                    connect_timeout=connect_timeout, headers=headers, params=params,
+                    json=json, data=data, files=files,
+                )
                 try:
                     return self._read_body(resp, token, slot, operation, max_body)
                 finally:
@@ -1035,17 +1057,13 @@ class Transport:
         Raises:
             Cancelled, E2BHttpError (redirect), TransportError, TransportTimeout, ConfigError.
         """
-        self._check_open(operation)
-        read_timeout = _positive(read_timeout, "read_timeout")
         slot = _AbortSlot()
         try:
             with _publishing(slot, token):
-                with map_transport_errors(token, operation):
-                    resp = self._send(
-                        method, url, headers=headers, params=None, json=None, data=data,
-                        files=None, read_timeout=read_timeout,
-                        connect_timeout=connect_timeout, operation=operation,
-                    )
+                resp = self._send(
+                    method, url, token=token, operation=operation, read_timeout=read_timeout,
+                    connect_timeout=connect_timeout, headers=headers, data=data,
+                )
                 if slot.fired and token is not None:
                     resp.close()
                     raise Cancelled(token.reason)

@@ -3,9 +3,9 @@
 Tests register handlers per ``(method, path)``; each request pops the next handler of its
 route (the last one repeats). A handler gets the recorded :class:`Request` and a
 :class:`Responder` that can answer in full, stream chunks, stall on an event, or drop the
-connection. Every request is recorded so tests can assert on what was actually sent, and every accepted
-connection is counted (:attr:`ScriptedServer.accepted`), so tests can tell a kept connection
-from a new one. :func:`client_sockets` counts this process's open sockets to a port.
+connection. Every request is recorded so tests can assert on what was actually sent, and
+every accepted connection is counted (:attr:`ScriptedServer.accepted`), so tests can tell a
+kept connection from a new one. :func:`client_sockets` counts this process's open sockets to a port.
 
 ``stop()`` wakes stalled handlers, shuts every open connection down and joins every handler
 thread, so no thread or socket outlives a test.

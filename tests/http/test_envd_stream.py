@@ -32,7 +32,8 @@ END_OK = encode_envelope({}, end_stream=True)
 
 @pytest.fixture
 def envd(server: ScriptedServer, transport: Transport) -> Iterator[EnvdClient]:
-    yield EnvdClient(transport, Target(url=server.url, sandbox_id="isbx", access_token=ACCESS_TOKEN))
+    target = Target(url=server.url, sandbox_id="isbx", access_token=ACCESS_TOKEN)
+    yield EnvdClient(transport, target)
 
 
 def chunks(*parts: bytes) -> Any:

@@ -57,24 +57,28 @@ def test_http_proxy_is_used(
     assert proxy.accepted == 1  # the connection to the proxy is kept too
 
 
-def test_all_proxy_is_used(
-    env: pytest.MonkeyPatch, server: ScriptedServer, proxy: ScriptedServer
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [
+        ("all_proxy", b"via proxy"),
+        ("ALL_PROXY", b"via proxy"),
+        ("http_proxy", b"via proxy"),
+        ("HTTPS_PROXY", b"direct"),  # only for https URLs
+    ],
+)
+def test_each_variable_is_honoured(
+    env: pytest.MonkeyPatch,
+    server: ScriptedServer,
+    proxy: ScriptedServer,
+    name: str,
+    answer: bytes,
 ) -> None:
     server.on("GET", "/x", _direct)
-    env.setenv("all_proxy", proxy.url)
+    env.setenv(name, proxy.url)
     with Transport() as t:
-        assert _get(t, server.url + "/x") == b"via proxy"
-    assert server.received() == []
-
-
-def test_https_proxy_is_not_used_for_http(
-    env: pytest.MonkeyPatch, server: ScriptedServer, proxy: ScriptedServer
-) -> None:
-    server.on("GET", "/x", _direct)
-    env.setenv("HTTPS_PROXY", proxy.url)
-    with Transport() as t:
-        assert _get(t, server.url + "/x") == b"direct"
-    assert proxy.received() == []
+        assert _get(t, server.url + "/x") == answer
+    assert len(server.received()) == (answer == b"direct")
+    assert len(proxy.received()) == (answer == b"via proxy")
 
 
 @pytest.mark.parametrize("no_proxy", ["127.0.0.1", "localhost,127.0.0.1", "*", "127.0.0.0/8"])
