@@ -247,35 +247,6 @@ def event_from_wire(obj: Mapping[str, Any]) -> Optional[ProcessEvent]:
     return KeepaliveEvent()
 
 
-#: The start of an output message, ``{"event":{"data":{``, in any JSON spacing (Go's
-#: protojson varies its spacing on purpose).
-_JSON_WS = rb"[ \t\r\n]*"
-_OUTPUT_PREFIX = re.compile(
-    _JSON_WS.join([b"", rb"\{", rb'"event"', b":", rb"\{", rb'"data"', b":", rb"\{"])
-)
-_JSON_SPACE = b" \t\r\n"
-
-
-def is_output_message(buf: bytearray, start: int, end: int) -> bool:
-    """Whether the stream message in ``buf[start:end]`` is an output (data) event.
-
-    Looks only at its first bytes and checks, cheaply, that it ends like a JSON object; its
-    content is neither parsed nor decoded. Its signature is that of a
-    :data:`~e2b_provider._connect.SkipMatcher`.
-
-    Raises:
-        ProtocolError: it starts as an output event but does not end as a JSON object.
-    """
-    if _OUTPUT_PREFIX.match(buf, start, end) is None:
-        return False
-    last = end - 1
-    while last > start and buf[last] in _JSON_SPACE:
-        last -= 1
-    if buf[last] != 0x7D:  # "}"
-        raise ProtocolError("process output event is not a complete JSON object")
-    return True
-
-
 def decode_output(buf: bytes, truncated: bool) -> str:
     """Decode command output as UTF-8 (the reference's ``decodeOutput``).
 
@@ -380,3 +351,34 @@ class OutputBudget:
     def stderr_text(self) -> str:
         """Standard error decoded by :func:`decode_output`."""
         return decode_output(self.stderr_bytes, self._truncated)
+
+
+# -- output messages recognised unparsed -------------------------------------------------
+
+#: The start of an output message, ``{"event":{"data":{``, in any JSON spacing (Go's
+#: protojson varies its spacing on purpose).
+_JSON_WS = rb"[ \t\r\n]*"
+_OUTPUT_PREFIX = re.compile(
+    _JSON_WS.join([b"", rb"\{", rb'"event"', b":", rb"\{", rb'"data"', b":", rb"\{"])
+)
+_JSON_SPACE = b" \t\r\n"
+
+
+def is_output_message(buf: bytearray, start: int, end: int) -> bool:
+    """Whether the stream message in ``buf[start:end]`` is an output (data) event.
+
+    Looks only at its first bytes and checks, cheaply, that it ends like a JSON object; its
+    content is neither parsed nor decoded. Its signature is that of a
+    :data:`~e2b_provider._connect.SkipMatcher`.
+
+    Raises:
+        ProtocolError: it starts as an output event but does not end as a JSON object.
+    """
+    if _OUTPUT_PREFIX.match(buf, start, end) is None:
+        return False
+    last = end - 1
+    while last > start and buf[last] in _JSON_SPACE:
+        last -= 1
+    if buf[last] != 0x7D:  # "}"
+        raise ProtocolError("process output event is not a complete JSON object")
+    return True

@@ -128,6 +128,70 @@ def test_end_accepts_snake_case_exit_code() -> None:
     assert end(exit_code=4, exited=True, status="exit status 4").exit_code == 4
 
 
+# --- recognising output messages unparsed ----------------------------------------------------
+
+
+def _in_buffer(payload: bytes) -> Any:
+    """``payload`` inside a larger buffer, as the decoder holds it: (buf, start, end)."""
+    buf = bytearray(b"\x00junk" + payload + b"more\x00")
+    return buf, 5, 5 + len(payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"event":{"data":{"stdout":"aGk="}}}',
+        b'{"event":{"data":{"stderr":"aGk="}}}',
+        b'{"event":{"data":{"pty":"aGk="}}}',
+        b'{"event":{"data":{}}}',
+        # protojson varies its spacing on purpose
+        b' {\n "event" : { "data":\t{ "stdout": "aGk=" } } }\n',
+    ],
+)
+def test_output_messages_are_recognised(payload: bytes) -> None:
+    assert is_output_message(*_in_buffer(payload))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"event":{"start":{"pid":1}}}',
+        b'{"event":{"end":{"exited":true,"status":"exit status 0"}}}',
+        b'{"event":{"keepalive":{}}}',
+        b"{}",
+        b'{"other":{"data":{}}}',
+        b'{"event":{"datum":{}}}',
+        b'{"event":{"data":"x"}}',
+        b"",
+    ],
+)
+def test_other_messages_are_not_output(payload: bytes) -> None:
+    assert not is_output_message(*_in_buffer(payload))
+
+
+@pytest.mark.parametrize(
+    "payload", [b'{"event":{"data":{"stdout":"aGk="', b'{"event":{"data":{"stdout":"aGk="}}]']
+)
+def test_a_cut_output_message_is_a_protocol_error(payload: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        is_output_message(*_in_buffer(payload))
+
+
+@FAST
+@given(stdout=st.binary(max_size=64), stderr=st.binary(max_size=64))
+def test_every_wire_data_event_is_recognised(stdout: bytes, stderr: bytes) -> None:
+    import json
+
+    body: Dict[str, Any] = {}
+    if stdout:
+        body["stdout"] = base64.b64encode(stdout).decode()
+    if stderr:
+        body["stderr"] = base64.b64encode(stderr).decode()
+    payload = json.dumps({"event": {"data": body}}).encode()
+    assert is_output_message(*_in_buffer(payload))
+    assert event_from_wire(json.loads(payload)) == DataEvent(stdout, stderr)
+
+
 # --- event_from_wire -----------------------------------------------------------------------
 
 
@@ -388,67 +452,3 @@ def test_budget_cap_is_read_only() -> None:
     with pytest.raises(AttributeError):
         b.max_bytes = 10
     assert b.max_bytes == 5
-
-
-# -- recognising output messages unparsed --------------------------------------------------
-
-
-def _in_buffer(payload: bytes) -> Any:
-    """``payload`` inside a larger buffer, as the decoder holds it: (buf, start, end)."""
-    buf = bytearray(b"\x00junk" + payload + b"more\x00")
-    return buf, 5, 5 + len(payload)
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        b'{"event":{"data":{"stdout":"aGk="}}}',
-        b'{"event":{"data":{"stderr":"aGk="}}}',
-        b'{"event":{"data":{"pty":"aGk="}}}',
-        b'{"event":{"data":{}}}',
-        # protojson varies its spacing on purpose
-        b' {\n "event" : { "data":\t{ "stdout": "aGk=" } } }\n',
-    ],
-)
-def test_output_messages_are_recognised(payload: bytes) -> None:
-    assert is_output_message(*_in_buffer(payload))
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        b'{"event":{"start":{"pid":1}}}',
-        b'{"event":{"end":{"exited":true,"status":"exit status 0"}}}',
-        b'{"event":{"keepalive":{}}}',
-        b"{}",
-        b'{"other":{"data":{}}}',
-        b'{"event":{"datum":{}}}',
-        b'{"event":{"data":"x"}}',
-        b"",
-    ],
-)
-def test_other_messages_are_not_output(payload: bytes) -> None:
-    assert not is_output_message(*_in_buffer(payload))
-
-
-@pytest.mark.parametrize(
-    "payload", [b'{"event":{"data":{"stdout":"aGk="', b'{"event":{"data":{"stdout":"aGk="}}]']
-)
-def test_a_cut_output_message_is_a_protocol_error(payload: bytes) -> None:
-    with pytest.raises(ProtocolError):
-        is_output_message(*_in_buffer(payload))
-
-
-@FAST
-@given(stdout=st.binary(max_size=64), stderr=st.binary(max_size=64))
-def test_every_wire_data_event_is_recognised(stdout: bytes, stderr: bytes) -> None:
-    import json
-
-    body: Dict[str, Any] = {}
-    if stdout:
-        body["stdout"] = base64.b64encode(stdout).decode()
-    if stderr:
-        body["stderr"] = base64.b64encode(stderr).decode()
-    payload = json.dumps({"event": {"data": body}}).encode()
-    assert is_output_message(*_in_buffer(payload))
-    assert event_from_wire(json.loads(payload)) == DataEvent(stdout, stderr)
