@@ -170,7 +170,12 @@ def test_other_messages_are_not_output(payload: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    "payload", [b'{"event":{"data":{"stdout":"aGk="', b'{"event":{"data":{"stdout":"aGk="}}]']
+    "payload",
+    [
+        b'{"event":{"data":{"stdout":"aGk="',
+        b'{"event":{"data":{"stdout":"aGk="}}]',
+        b'{"event":{"data":{}}}X',  # only JSON whitespace may follow the last brace
+    ],
 )
 def test_a_cut_output_message_is_a_protocol_error(payload: bytes) -> None:
     with pytest.raises(ProtocolError):
