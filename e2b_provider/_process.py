@@ -377,7 +377,7 @@ def is_output_message(buf: bytearray, start: int, end: int) -> bool:
     if _OUTPUT_PREFIX.match(buf, start, end) is None:
         return False
     last = end - 1
-    while last > start and buf[last] in _JSON_SPACE:
+    while buf[last] in _JSON_SPACE:  # stops at the latest at the prefix's "{"
         last -= 1
     if buf[last] != 0x7D:  # "}"
         raise ProtocolError("process output event is not a complete JSON object")

@@ -178,8 +178,19 @@ def test_other_messages_are_not_output(payload: bytes) -> None:
     ],
 )
 def test_a_cut_output_message_is_a_protocol_error(payload: bytes) -> None:
-    with pytest.raises(ProtocolError):
+    cut = r"^process output event is not a complete JSON object$"
+    with pytest.raises(ProtocolError, match=cut):
         is_output_message(*_in_buffer(payload))
+
+
+def test_only_the_message_itself_is_looked_at() -> None:
+    # The bytes after the message (the next one's) would complete the prefix: not output.
+    buf = bytearray(b'{"event":{"data":' + b'{"stdout":"aGk="}}}')
+    assert not is_output_message(buf, 0, len(b'{"event":{"data":'))
+    # ... and before it: a message that starts inside the buffer is matched from its start.
+    buf = bytearray(b'{"event":{"data":{}}}{"event":{"end":{}}}')
+    assert not is_output_message(buf, len(b'{"event":{"data":{}}}'), len(buf))
+    assert is_output_message(buf, 0, len(b'{"event":{"data":{}}}'))
 
 
 @FAST
