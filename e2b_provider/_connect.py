@@ -8,6 +8,11 @@ This module owns bytes -> messages and messages -> bytes. It imports no requests
 socket or threading: the caller feeds whatever chunks arrived, in any split, and iterates
 the complete messages. A broken or hostile peer cannot make it allocate more than
 ``max_message_bytes`` (default :data:`MAX_MESSAGE_BYTES`) plus one read of buffering.
+
+A reader that no longer needs some messages (command output past its cap) tells the decoder
+with :meth:`EnvelopeDecoder.skip_when`: matching messages are then dropped on sight, framing
+still checked but their JSON never parsed, so the end-of-stream message is found at the
+cost of the framing alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, Optional, Union
+from typing import Any, Callable, Deque, Dict, Iterator, Optional, Union
 
 import attrs
 
@@ -29,6 +34,7 @@ __all__ = [
     "EndStream",
     "EnvelopeDecoder",
     "Message",
+    "SkipMatcher",
     "encode_envelope",
 ]
 
@@ -64,6 +70,10 @@ class EndStream:
 
 
 Item = Union[Message, EndStream]
+
+#: ``matcher(buf, start, end) -> bool``: whether the payload ``buf[start:end]`` is to be
+#: dropped unparsed. It must not keep or change ``buf``; it may raise ProtocolError.
+SkipMatcher = Callable[[bytearray, int, int], bool]
 
 
 def encode_envelope(obj: Any, *, end_stream: bool = False) -> bytes:
@@ -116,6 +126,22 @@ class EnvelopeDecoder:
         self._ready: Deque[Item] = deque()
         self._finished = False
         self._failed = False
+        self._skip: Optional[SkipMatcher] = None
+        self._skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        """How many messages were dropped unparsed (see :meth:`skip_when`)."""
+        return self._skipped
+
+    def skip_when(self, matcher: Optional[SkipMatcher]) -> None:
+        """Drop, from now on, every ordinary message whose payload ``matcher`` accepts.
+
+        The framing of a dropped message is still checked (flags, length bound); its JSON is
+        never parsed or even copied. The end-of-stream message is never dropped. Messages
+        already decoded stay queued. ``None`` stops skipping.
+        """
+        self._skip = matcher
 
     @property
     def finished(self) -> bool:
@@ -158,6 +184,13 @@ class EnvelopeDecoder:
             end = pos + HEADER_BYTES + length
             if len(buf) < end:
                 break
+            skip = self._skip
+            if skip is not None and not flags & FLAG_END_STREAM and skip(
+                buf, pos + HEADER_BYTES, end
+            ):
+                self._skipped += 1
+                pos = end
+                continue
             obj = _parse_json(bytes(buf[pos + HEADER_BYTES : end]))
             pos = end
             if flags & FLAG_END_STREAM:

@@ -284,6 +284,7 @@ def run_process(
                     stream.abort()
                 with stream:
                     try:
+                        skipping = False
                         for ev in stream:
                             if isinstance(ev, StartEvent):
                                 run.pid = ev.pid
@@ -296,6 +297,11 @@ def run_process(
                                     kept = budget.add_stderr(ev.stderr)
                                     if live_err is not None:
                                         live_err.feed(kept)
+                                if budget.truncated and not skipping:
+                                    # Full, and known to be truncated: later output cannot
+                                    # change the result, so it is dropped unparsed.
+                                    stream.skip_output()
+                                    skipping = True
                             elif isinstance(ev, EndEvent):
                                 exit_code = ev.exit_code
                                 saw_end = True

@@ -1,12 +1,17 @@
 """The HTTP transport: the only module that imports requests or urllib3.
 
-This module owns :class:`Transport` (one composed ``requests.Session`` with a sized
-``HTTPAdapter``, no retries, no redirects, no cookies, no ``~/.netrc``), the buffered
-:meth:`Transport.request` that returns a frozen :class:`HttpResponse` and never raises for an
-HTTP error status, the streaming :meth:`Transport.open_stream` whose :class:`Stream` can be
-aborted from any thread, the one exception seam :func:`map_transport_errors`, and
-:func:`error_from_response`, which turns an error answer into the right
-:class:`~e2b_provider.errors.E2BHttpError` subclass.
+This module owns :class:`Transport` (requests it prepares itself and sends through one sized
+``requests`` ``HTTPAdapter``: no retries, no redirects, no cookies, no ``~/.netrc``, the
+environment's proxy settings read once), the buffered :meth:`Transport.request` that returns
+a frozen :class:`HttpResponse` and never raises for an HTTP error status, the streaming
+:meth:`Transport.open_stream` whose :class:`Stream` can be aborted from any thread, the one
+exception seam :func:`map_transport_errors`, and :func:`error_from_response`, which turns an
+error answer into the right :class:`~e2b_provider.errors.E2BHttpError` subclass.
+
+Connections are kept: an answer read to its end (for a stream, up to the chunked terminator
+after envd's end-of-stream message, see :meth:`Stream.finish`) leaves its connection in the
+pool for the next request; an answer abandoned before its end closes its connection, so a
+half-read connection is never reused.
 
 Cancellation: a request registers a callback on its :class:`~e2b_provider.CancelToken`. When
 the token fires, the callback shuts the request's socket down (``shutdown(2)`` is the only
@@ -16,7 +21,9 @@ through a small per-request "abort slot" that the pool's connections publish the
 while they serve that request, and leave again before they go back to the pool, so a late
 cancel can never hit a connection that another request is already using. A cancel that
 arrives while the TCP or TLS connection is still being set up takes effect as soon as it is
-set up, or when the connect timeout ends, whichever comes first.
+set up, or when the connect timeout ends, whichever comes first. A stream keeps its slot
+until its connection is back in the pool, so :meth:`Stream.abort` has the same guarantee;
+a connection that an abort shut down is closed by the pool, never kept.
 
 No message built here contains a URL, a query string or a header: secrets (the API key, the
 envd access token, signed-URL signatures) could be in any of them. Messages name the
@@ -28,17 +35,21 @@ from __future__ import annotations
 import contextlib
 import errno as errno_mod
 import http.client
-import http.cookiejar
 import json as json_mod
 import logging
+import os
+import queue
 import socket
 import threading
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Type, Union
+import time
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Type, Union
 
 import attrs
 import requests
 import requests.adapters
-import requests.auth
+import requests.utils
 import urllib3
 import urllib3.connection
 import urllib3.connectionpool
@@ -77,6 +88,9 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 #: Largest buffered body :meth:`Transport.request` accepts unless told otherwise.
 DEFAULT_MAX_BODY = 1 << 20
 _READ_CHUNK = 64 * 1024
+#: How long :meth:`Stream.finish` waits for the end of a body whose content is complete.
+END_WAIT_SECONDS = 0.5
+_QUICKACK: Optional[int] = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 Params = Union[Mapping[str, str], None]
 
@@ -292,50 +306,57 @@ def _redirect_error(status: int, operation: str) -> E2BHttpError:
                         operation=operation)
 
 
-def _refuse_redirects(operation: str) -> Callable[..., Any]:
-    """A response hook that refuses a 3xx before requests looks at it.
-
-    Even with ``allow_redirects=False`` requests reads a redirect's whole body to prepare
-    the next request; the hook closes the answer first and raises.
-    """
-
-    def hook(r: requests.Response, *args: Any, **kwargs: Any) -> requests.Response:
-        if 300 <= r.status_code < 400:
-            r.close()
-            raise _redirect_error(r.status_code, operation)
-        return r
-
-    return hook
-
-
 # --------------------------------------------------------------------------------------
 # abortable connections
 # --------------------------------------------------------------------------------------
 
 _tls = threading.local()
 
+#: A pooled connection idle for longer than this is closed instead of reused: servers and
+#: proxies drop idle keep-alive connections (aiohttp and nginx after 75 s), and a request
+#: sent just as the peer closes would fail. Shorter than any common server idle timeout.
+IDLE_CONNECTION_SECONDS = 30.0
+_SLOT = "_e2b_slot"  # the abort slot a connection is published in
+_DEAD = "_e2b_dead"  # set once the connection was shut down by an abort: never reused
+_IDLE = "_e2b_idle"  # monotonic time the connection went back to the pool
+
 
 class _AbortSlot:
-    """Where one request's connection is published so another thread can shut it down."""
+    """Where one request's connection is published so another thread can shut it down.
 
-    __slots__ = ("_conn", "_done", "_fired", "_lock")
+    The connection publishes itself (:meth:`attach`) while it serves the request and
+    leaves (:meth:`detach`) before it goes back to the pool, both under the slot's lock.
+    :meth:`fire` shuts down only a connection that is still attached and marks it dead,
+    so the pool closes it instead of keeping it: a cancel or abort that comes late can
+    never touch a connection that another request may already be using.
+    """
+
+    __slots__ = ("_conn", "_done", "_fired", "_lock", "_used")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._conn: Optional[urllib3.connection.HTTPConnection] = None
         self._fired = False
         self._done = False
+        self._used = False
 
     @property
     def fired(self) -> bool:
         return self._fired
+
+    @property
+    def used(self) -> bool:
+        """True once a connection was published here (False for connection classes that
+        do not publish themselves, e.g. a SOCKS proxy's)."""
+        return self._used
 
     def attach(self, conn: urllib3.connection.HTTPConnection) -> None:
         with self._lock:
             if self._done:
                 return
             self._conn = conn
-            conn.__dict__["_e2b_slot"] = self
+            self._used = True
+            conn.__dict__[_SLOT] = self
             if self._fired:
                 _shutdown_conn(conn)
 
@@ -359,10 +380,11 @@ class _AbortSlot:
             self._done = True
             conn, self._conn = self._conn, None
         if conn is not None:
-            conn.__dict__.pop("_e2b_slot", None)
+            conn.__dict__.pop(_SLOT, None)
 
 
 def _shutdown_conn(conn: urllib3.connection.HTTPConnection) -> None:
+    conn.__dict__[_DEAD] = True
     sock = getattr(conn, "sock", None)
     if sock is None:
         return
@@ -370,6 +392,18 @@ def _shutdown_conn(conn: urllib3.connection.HTTPConnection) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def _quickack(sock: Optional[socket.socket]) -> None:
+    """Acknowledge what arrives at once (Linux): on a kept connection the kernel delays its
+    ACKs, and a peer that has Nagle's algorithm on holds its next small write (the first
+    chunk after the headers, the chunked terminator) until that ACK: 40 ms or more per
+    answer. Fresh connections start in this mode; kept ones need to be told."""
+    if _QUICKACK is not None and sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+        except OSError:
+            pass
 
 
 def _publish(conn: urllib3.connection.HTTPConnection) -> None:
@@ -380,6 +414,7 @@ def _publish(conn: urllib3.connection.HTTPConnection) -> None:
 
 class _AbortableHTTPConnection(urllib3.connection.HTTPConnection):
     def connect(self) -> None:
+        self.__dict__.pop(_DEAD, None)  # a fresh socket
         super().connect()
         _publish(self)
 
@@ -387,42 +422,93 @@ class _AbortableHTTPConnection(urllib3.connection.HTTPConnection):
         _publish(self)  # a pooled connection is already connected
         super().request(*args, **kwargs)
 
-
-class _AbortableHTTPSConnection(urllib3.connection.HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        _publish(self)
-
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        _publish(self)
-        super().request(*args, **kwargs)
+    def getresponse(self) -> Any:
+        _quickack(self.sock)
+        return super().getresponse()
 
 
-def _leave_slot(conn: object) -> None:
-    if conn is not None:
-        slot = getattr(conn, "__dict__", {}).pop("_e2b_slot", None)
-        if isinstance(slot, _AbortSlot):
-            slot.detach(conn)
+class _AbortableHTTPSConnection(_AbortableHTTPConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+def _returning(conn: Any) -> bool:
+    """A connection is going back to its pool: leave the abort slot first (so no late abort
+    can reach it once other requests can take it). False if it must not be kept: an abort
+    shut it down (it is closed here)."""
+    d = getattr(conn, "__dict__", None)
+    if d is None:
+        return True
+    slot = d.pop(_SLOT, None)
+    if isinstance(slot, _AbortSlot):
+        slot.detach(conn)
+    if d.pop(_DEAD, False):
+        conn.close()
+        return False
+    if getattr(conn, "sock", None) is not None:
+        d[_IDLE] = time.monotonic()
+    return True
 
 
 class _HTTPPool(urllib3.connectionpool.HTTPConnectionPool):
-    ConnectionCls = _AbortableHTTPConnection
+    """A pool of abortable connections that closes idle ones and can be retired.
+
+    urllib3 2 no longer closes a pool its PoolManager lets go of (when the transport closes,
+    or to make room for another host), so its idle sockets stayed open until garbage
+    collection. :meth:`retire` closes them at once, and every connection that comes back
+    later, without disabling the pool under a request that is still using it.
+    """
+
+    ConnectionCls: Any = _AbortableHTTPConnection
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._e2b_lock = threading.Lock()
+        self._e2b_retired = False
+
+    def _get_conn(self, timeout: Optional[float] = None) -> Any:
+        conn = super()._get_conn(timeout)
+        since = conn.__dict__.pop(_IDLE, None)
+        if since is not None and time.monotonic() - since > IDLE_CONNECTION_SECONDS:
+            conn.close()  # reconnects on use
+        return conn
 
     def _put_conn(self, conn: Any) -> None:
-        # Leave the abort slot *before* the connection is visible to other requests.
-        _leave_slot(conn)
-        super()._put_conn(conn)
+        if conn is not None and not _returning(conn):
+            conn = None  # closed: keep its place in the queue empty
+        with self._e2b_lock:
+            if not self._e2b_retired:
+                super()._put_conn(conn)
+                return
+        if conn is not None:
+            conn.close()
+
+    def retire(self) -> None:
+        """Close the idle connections now and each busy one when it comes back."""
+        with self._e2b_lock:
+            self._e2b_retired = True
+            idle = self.pool
+            conns = []
+            while idle is not None:
+                try:
+                    conns.append(idle.get(block=False))
+                except queue.Empty:
+                    break
+        for conn in conns:
+            if conn is not None:
+                conn.close()
 
 
-class _HTTPSPool(urllib3.connectionpool.HTTPSConnectionPool):
+class _HTTPSPool(_HTTPPool, urllib3.connectionpool.HTTPSConnectionPool):
     ConnectionCls = _AbortableHTTPSConnection
 
-    def _put_conn(self, conn: Any) -> None:
-        _leave_slot(conn)
-        super()._put_conn(conn)
+
+def _retire(pool: object) -> None:
+    """What a pool manager does with a pool it lets go of."""
+    if isinstance(pool, _HTTPPool):
+        pool.retire()
 
 
-_POOL_CLASSES = {"http": _HTTPPool, "https": _HTTPSPool}
+_POOL_CLASSES: Dict[str, type] = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
 class _Adapter(requests.adapters.HTTPAdapter):
@@ -431,58 +517,28 @@ class _Adapter(requests.adapters.HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        self.poolmanager.pools.dispose_func = _retire
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
         if type(manager) is urllib3.poolmanager.ProxyManager:
             manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+            manager.pools.dispose_func = _retire
         return manager
 
 
-class _NoCookies(http.cookiejar.CookiePolicy):
-    """Never store or send cookies: sandboxes must not share state through a cookie jar."""
-
-    netscape = True
-    rfc2965 = False
-    hide_cookie2 = True
-
-    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
-        return False
-
-    def return_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
-        return False
-
-    def domain_return_ok(self, domain: str, request: Any) -> bool:
-        return False
-
-    def path_return_ok(self, path: str, request: Any) -> bool:
-        return False
-
-
-class _NoNetrc(requests.auth.AuthBase):
-    """An explicit no-op auth, so requests never applies ``~/.netrc`` over our headers."""
-
-    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
-        return r
-
-
-_NO_NETRC = _NoNetrc()
-
-
 @contextlib.contextmanager
-def _abortable(token: Optional[CancelToken]) -> Iterator[_AbortSlot]:
-    """Publish a fresh abort slot for this thread's request and wire it to ``token``."""
-    slot = _AbortSlot()
+def _publishing(slot: _AbortSlot, token: Optional[CancelToken]) -> Iterator[None]:
+    """Publish ``slot`` for this thread's request and wire it to ``token`` meanwhile."""
     unregister = token.on_cancel(lambda _r: slot.fire()) if token is not None else None
     prev = getattr(_tls, "slot", None)
     _tls.slot = slot
     try:
-        yield slot
+        yield
     finally:
         _tls.slot = prev
         if unregister is not None:
             unregister()
-        slot.finish()
 
 
 # --------------------------------------------------------------------------------------
@@ -498,12 +554,21 @@ class Stream:
     thread is blocked in :meth:`read1`: it shuts the socket down so that read wakes at once.
     After an abort every read raises ``TransportError("stream aborted")``; :attr:`aborted`
     tells that apart from a peer that dropped the connection (also a ``TransportError``).
+
+    Connections: a body read to its end (``read1`` returned ``b""``, or :meth:`finish`
+    found the end) gives its connection back to the pool for the next request. A stream
+    closed or aborted before its end closes its connection: it is never reused.
     """
 
-    def __init__(self, resp: requests.Response, operation: str) -> None:
+    def __init__(
+        self, resp: requests.Response, operation: str, slot: Optional[_AbortSlot] = None
+    ) -> None:
         self._resp = resp
         self._raw: Any = resp.raw
         self._operation = operation
+        # The connection stays published in the slot until it goes back to the pool, so
+        # abort() reaches it exactly as long as this stream owns it.
+        self._slot = slot if slot is not None else _AbortSlot()
         self.status: int = resp.status_code
         self.headers: Mapping[str, str] = _lower_headers(resp.headers)
         self._lock = threading.Lock()
@@ -588,6 +653,39 @@ class Stream:
                     f"E2B {self._operation}: answer is larger than {max_bytes} bytes"
                 )
 
+    def finish(self, bound: float = END_WAIT_SECONDS) -> None:
+        """Read the end of a body whose content is known to be complete, then close.
+
+        Call it when the protocol carried in the body has ended (envd sent its
+        end-of-stream message): all that should be left is the HTTP framing's end (the
+        chunked terminator). Reading it lets the connection go back to the pool. The wait
+        is bounded: a peer that does not end the body within ``bound`` seconds has its
+        connection dropped, without an error (the content was complete). Idempotent; after
+        an abort or close it only closes.
+
+        Raises:
+            ProtocolError: more body bytes came after the end (the connection is dropped).
+        """
+        extra: Optional[bytes] = b""
+        with self._lock:
+            pending = not (self._eof or self._closed or self._aborted or self._reading)
+        if pending:
+            conn = getattr(self._raw, "connection", None)
+            sock = getattr(conn, "sock", None)
+            try:
+                if sock is not None:
+                    # The next request on this connection sets its own timeout again.
+                    sock.settimeout(bound)
+                    _quickack(sock)
+                extra = self.read1(_READ_CHUNK)
+            except (E2BProviderError, OSError, RuntimeError):
+                extra = None  # timed out or broke: the content is complete all the same
+        if extra is None or extra:
+            self.abort()
+        self.close()
+        if extra:
+            raise ProtocolError(f"E2B {self._operation}: data after the end of the stream")
+
     def abort(self) -> None:
         """Shut the connection down now; thread-safe and idempotent, a no-op after close."""
         with self._lock:
@@ -596,29 +694,35 @@ class Stream:
             self._aborted = True
             if self._closed:
                 return
-            # shutdown() first: close() from another thread would block behind a read.
+            self._shut()
+            reading = self._reading
+        if not reading:
+            self._release()
+
+    def _shut(self) -> None:
+        # shutdown() first: close() from another thread would block behind a read. Through
+        # the slot, only while the connection is ours (never once it is back in the pool).
+        self._slot.fire()
+        if not self._slot.used and not self._eof:
+            # A connection that did not publish itself (a SOCKS proxy's): best effort.
             # urllib3 >= 2.5 refuses (RuntimeError) once the connection went back to the pool.
             try:
                 self._raw.shutdown()
             except (ValueError, RuntimeError, OSError, AttributeError, TypeError):
                 pass
-            reading = self._reading
-        if not reading:
-            self._release()
 
     def close(self) -> None:
-        """Release the answer (idempotent). A reader blocked in another thread is woken."""
+        """Release the answer (idempotent). A reader blocked in another thread is woken.
+
+        Closing before the end of the body closes the connection (it is never reused).
+        """
         with self._lock:
             if self._closed:
                 return
-            reading = self._reading
-            if reading:
+            if self._reading:
                 # Never close under a reader's feet: wake it, it releases on its way out.
                 self._aborted = True
-                try:
-                    self._raw.shutdown()
-                except (ValueError, RuntimeError, OSError, AttributeError, TypeError):
-                    pass
+                self._shut()
                 return
         self._release()
 
@@ -628,9 +732,13 @@ class Stream:
                 return
             self._closed = True
         try:
+            # Before the end of the body this closes the connection; after it, urllib3 has
+            # already put the connection back in the pool and this is a no-op.
             self._resp.close()
         except Exception:  # closing a broken connection must never mask the real error
             log.debug("closing a stream failed", exc_info=True)
+        finally:
+            self._slot.finish()
 
     def __enter__(self) -> Stream:
         return self
@@ -650,14 +758,32 @@ def _positive(value: float, name: str) -> float:
     return float(value)
 
 
+def _origin(url: str) -> str:
+    """``scheme://host:port`` of a prepared URL (which always has a path)."""
+    start = url.find("://")
+    end = url.find("/", start + 3) if start >= 0 else -1
+    return url[:end] if end >= 0 else url
+
+
+_PROXY_CACHE_MAX = 4096
+
+
 class Transport:
     """A thread-safe HTTP client for the control plane and envd.
 
-    One ``requests.Session`` is shared by all threads. It is never mutated after
-    construction, stores no cookies, ignores ``~/.netrc``, never follows redirects and
-    never retries on its own. Size the pools for the workload: ``pool_connections`` is the
-    number of hosts kept (every E2B sandbox is its own host), ``pool_maxsize`` the
-    connections kept per host (concurrent commands on one sandbox).
+    One ``requests`` HTTPAdapter (its urllib3 pools) is shared by all threads. Requests are
+    prepared here rather than by a ``requests.Session``: no cookies are stored or sent,
+    ``~/.netrc`` is ignored, redirects are never followed and nothing is retried. Sized for
+    the workload: ``pool_connections`` is the number of hosts kept (every E2B sandbox is
+    its own host), ``pool_maxsize`` the connections kept per host (concurrent commands on
+    one sandbox). Connections are kept alive between requests (idle ones for at most
+    :data:`IDLE_CONNECTION_SECONDS`).
+
+    The environment is read as ``requests`` reads it, but once: the proxies
+    (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, lower case first) and the CA bundle
+    (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``) when the transport is made, and whether
+    ``NO_PROXY`` exempts a host on its first request. Later changes to the environment do
+    not affect an existing transport.
 
     Args:
         pool_connections: hosts whose connection pools are kept.
@@ -678,18 +804,20 @@ class Transport:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ConfigError(f"{name} must be a positive int")
         self._connect_timeout = _positive(connect_timeout, "connect_timeout")
-        session = requests.Session()
-        session.cookies.set_policy(_NoCookies())
-        session.headers["User-Agent"] = user_agent
-        adapter = _Adapter(
+        self._adapter = _Adapter(
             pool_connections=pool_connections,
             pool_maxsize=pool_maxsize,
             max_retries=0,
             pool_block=False,
         )
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
-        self._session = session
+        headers = dict(requests.utils.default_headers())
+        headers["User-Agent"] = user_agent
+        self._headers: Dict[str, str] = headers
+        self._env_proxies: Dict[str, str] = dict(urllib.request.getproxies())
+        self._verify: Union[bool, str] = (
+            os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        )
+        self._proxies: Dict[str, Dict[str, str]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -699,12 +827,16 @@ class Transport:
         return self._closed
 
     def close(self) -> None:
-        """Close every pooled connection (idempotent). Later requests raise TransportError."""
+        """Close every pooled connection (idempotent). Later requests raise TransportError.
+
+        A stream or request still in flight keeps its connection until it ends; then the
+        connection is closed (the pools are gone), not kept.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._session.close()
+        self._adapter.close()
 
     def __enter__(self) -> Transport:
         return self
@@ -716,7 +848,48 @@ class Transport:
         if self._closed:
             raise TransportError(f"E2B {operation}: the transport is closed")
 
+    def _proxies_for(self, url: str) -> Dict[str, str]:
+        """The proxies for ``url``'s host: the environment's, or none if ``NO_PROXY``
+        exempts the host (decided once per host, as ``requests`` decides per request)."""
+        if not self._env_proxies:
+            return self._env_proxies
+        key = _origin(url)
+        proxies = self._proxies.get(key)
+        if proxies is None:
+            bypass = requests.utils.should_bypass_proxies(url, no_proxy=None)
+            proxies = {} if bypass else self._env_proxies
+            if len(self._proxies) >= _PROXY_CACHE_MAX:
+                self._proxies.clear()
+            self._proxies[key] = proxies
+        return proxies
+
     def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        token: Optional[CancelToken],
+        operation: str,
+        read_timeout: float,
+        connect_timeout: Optional[float],
+        headers: Optional[Mapping[str, str]],
+        params: Params = None,
+        json: Any = None,
+        data: Any = None,
+        files: Any = None,
+    ) -> requests.Response:
+        """Send one request (the caller publishes its abort slot) and return the answer once
+        its headers arrived; every failure goes through :func:`map_transport_errors`."""
+        self._check_open(operation)
+        read_timeout = _positive(read_timeout, "read_timeout")
+        with map_transport_errors(token, operation):
+            return self._send_prepared(
+                method, url, headers=headers, params=params, json=json, data=data,
+                files=files, timeout=(connect_timeout or self._connect_timeout, read_timeout),
+                operation=operation,
+            )
+
+    def _send_prepared(
         self,
         method: str,
         url: str,
@@ -726,24 +899,37 @@ class Transport:
         json: Any,
         data: Any,
         files: Any,
-        read_timeout: float,
-        connect_timeout: Optional[float],
+        timeout: Tuple[float, float],
         operation: str,
     ) -> requests.Response:
-        return self._session.request(
-            method,
-            url,
-            headers=dict(headers) if headers else None,
-            params=dict(params) if params else None,
-            json=json,
-            data=data,
-            files=files,
-            auth=_NO_NETRC,
-            timeout=(connect_timeout or self._connect_timeout, read_timeout),
-            allow_redirects=False,
-            hooks={"response": [_refuse_redirects(operation)]},
+        prep = requests.PreparedRequest()
+        prep.prepare_method(method)
+        # Encoded here as requests would, but without its per-call type probing.
+        query = urllib.parse.urlencode([(k, v) for k, v in params.items()]) if params else None
+        prep.prepare_url(url, query)
+        full_url = prep.url or ""
+        if not full_url.lower().startswith(("http://", "https://")):
+            raise requests.exceptions.InvalidSchema("no connection adapter for the URL scheme")
+        if headers:
+            merged = dict(self._headers)
+            merged.update(headers)  # later keys win, also against a different case
+            prep.prepare_headers(merged)
+        else:
+            prep.prepare_headers(self._headers)
+        prep.prepare_body(data, files, json)
+        resp = self._adapter.send(
+            prep,
             stream=True,
+            timeout=timeout,
+            verify=self._verify,
+            cert=None,
+            proxies=self._proxies_for(full_url),
         )
+        if 300 <= resp.status_code < 400:
+            # Never followed; the Location header is not looked at.
+            resp.close()
+            raise _redirect_error(resp.status_code, operation)
+        return resp
 
     def request(
         self,
@@ -764,7 +950,9 @@ class Transport:
         """Send one request and buffer its whole answer.
 
         HTTP error statuses are returned, not raised (the caller decides); a 3xx answer
-        raises, because redirects are never followed.
+        raises, because redirects are never followed. An answer read to its end leaves its
+        connection in the pool for the next request; one that is not (too large, cancelled,
+        broken) closes it.
 
         Args:
             method: the HTTP method.
@@ -789,39 +977,52 @@ class Transport:
             ProtocolError: the body is larger than ``max_body``.
             TransportError, TransportTimeout, ConfigError: see :func:`map_transport_errors`.
         """
-        self._check_open(operation)
-        read_timeout = _positive(read_timeout, "read_timeout")
-        with _abortable(token) as slot:
-            with map_transport_errors(token, operation):
+        slot = _AbortSlot()
+        try:
+            with _publishing(slot, token):
                 resp = self._send(
-                    method, url, headers=headers, params=params, json=json, data=data,
-                    files=files, read_timeout=read_timeout, connect_timeout=connect_timeout,
-                    operation=operation,
+                    method, url, token=token, operation=operation, read_timeout=read_timeout,
+                    connect_timeout=connect_timeout, headers=headers, params=params,
+                    json=json, data=data, files=files,
                 )
-            try:
-                length = resp.headers.get("content-length", "")
-                if length.isdigit() and int(length) > max_body:
+                try:
+                    return self._read_body(resp, token, slot, operation, max_body)
+                finally:
+                    # After the end of the body urllib3 has already put the connection back
+                    # in the pool (this is then a no-op); before it, this closes it.
+                    resp.close()
+        finally:
+            slot.finish()
+
+    @staticmethod
+    def _read_body(
+        resp: requests.Response,
+        token: Optional[CancelToken],
+        slot: _AbortSlot,
+        operation: str,
+        max_body: int,
+    ) -> HttpResponse:
+        length = resp.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_body:
+            raise ProtocolError(
+                f"E2B {operation}: answer of {int(length)} bytes is larger than "
+                f"{max_body} bytes"
+            )
+        buf = bytearray()
+        with map_transport_errors(token, operation):
+            while True:
+                chunk = resp.raw.read(_READ_CHUNK, decode_content=True)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > max_body:
                     raise ProtocolError(
-                        f"E2B {operation}: answer of {int(length)} bytes is larger than "
-                        f"{max_body} bytes"
+                        f"E2B {operation}: answer is larger than {max_body} bytes"
                     )
-                buf = bytearray()
-                with map_transport_errors(token, operation):
-                    while True:
-                        chunk = resp.raw.read(_READ_CHUNK, decode_content=True)
-                        if not chunk:
-                            break
-                        buf += chunk
-                        if len(buf) > max_body:
-                            raise ProtocolError(
-                                f"E2B {operation}: answer is larger than {max_body} bytes"
-                            )
-                if slot.fired and token is not None:
-                    # Our own shutdown can look like a clean end of a close-delimited body.
-                    raise Cancelled(token.reason)
-                return HttpResponse(resp.status_code, _lower_headers(resp.headers), bytes(buf))
-            finally:
-                resp.close()
+        if slot.fired and token is not None:
+            # Our own shutdown can look like a clean end of a close-delimited body.
+            raise Cancelled(token.reason)
+        return HttpResponse(resp.status_code, _lower_headers(resp.headers), bytes(buf))
 
     def open_stream(
         self,
@@ -856,16 +1057,17 @@ class Transport:
         Raises:
             Cancelled, E2BHttpError (redirect), TransportError, TransportTimeout, ConfigError.
         """
-        self._check_open(operation)
-        read_timeout = _positive(read_timeout, "read_timeout")
-        with _abortable(token) as slot:
-            with map_transport_errors(token, operation):
+        slot = _AbortSlot()
+        try:
+            with _publishing(slot, token):
                 resp = self._send(
-                    method, url, headers=headers, params=None, json=None, data=data,
-                    files=None, read_timeout=read_timeout, connect_timeout=connect_timeout,
-                    operation=operation,
+                    method, url, token=token, operation=operation, read_timeout=read_timeout,
+                    connect_timeout=connect_timeout, headers=headers, data=data,
                 )
-            if slot.fired and token is not None:
-                resp.close()
-                raise Cancelled(token.reason)
-        return Stream(resp, operation)
+                if slot.fired and token is not None:
+                    resp.close()
+                    raise Cancelled(token.reason)
+        except BaseException:
+            slot.finish()
+            raise
+        return Stream(resp, operation, slot)

@@ -6,7 +6,9 @@ decoded message (proto3 JSON) into a :class:`StartEvent`, :class:`DataEvent`,
 :class:`EndEvent` or :class:`KeepaliveEvent`; :func:`exit_code_of` turns an end event into a
 shell-style exit code (128 + n for signal n) as the reference does; :class:`OutputBudget`
 keeps at most ``max_bytes`` of stdout and stderr together; :func:`decode_output` decodes
-them without mangling a UTF-8 sequence cut at the end.
+them without mangling a UTF-8 sequence cut at the end; :func:`is_output_message` recognises an
+output message from its first bytes, so output past the cap is dropped without being parsed
+or decoded (see :meth:`~e2b_provider._connect.EnvelopeDecoder.skip_when`).
 
 Pure code: no I/O, no threads, and no requests, urllib3 or socket imports.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections import abc
 from typing import Any, List, Mapping, Optional, Union
 
 import attrs
@@ -35,6 +38,7 @@ __all__ = [
     "decode_output",
     "event_from_wire",
     "exit_code_of",
+    "is_output_message",
 ]
 
 #: Go's names of the Linux signals (``syscall.Signal.String()``), as they appear in an end
@@ -156,10 +160,14 @@ def _int(value: Any, where: str) -> int:
     return value
 
 
+#: For isinstance: ``dict`` first (what JSON gives; typing's Mapping is slow to check).
+_MAPPINGS = (dict, abc.Mapping)
+
+
 def _body(value: Any, kind: str) -> Mapping[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, _MAPPINGS):
         raise ProtocolError(f"process event {kind!r} is a {type(value).__name__}, not an object")
     return value
 
@@ -217,12 +225,12 @@ def event_from_wire(obj: Mapping[str, Any]) -> Optional[ProcessEvent]:
         ProtocolError: the message is malformed (not an object, bad base64, a pid that is
             not an integer, several event kinds at once, ...).
     """
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, _MAPPINGS):
         raise ProtocolError(f"process stream message is a {type(obj).__name__}, not an object")
     event = obj.get("event")
     if event is None:
         return None
-    if not isinstance(event, Mapping):
+    if not isinstance(event, _MAPPINGS):
         raise ProtocolError(f"process event is a {type(event).__name__}, not an object")
     kinds = [k for k in _KINDS if k in event]
     if not kinds:
@@ -386,3 +394,34 @@ class OutputBudget:
     def stderr_text(self) -> str:
         """Standard error decoded by :func:`decode_output`."""
         return decode_output(self.stderr_bytes, self._truncated)
+
+
+# -- output messages recognised unparsed -------------------------------------------------
+
+#: The start of an output message, ``{"event":{"data":{``, in any JSON spacing (Go's
+#: protojson varies its spacing on purpose).
+_JSON_WS = rb"[ \t\r\n]*"
+_OUTPUT_PREFIX = re.compile(
+    _JSON_WS.join([b"", rb"\{", rb'"event"', b":", rb"\{", rb'"data"', b":", rb"\{"])
+)
+_JSON_SPACE = b" \t\r\n"
+
+
+def is_output_message(buf: bytearray, start: int, end: int) -> bool:
+    """Whether the stream message in ``buf[start:end]`` is an output (data) event.
+
+    Looks only at its first bytes and checks, cheaply, that it ends like a JSON object; its
+    content is neither parsed nor decoded. Its signature is that of a
+    :data:`~e2b_provider._connect.SkipMatcher`.
+
+    Raises:
+        ProtocolError: it starts as an output event but does not end as a JSON object.
+    """
+    if _OUTPUT_PREFIX.match(buf, start, end) is None:
+        return False
+    last = end - 1
+    while buf[last] in _JSON_SPACE:  # stops at the latest at the prefix's "{"
+        last -= 1
+    if buf[last] != 0x7D:  # "}"
+        raise ProtocolError("process output event is not a complete JSON object")
+    return True

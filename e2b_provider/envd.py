@@ -21,7 +21,7 @@ from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
 
 from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
 from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
-from ._process import ProcessEvent, StartEvent, event_from_wire
+from ._process import ProcessEvent, StartEvent, event_from_wire, is_output_message
 from .cancel import CancelToken
 from .errors import (
     E2BProviderError,
@@ -97,7 +97,9 @@ class ProcessStream:
         TransportTimeout: envd sent nothing (not even a keepalive) within the read timeout.
 
     The stream is closed automatically when it ends or fails; use it as a context manager
-    (or call :meth:`close`) to release it early.
+    (or call :meth:`close`) to release it early. A stream read to its end-of-stream message
+    leaves its connection in the pool (the HTTP body's end is read, briefly bounded); one
+    released early closes it.
     """
 
     def __init__(self, stream: Stream, *, operation: str = _START_OP) -> None:
@@ -121,6 +123,14 @@ class ProcessStream:
     def close(self) -> None:
         """Release the stream (idempotent)."""
         self._stream.close()
+
+    def skip_output(self) -> None:
+        """From now on, drop output events unread (their JSON is never parsed or decoded).
+
+        For a reader whose output budget is used up: the stream is still read to its end
+        event, at the cost of the framing alone. Events already decoded are still delivered.
+        """
+        self._decoder.skip_when(is_output_message)
 
     def __enter__(self) -> ProcessStream:
         return self
@@ -149,7 +159,8 @@ class ProcessStream:
             if self._end is not None:
                 end, self._end = self._end, None
                 self._done = True
-                self.close()
+                # The content is complete: read the body's end so the connection is kept.
+                self._stream.finish()
                 if end.error_code is not None:
                     raise RemoteError(end.error_code, end.error_message,
                                       operation=self._operation)

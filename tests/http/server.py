@@ -3,7 +3,9 @@
 Tests register handlers per ``(method, path)``; each request pops the next handler of its
 route (the last one repeats). A handler gets the recorded :class:`Request` and a
 :class:`Responder` that can answer in full, stream chunks, stall on an event, or drop the
-connection. Every request is recorded so tests can assert on what was actually sent.
+connection. Every request is recorded so tests can assert on what was actually sent, and
+every accepted connection is counted (:attr:`ScriptedServer.accepted`), so tests can tell a
+kept connection from a new one. :func:`client_sockets` counts this process's open sockets to a port.
 
 ``stop()`` wakes stalled handlers, shuts every open connection down and joins every handler
 thread, so no thread or socket outlives a test.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import socket
 import socketserver
 import threading
@@ -160,6 +163,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.server._track(self.connection, True)
+        self.server._count_accept()
 
     def handle(self) -> None:
         try:
@@ -222,6 +226,7 @@ class ScriptedServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self._lock = threading.Lock()
         self._routes: Dict[Tuple[str, str], List[Handler]] = {}
         self._conns: set[socket.socket] = set()
+        self._accepted = 0
         self.requests: List[Request] = []
         self._thread = threading.Thread(
             target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -252,6 +257,20 @@ class ScriptedServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
                 r for r in self.requests
                 if (method is None or r.method == method) and (path is None or r.path == path)
             ]
+
+    @property
+    def accepted(self) -> int:
+        """Connections accepted so far (one per new TCP connection of a client)."""
+        with self._lock:
+            return self._accepted
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def _count_accept(self) -> None:
+        with self._lock:
+            self._accepted += 1
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:
@@ -298,3 +317,28 @@ def blackhole() -> Iterator[str]:
         for s in fill:
             s.close()
         srv.close()
+
+
+def client_sockets(port: int) -> int:
+    """This process's open TCP sockets connected to ``127.0.0.1:port`` (the client ends)."""
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if remote_port == port:
+                inodes.add(fields[9])
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            n += 1
+    return n

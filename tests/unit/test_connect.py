@@ -162,6 +162,104 @@ def test_non_object_or_invalid_json_is_protocol_error(body: bytes) -> None:
         dec.feed(header(0, len(body)) + body)
 
 
+# -- skipping messages unparsed ------------------------------------------------------------
+
+
+def _skip_flagged(buf: bytearray, start: int, end: int) -> bool:
+    """A test matcher: payloads starting with ``{"skip"`` are dropped."""
+    return bytes(buf[start : start + 7]) == b'{"skip"'
+
+
+@FAST
+@given(
+    messages=st.lists(
+        st.one_of(json_objects, json_objects.map(lambda o: {"skip": o})), max_size=6
+    ),
+    skip_from=st.integers(min_value=0, max_value=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+)
+def test_skipping_drops_only_matching_messages_however_split(
+    messages: List[Dict[str, Any]], skip_from: int, cuts: List[int]
+) -> None:
+    # Skipping is switched on once ``skip_from`` messages came out, as a reader whose budget
+    # fills up would do; messages decoded before that are still delivered.
+    wire = b"".join(encode_envelope(m) for m in messages) + encode_envelope({}, end_stream=True)
+    dec = EnvelopeDecoder()
+    if skip_from == 0:
+        dec.skip_when(_skip_flagged)
+    got: List[Item] = []
+    for chunk in split_at(wire, cuts):
+        dec.feed(chunk)
+        for item in dec:
+            got.append(item)
+            if len(got) == skip_from:
+                dec.skip_when(_skip_flagged)
+    dec.close()
+    assert got[-1] == EndStream()
+    kept = [i.data for i in got[:-1] if isinstance(i, Message)]
+    assert len(kept) + dec.skipped == len(messages)
+    # ``kept`` is ``messages`` in order, minus skipped ones: each flagged, none of the first
+    # ``skip_from``.
+    it = iter(enumerate(messages))
+    for m in kept:
+        for i, candidate in it:
+            if candidate == m:
+                break
+            assert i >= skip_from and list(candidate) == ["skip"]
+    for i, candidate in it:
+        assert i >= skip_from and list(candidate) == ["skip"]
+    if skip_from == 0:
+        assert kept == [m for m in messages if list(m) != ["skip"]]
+
+
+def test_skipped_messages_are_never_parsed() -> None:
+    not_json = header(0, 9) + b'{"skip" ,'  # would fail to parse
+    wire = not_json + encode_envelope({"keep": 1}) + encode_envelope({}, end_stream=True)
+    dec = EnvelopeDecoder()
+    dec.skip_when(_skip_flagged)
+    dec.feed(wire)
+    assert list(dec) == [Message({"keep": 1}), EndStream()]
+    assert dec.skipped == 1
+    dec.skip_when(None)  # off again: the same bytes now fail
+    with pytest.raises(ProtocolError):
+        EnvelopeDecoder().feed(not_json)
+
+
+def test_skipping_still_checks_the_framing() -> None:
+    dec = EnvelopeDecoder(max_message_bytes=100)
+    dec.skip_when(lambda buf, start, end: True)
+    dec.feed(encode_envelope({"skip": 1}))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        dec.feed(header(0, 101))
+    dec = EnvelopeDecoder()
+    dec.skip_when(lambda buf, start, end: True)
+    with pytest.raises(ProtocolError, match="compressed"):
+        dec.feed(header(FLAG_COMPRESSED, 2) + b"{}")
+
+
+def test_the_end_of_stream_is_never_skipped() -> None:
+    dec = EnvelopeDecoder()
+    dec.skip_when(lambda buf, start, end: True)
+    dec.feed(encode_envelope({"a": 1}) + encode_envelope({"error": {"code": "x"}},
+                                                         end_stream=True))
+    assert list(dec) == [EndStream(error_code="x")]
+    assert dec.finished and dec.skipped == 1
+    with pytest.raises(ProtocolError, match="after the end-of-stream"):
+        dec.feed(b"\x00")
+
+
+def test_a_matcher_error_fails_the_stream() -> None:
+    def refuse(buf: bytearray, start: int, end: int) -> bool:
+        raise ProtocolError("bad output message")
+
+    dec = EnvelopeDecoder()
+    dec.skip_when(refuse)
+    with pytest.raises(ProtocolError, match="bad output"):
+        dec.feed(encode_envelope({"a": 1}))
+    with pytest.raises(ProtocolError, match="already failed"):
+        dec.feed(encode_envelope({"a": 1}))
+
+
 def test_compressed_flag_refused() -> None:
     body = b"{}"
     for flags in (FLAG_COMPRESSED, FLAG_COMPRESSED | FLAG_END_STREAM):

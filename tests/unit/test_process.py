@@ -19,6 +19,7 @@ from e2b_provider._process import (
     decode_output,
     event_from_wire,
     exit_code_of,
+    is_output_message,
 )
 from e2b_provider.errors import InvalidArgument, ProtocolError
 
@@ -125,6 +126,86 @@ def test_end_error_field_is_kept() -> None:
 
 def test_end_accepts_snake_case_exit_code() -> None:
     assert end(exit_code=4, exited=True, status="exit status 4").exit_code == 4
+
+
+# --- recognising output messages unparsed ----------------------------------------------------
+
+
+def _in_buffer(payload: bytes) -> Any:
+    """``payload`` inside a larger buffer, as the decoder holds it: (buf, start, end)."""
+    buf = bytearray(b"\x00junk" + payload + b"more\x00")
+    return buf, 5, 5 + len(payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"event":{"data":{"stdout":"aGk="}}}',
+        b'{"event":{"data":{"stderr":"aGk="}}}',
+        b'{"event":{"data":{"pty":"aGk="}}}',
+        b'{"event":{"data":{}}}',
+        # protojson varies its spacing on purpose
+        b' {\n "event" : { "data":\t{ "stdout": "aGk=" } } }\n',
+    ],
+)
+def test_output_messages_are_recognised(payload: bytes) -> None:
+    assert is_output_message(*_in_buffer(payload))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"event":{"start":{"pid":1}}}',
+        b'{"event":{"end":{"exited":true,"status":"exit status 0"}}}',
+        b'{"event":{"keepalive":{}}}',
+        b"{}",
+        b'{"other":{"data":{}}}',
+        b'{"event":{"datum":{}}}',
+        b'{"event":{"data":"x"}}',
+        b"",
+    ],
+)
+def test_other_messages_are_not_output(payload: bytes) -> None:
+    assert not is_output_message(*_in_buffer(payload))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"event":{"data":{"stdout":"aGk="',
+        b'{"event":{"data":{"stdout":"aGk="}}]',
+        b'{"event":{"data":{}}}X',  # only JSON whitespace may follow the last brace
+    ],
+)
+def test_a_cut_output_message_is_a_protocol_error(payload: bytes) -> None:
+    cut = r"^process output event is not a complete JSON object$"
+    with pytest.raises(ProtocolError, match=cut):
+        is_output_message(*_in_buffer(payload))
+
+
+def test_only_the_message_itself_is_looked_at() -> None:
+    # The bytes after the message (the next one's) would complete the prefix: not output.
+    buf = bytearray(b'{"event":{"data":' + b'{"stdout":"aGk="}}}')
+    assert not is_output_message(buf, 0, len(b'{"event":{"data":'))
+    # ... and before it: a message that starts inside the buffer is matched from its start.
+    buf = bytearray(b'{"event":{"data":{}}}{"event":{"end":{}}}')
+    assert not is_output_message(buf, len(b'{"event":{"data":{}}}'), len(buf))
+    assert is_output_message(buf, 0, len(b'{"event":{"data":{}}}'))
+
+
+@FAST
+@given(stdout=st.binary(max_size=64), stderr=st.binary(max_size=64))
+def test_every_wire_data_event_is_recognised(stdout: bytes, stderr: bytes) -> None:
+    import json
+
+    body: Dict[str, Any] = {}
+    if stdout:
+        body["stdout"] = base64.b64encode(stdout).decode()
+    if stderr:
+        body["stderr"] = base64.b64encode(stderr).decode()
+    payload = json.dumps({"event": {"data": body}}).encode()
+    assert is_output_message(*_in_buffer(payload))
+    assert event_from_wire(json.loads(payload)) == DataEvent(stdout, stderr)
 
 
 # --- event_from_wire -----------------------------------------------------------------------
