@@ -28,7 +28,6 @@ from .errors import (
     InvalidArgument,
     ProtocolError,
     RemoteError,
-    register_secret,
 )
 from .models import Target
 
@@ -196,7 +195,6 @@ class EnvdClient:
         self._transport = transport
         self._target = target
         self._base = target.url.rstrip("/")
-        register_secret(target.access_token)
 
     def __repr__(self) -> str:
         return f"EnvdClient(sandbox_id={self._target.sandbox_id!r}, url={self._base!r})"
