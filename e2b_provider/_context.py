@@ -221,8 +221,12 @@ class ProviderContext:
     def _start_clients(self) -> None:
         """(Re)create the HTTP pools and lease cache and pick the watchdog, for this process."""
         cfg = self.config
+        wd = self._own_watchdog
+        self.watchdog = wd if wd is not None and not wd.closed else Watchdog.default()
         self.transport = Transport(
-            pool_connections=self._pool_sizes[0], pool_maxsize=self._pool_sizes[1]
+            pool_connections=self._pool_sizes[0],
+            pool_maxsize=self._pool_sizes[1],
+            watchdog=self.watchdog,  # enforces every request's deadline
         )
         self.control = ControlPlane(
             self.transport,
@@ -231,8 +235,6 @@ class ProviderContext:
             domain=cfg.domain,
             sandbox_url=cfg.sandbox_url,
         )
-        wd = self._own_watchdog
-        self.watchdog = wd if wd is not None and not wd.closed else Watchdog.default()
         self.leases = LeaseCache(
             self._connect,
             lifetime=min(MAX_TIMEOUT_SECONDS, cfg.timeout_seconds),

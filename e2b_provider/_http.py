@@ -25,9 +25,21 @@ set up, or when the connect timeout ends, whichever comes first. A stream keeps 
 until its connection is back in the pool, so :meth:`Stream.abort` has the same guarantee;
 a connection that an abort shut down is closed by the pool, never kept.
 
-No message built here contains a URL, a query string or a header: secrets (the API key, the
-envd access token, signed-URL signatures) could be in any of them. Messages name the
-operation and the exception class only.
+Deadlines: every request has a total bound (its :class:`~e2b_provider.cancel.Deadline`), not
+only per-read timeouts, so a peer that trickles its headers or body a byte at a time, accepts
+and never answers, reads an upload slowly or stalls a TLS handshake cannot hold a caller
+longer than that. The shared :class:`~e2b_provider._watchdog.Watchdog` shuts the request's
+socket down when the deadline passes — through the same abort slot a cancel uses, so it
+never touches a pooled connection another request owns — and the connect, send and per-read
+timeouts are clamped to the time left. The request then raises
+:class:`~e2b_provider.errors.TransportTimeout`. A connection is published in its slot as
+soon as its TCP connection exists, before a proxy tunnel or TLS handshake, so those are
+covered too; only name resolution (the system resolver) is outside the bound. For a stream
+the deadline bounds its opening (until the response headers), or, when asked, the whole body.
+
+Messages name the operation and the URL as scheme, host, port and path only: never a query
+string, user info or header, where secrets (the API key, the envd access token, signed-URL
+signatures) could be.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import errno as errno_mod
 import http.client
 import json as json_mod
 import logging
+import math
 import os
 import queue
 import socket
@@ -57,7 +70,8 @@ import urllib3.exceptions
 import urllib3.poolmanager
 
 from ._version import __version__
-from .cancel import CancelToken
+from ._watchdog import TimerHandle, Watchdog
+from .cancel import CancelToken, Deadline
 from .errors import (
     AuthenticationError,
     Cancelled,
@@ -73,6 +87,7 @@ from .errors import (
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
+    "safe_url",
     "DEFAULT_MAX_BODY",
     "HttpResponse",
     "Stream",
@@ -91,6 +106,9 @@ _READ_CHUNK = 64 * 1024
 #: How long :meth:`Stream.finish` waits for the end of a body whose content is complete.
 END_WAIT_SECONDS = 0.5
 _QUICKACK: Optional[int] = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+#: The shortest socket timeout set when a deadline is about to pass (0 would mean
+#: non-blocking).
+_MIN_WAIT = 0.001
 
 Params = Union[Mapping[str, str], None]
 
@@ -210,8 +228,70 @@ _BAD_URL_EXCEPTIONS: Tuple[Type[BaseException], ...] = (
 )
 
 
+def safe_url(url: str) -> str:
+    """``scheme://host:port/path`` of ``url``, for messages: never its user info, query or
+    fragment, where a secret (a password, a signed URL's signature) could be."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "an unreadable URL"
+    scheme = parts.scheme.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    port = port or {"http": 80, "https": 443}.get(scheme)
+    netloc = f"{host}:{port}" if port else host
+    return urllib.parse.urlunsplit((scheme, netloc, parts.path, "", ""))
+
+
+#: What an errno means to a user whose connection failed.
+_ERRNO_WHY = {
+    errno_mod.ECONNREFUSED: "connection refused (nothing listens there)",
+    errno_mod.ECONNRESET: "the connection was reset",
+    errno_mod.ENETUNREACH: "the network is unreachable",
+    errno_mod.EHOSTUNREACH: "the host is unreachable",
+    errno_mod.ETIMEDOUT: "the connection timed out",
+    errno_mod.EPIPE: "the connection was closed while sending",
+}
+
+
+def _why(exc: BaseException) -> str:
+    """Why a connection failed, in plain words ("" when nothing better than the class)."""
+    proxy = False
+    why = ""
+    for e in _chain(exc):
+        if isinstance(e, urllib3.exceptions.ProxyError):
+            proxy = True
+        elif why:
+            continue
+        elif isinstance(e, socket.gaierror) or type(e).__name__ == "NameResolutionError":
+            why = "the host name could not be resolved"
+        elif isinstance(e, OSError) and e.errno in _ERRNO_WHY:
+            why = _ERRNO_WHY[e.errno]
+        elif isinstance(e, (http.client.RemoteDisconnected, http.client.IncompleteRead)):
+            why = "the connection was closed before the answer was complete"
+    if proxy:
+        return f"the proxy failed: {why}" if why else "the proxy failed"
+    return why
+
+
+def _where(url: str, proxies: Optional[Mapping[str, str]]) -> str:
+    """``url`` for a message, and the proxy it went through, if any (its origin only)."""
+    where = safe_url(url) if url else "E2B"
+    proxy = requests.utils.select_proxy(url, dict(proxies)) if url and proxies else None
+    if proxy:
+        where += f" through the proxy {safe_url(proxy).rstrip('/')}"
+    return where
+
+
 @contextlib.contextmanager
-def map_transport_errors(token: Optional[CancelToken], operation: str) -> Iterator[None]:
+def map_transport_errors(
+    token: Optional[CancelToken],
+    operation: str,
+    url: str = "",
+    proxies: Optional[Mapping[str, str]] = None,
+) -> Iterator[None]:
     """The one exception seam between requests/urllib3 and the library's errors.
 
     On entry, a token that already fired raises :class:`Cancelled`. On exit with a
@@ -219,13 +299,17 @@ def map_transport_errors(token: Optional[CancelToken], operation: str) -> Iterat
     fired (the error was most likely our own abort), else :class:`TransportTimeout` for a
     connect or read timeout, :class:`ConfigError` for an unusable URL, and
     :class:`TransportError` for everything else (refused, reset, TLS, truncated answer).
-    The original exception is always chained (``raise ... from exc``). Library errors,
-    ``KeyboardInterrupt`` and programming errors pass through unchanged.
+    Messages say which URL failed (scheme, host, port and path only, see :func:`safe_url`),
+    through which proxy, and why. The original exception is always chained
+    (``raise ... from exc``). Library errors, ``KeyboardInterrupt`` and programming errors
+    pass through unchanged.
 
     Args:
         token: the caller's cancel token, or None.
         operation: what is being done, e.g. ``"POST /v2/sandboxes"`` (goes into messages;
             must not contain secrets).
+        url: the request's URL (only its safe part goes into messages).
+        proxies: the proxies the request was sent with (to name the one used).
 
     Raises:
         Cancelled, TransportTimeout, TransportError, ConfigError: see above.
@@ -242,11 +326,17 @@ def map_transport_errors(token: Optional[CancelToken], operation: str) -> Iterat
         what = f"E2B {operation}" if operation else "E2B request"
         if isinstance(exc, _BAD_URL_EXCEPTIONS):
             raise ConfigError(f"{what}: invalid URL ({type(exc).__name__})") from exc
+        where = _where(url, proxies)
         if _is_timeout(exc):
-            raise TransportTimeout(f"{what} timed out ({_detail(exc)})") from exc
+            raise TransportTimeout(f"{what} timed out waiting for {where} ({_detail(exc)})"
+                                   ) from exc
         if any(isinstance(e, requests.exceptions.SSLError) for e in _chain(exc)):
-            raise TransportError(f"{what}: TLS failure ({_detail(exc)})") from exc
-        raise TransportError(f"{what}: connection failed ({_detail(exc)})") from exc
+            raise TransportError(f"{what}: TLS failure with {where} ({_detail(exc)})") from exc
+        why = _why(exc)
+        raise TransportError(
+            f"{what}: connection to {where} failed{': ' + why if why else ''} "
+            f"({_detail(exc)})"
+        ) from exc
 
 
 def error_from_response(resp: HttpResponse, operation: str) -> E2BHttpError:
@@ -319,6 +409,8 @@ IDLE_CONNECTION_SECONDS = 30.0
 _SLOT = "_e2b_slot"  # the abort slot a connection is published in
 _DEAD = "_e2b_dead"  # set once the connection was shut down by an abort: never reused
 _IDLE = "_e2b_idle"  # monotonic time the connection went back to the pool
+_SOCK = "_e2b_sock"  # the socket published with the connection (see _AbortSlot.attach)
+_SETUP = "_e2b_setup"  # a duplicate of a new connection's socket while it is set up
 
 
 class _AbortSlot:
@@ -328,21 +420,28 @@ class _AbortSlot:
     leaves (:meth:`detach`) before it goes back to the pool, both under the slot's lock.
     :meth:`fire` shuts down only a connection that is still attached and marks it dead,
     so the pool closes it instead of keeping it: a cancel or abort that comes late can
-    never touch a connection that another request may already be using.
+    never touch a connection that another request may already be using. :meth:`expire`
+    is :meth:`fire` for a request whose deadline passed (:attr:`expired` tells them apart).
     """
 
-    __slots__ = ("_conn", "_done", "_fired", "_lock", "_used")
+    __slots__ = ("_conn", "_done", "_expired", "_fired", "_lock", "_used")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._conn: Optional[urllib3.connection.HTTPConnection] = None
         self._fired = False
+        self._expired = False
         self._done = False
         self._used = False
 
     @property
     def fired(self) -> bool:
         return self._fired
+
+    @property
+    def expired(self) -> bool:
+        """True when the request's deadline (not a cancel or abort) shut it down."""
+        return self._expired
 
     @property
     def used(self) -> bool:
@@ -357,6 +456,9 @@ class _AbortSlot:
             self._conn = conn
             self._used = True
             conn.__dict__[_SLOT] = self
+            # http.client lets go of the socket of a close-delimited answer (conn.sock is
+            # then None, the answer reads on through its own file object): keep it here.
+            conn.__dict__[_SOCK] = conn.sock
             if self._fired:
                 _shutdown_conn(conn)
 
@@ -365,15 +467,20 @@ class _AbortSlot:
             if self._conn is conn:
                 self._conn = None
 
-    def fire(self) -> None:
+    def fire(self, expired: bool = False) -> None:
         with self._lock:
             if self._done or self._fired:
                 return
             self._fired = True
+            self._expired = expired
             if self._conn is not None:
                 # shutdown(2) does not block; doing it under the lock means a connection
                 # cannot be released to the pool (detach) half-way through.
                 _shutdown_conn(self._conn)
+
+    def expire(self) -> None:
+        """The request's deadline passed (a watchdog callback: it never blocks)."""
+        self.fire(expired=True)
 
     def finish(self) -> None:
         with self._lock:
@@ -385,13 +492,14 @@ class _AbortSlot:
 
 def _shutdown_conn(conn: urllib3.connection.HTTPConnection) -> None:
     conn.__dict__[_DEAD] = True
-    sock = getattr(conn, "sock", None)
-    if sock is None:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except (OSError, ValueError, AttributeError):
-        pass
+    for sock in (getattr(conn, "sock", None) or conn.__dict__.get(_SOCK),
+                 conn.__dict__.get(_SETUP)):
+        if sock is None:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def _quickack(sock: Optional[socket.socket]) -> None:
@@ -413,14 +521,39 @@ def _publish(conn: urllib3.connection.HTTPConnection) -> None:
 
 
 class _AbortableHTTPConnection(urllib3.connection.HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        # Published as soon as the TCP connection exists: a deadline or cancel then also
+        # reaches a proxy tunnel or TLS handshake that a peer stalls. Wrapping for TLS
+        # takes the descriptor away from ``sock`` before the handshake, so a duplicate is
+        # kept until the connection is set up: shutting it down stops the handshake.
+        self.__dict__[_SETUP] = sock.dup()
+        self.sock = sock
+        _publish(self)
+        return sock
+
     def connect(self) -> None:
         self.__dict__.pop(_DEAD, None)  # a fresh socket
-        super().connect()
+        try:
+            super().connect()
+        finally:
+            setup = self.__dict__.pop(_SETUP, None)
+            if setup is not None:
+                setup.close()
         _publish(self)
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         _publish(self)  # a pooled connection is already connected
         super().request(*args, **kwargs)
+
+    def send(self, data: Any) -> None:
+        # urllib3 sends with the connect timeout, which bounds a whole ``sendall``: a large
+        # upload on a slow link would fail after it. Sending is bounded by the request's
+        # deadline instead (the watchdog shuts the socket down when it passes).
+        limit: Optional[Deadline] = getattr(_tls, "limit", None)
+        if limit is not None and self.sock is not None:
+            self.sock.settimeout(max(limit.remaining(), _MIN_WAIT))
+        super().send(data)
 
     def getresponse(self) -> Any:
         _quickack(self.sock)
@@ -441,6 +574,7 @@ def _returning(conn: Any) -> bool:
     slot = d.pop(_SLOT, None)
     if isinstance(slot, _AbortSlot):
         slot.detach(conn)
+    d.pop(_SOCK, None)
     if d.pop(_DEAD, False):
         conn.close()
         return False
@@ -528,15 +662,19 @@ class _Adapter(requests.adapters.HTTPAdapter):
 
 
 @contextlib.contextmanager
-def _publishing(slot: _AbortSlot, token: Optional[CancelToken]) -> Iterator[None]:
-    """Publish ``slot`` for this thread's request and wire it to ``token`` meanwhile."""
+def _publishing(
+    slot: _AbortSlot, token: Optional[CancelToken], limit: Optional[Deadline] = None
+) -> Iterator[None]:
+    """Publish ``slot`` (and the request's deadline) for this thread's request and wire it
+    to ``token`` meanwhile."""
     unregister = token.on_cancel(lambda _r: slot.fire()) if token is not None else None
-    prev = getattr(_tls, "slot", None)
+    prev = getattr(_tls, "slot", None), getattr(_tls, "limit", None)
     _tls.slot = slot
+    _tls.limit = limit
     try:
         yield
     finally:
-        _tls.slot = prev
+        _tls.slot, _tls.limit = prev
         if unregister is not None:
             unregister()
 
@@ -561,7 +699,13 @@ class Stream:
     """
 
     def __init__(
-        self, resp: requests.Response, operation: str, slot: Optional[_AbortSlot] = None
+        self,
+        resp: requests.Response,
+        operation: str,
+        slot: Optional[_AbortSlot] = None,
+        *,
+        timer: Optional[TimerHandle] = None,
+        overrun: str = "",
     ) -> None:
         self._resp = resp
         self._raw: Any = resp.raw
@@ -569,6 +713,10 @@ class Stream:
         # The connection stays published in the slot until it goes back to the pool, so
         # abort() reaches it exactly as long as this stream owns it.
         self._slot = slot if slot is not None else _AbortSlot()
+        # The deadline's timer when it bounds the whole body (cancelled on release), and
+        # the message said when it passed.
+        self._timer = timer
+        self._overrun = overrun
         self.status: int = resp.status_code
         self.headers: Mapping[str, str] = _lower_headers(resp.headers)
         self._lock = threading.Lock()
@@ -613,7 +761,9 @@ class Stream:
             except Exception as exc:
                 if self._aborted:
                     raise TransportError(f"E2B {self._operation}: stream aborted") from exc
-                with map_transport_errors(None, self._operation):
+                if self._slot.expired:
+                    raise TransportTimeout(self._overrun) from exc
+                with map_transport_errors(None, self._operation, self._resp.url or ""):
                     raise
         finally:
             with self._lock:
@@ -624,6 +774,8 @@ class Stream:
         if not data:
             if self._aborted:
                 raise TransportError(f"E2B {self._operation}: stream aborted")
+            if self._slot.expired:
+                raise TransportTimeout(self._overrun)
             self._eof = True
         return bytes(data)
 
@@ -738,6 +890,8 @@ class Stream:
         except Exception:  # closing a broken connection must never mask the real error
             log.debug("closing a stream failed", exc_info=True)
         finally:
+            if self._timer is not None:
+                self._timer.cancel()
             self._slot.finish()
 
     def __enter__(self) -> Stream:
@@ -785,11 +939,15 @@ class Transport:
     ``NO_PROXY`` exempts a host on its first request. Later changes to the environment do
     not affect an existing transport.
 
+    Every request has a total deadline (see the module's header); the ``watchdog``'s timer
+    thread enforces it.
+
     Args:
         pool_connections: hosts whose connection pools are kept.
         pool_maxsize: connections kept per host (more may be opened; they are not kept).
         connect_timeout: seconds to establish a connection (TCP and TLS).
         user_agent: the ``User-Agent`` header.
+        watchdog: the timer thread that enforces deadlines; default the process-wide one.
     """
 
     def __init__(
@@ -799,6 +957,7 @@ class Transport:
         pool_maxsize: int = 256,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         user_agent: str = f"e2b-provider/{__version__}",
+        watchdog: Optional[Watchdog] = None,
     ) -> None:
         for name, n in (("pool_connections", pool_connections), ("pool_maxsize", pool_maxsize)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -820,6 +979,7 @@ class Transport:
         self._proxies: Dict[str, Dict[str, str]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._watchdog = watchdog
 
     @property
     def closed(self) -> bool:
@@ -863,6 +1023,30 @@ class Transport:
             self._proxies[key] = proxies
         return proxies
 
+    def _limit(self, deadline: Optional[Deadline], read_timeout: float) -> Deadline:
+        """The request's deadline: the caller's, or connect plus read timeout from now."""
+        if deadline is not None:
+            if not isinstance(deadline, Deadline):
+                raise ConfigError("deadline must be a Deadline")
+            return deadline
+        return Deadline.after(self._connect_timeout + read_timeout)
+
+    def _arm(self, slot: _AbortSlot, limit: Deadline) -> Optional[TimerHandle]:
+        """Have the watchdog shut the request down when ``limit`` passes."""
+        left = limit.remaining()
+        if left == math.inf:
+            return None
+        wd = self._watchdog
+        if wd is None or wd.closed:
+            wd = Watchdog.default()
+        return wd.call_later(left, slot.expire)
+
+    @staticmethod
+    def _overrun(operation: str, url: str, limit: Deadline, began: float) -> str:
+        total = limit.at - began
+        return (f"E2B {operation} timed out: {safe_url(url)} gave no complete answer "
+                f"within {total:.3g} s")
+
     def _send(
         self,
         method: str,
@@ -872,6 +1056,7 @@ class Transport:
         operation: str,
         read_timeout: float,
         connect_timeout: Optional[float],
+        limit: Deadline,
         headers: Optional[Mapping[str, str]],
         params: Params = None,
         json: Any = None,
@@ -879,14 +1064,20 @@ class Transport:
         files: Any = None,
     ) -> requests.Response:
         """Send one request (the caller publishes its abort slot) and return the answer once
-        its headers arrived; every failure goes through :func:`map_transport_errors`."""
+        its headers arrived; every failure goes through :func:`map_transport_errors`.
+
+        The connect and read timeouts are clamped to the time ``limit`` leaves."""
         self._check_open(operation)
         read_timeout = _positive(read_timeout, "read_timeout")
-        with map_transport_errors(token, operation):
+        left = max(limit.remaining(), _MIN_WAIT)
+        connect = min(connect_timeout or self._connect_timeout, left)
+        proxies: Dict[str, str] = {}  # filled in before anything can fail to connect
+        with map_transport_errors(token, operation, url, proxies):
+            proxies.update(self._proxies_for(url))
             return self._send_prepared(
                 method, url, headers=headers, params=params, json=json, data=data,
-                files=files, timeout=(connect_timeout or self._connect_timeout, read_timeout),
-                operation=operation,
+                files=files, timeout=(connect, min(read_timeout, left)),
+                operation=operation, proxies=proxies,
             )
 
     def _send_prepared(
@@ -901,6 +1092,7 @@ class Transport:
         files: Any,
         timeout: Tuple[float, float],
         operation: str,
+        proxies: Dict[str, str],
     ) -> requests.Response:
         prep = requests.PreparedRequest()
         prep.prepare_method(method)
@@ -923,7 +1115,7 @@ class Transport:
             timeout=timeout,
             verify=self._verify,
             cert=None,
-            proxies=self._proxies_for(full_url),
+            proxies=proxies,
         )
         if 300 <= resp.status_code < 400:
             # Never followed; the Location header is not looked at.
@@ -946,13 +1138,14 @@ class Transport:
         operation: str,
         max_body: int = DEFAULT_MAX_BODY,
         connect_timeout: Optional[float] = None,
+        deadline: Optional[Deadline] = None,
     ) -> HttpResponse:
-        """Send one request and buffer its whole answer.
+        """Send one request and buffer its whole answer, within a total deadline.
 
         HTTP error statuses are returned, not raised (the caller decides); a 3xx answer
         raises, because redirects are never followed. An answer read to its end leaves its
         connection in the pool for the next request; one that is not (too large, cancelled,
-        broken) closes it.
+        broken, past its deadline) closes it.
 
         Args:
             method: the HTTP method.
@@ -967,31 +1160,50 @@ class Transport:
             operation: names the call in messages, e.g. ``"POST /v2/sandboxes"``.
             max_body: the largest body accepted.
             connect_timeout: overrides the transport's connect timeout.
+            deadline: when the whole request (connect, send, wait, read) must be over,
+                whatever the peer does; default ``connect_timeout + read_timeout`` from now.
 
         Returns:
             The answer.
 
         Raises:
             Cancelled: ``token`` fired (before or during the request).
+            TransportTimeout: the deadline passed, or the peer was silent for longer than
+                ``read_timeout`` (or a connect took longer than ``connect_timeout``).
             E2BHttpError: the answer was a redirect.
             ProtocolError: the body is larger than ``max_body``.
-            TransportError, TransportTimeout, ConfigError: see :func:`map_transport_errors`.
+            TransportError, ConfigError: see :func:`map_transport_errors`.
         """
+        began = time.monotonic()
+        limit = self._limit(deadline, read_timeout)
+        if limit.expired():
+            raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
         slot = _AbortSlot()
+        timer = self._arm(slot, limit)
         try:
-            with _publishing(slot, token):
+            with _publishing(slot, token, limit):
                 resp = self._send(
                     method, url, token=token, operation=operation, read_timeout=read_timeout,
-                    connect_timeout=connect_timeout, headers=headers, params=params,
-                    json=json, data=data, files=files,
+                    connect_timeout=connect_timeout, limit=limit, headers=headers,
+                    params=params, json=json, data=data, files=files,
                 )
                 try:
-                    return self._read_body(resp, token, slot, operation, max_body)
+                    return self._read_body(
+                        resp, token, slot, operation, max_body, read_timeout, limit, url
+                    )
                 finally:
                     # After the end of the body urllib3 has already put the connection back
                     # in the pool (this is then a no-op); before it, this closes it.
                     resp.close()
+        except (TransportError, ProtocolError) as exc:
+            if slot.expired and not isinstance(exc, TransportTimeout):
+                raise TransportTimeout(self._overrun(operation, url, limit, began)) from exc
+            if slot.expired:
+                exc.args = (self._overrun(operation, url, limit, began),)
+            raise
         finally:
+            if timer is not None:
+                timer.cancel()
             slot.finish()
 
     @staticmethod
@@ -1001,6 +1213,9 @@ class Transport:
         slot: _AbortSlot,
         operation: str,
         max_body: int,
+        read_timeout: float,
+        limit: Deadline,
+        url: str,
     ) -> HttpResponse:
         length = resp.headers.get("content-length", "")
         if length.isdigit() and int(length) > max_body:
@@ -1009,8 +1224,15 @@ class Transport:
                 f"{max_body} bytes"
             )
         buf = bytearray()
-        with map_transport_errors(token, operation):
+        with map_transport_errors(token, operation, url):
             while True:
+                # While the connection is still ours (urllib3 gives it back to the pool, on
+                # this thread, once the body ended), each read waits no longer than the
+                # deadline leaves; the watchdog also shuts the socket down then, so a read
+                # that gets a byte at a time ends too.
+                sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+                if sock is not None:
+                    sock.settimeout(max(min(read_timeout, limit.remaining()), _MIN_WAIT))
                 chunk = resp.raw.read(_READ_CHUNK, decode_content=True)
                 if not chunk:
                     break
@@ -1019,9 +1241,12 @@ class Transport:
                     raise ProtocolError(
                         f"E2B {operation}: answer is larger than {max_body} bytes"
                     )
-        if slot.fired and token is not None:
+        if slot.fired:
             # Our own shutdown can look like a clean end of a close-delimited body.
-            raise Cancelled(token.reason)
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason)
+            if slot.expired:
+                raise TransportError(f"E2B {operation}: the answer was cut at its deadline")
         return HttpResponse(resp.status_code, _lower_headers(resp.headers), bytes(buf))
 
     def open_stream(
@@ -1035,6 +1260,8 @@ class Transport:
         token: Optional[CancelToken] = None,
         operation: str,
         connect_timeout: Optional[float] = None,
+        deadline: Optional[Deadline] = None,
+        deadline_bounds_body: bool = False,
     ) -> Stream:
         """Send one request and return its answer as a :class:`Stream` once headers arrive.
 
@@ -1053,21 +1280,47 @@ class Transport:
             token: aborts the opening when it fires.
             operation: names the call in messages.
             connect_timeout: overrides the transport's connect timeout.
+            deadline: when the opening (connect, send, response headers) must be over,
+                whatever the peer does; default ``connect_timeout + read_timeout`` from
+                now. Past it the opening raises :class:`TransportTimeout`.
+            deadline_bounds_body: the deadline also bounds the body: once it passes, the
+                stream is shut down and its reads raise :class:`TransportTimeout` (for a
+                download read as a stream). Otherwise only the read timeout bounds reads.
 
         Raises:
             Cancelled, E2BHttpError (redirect), TransportError, TransportTimeout, ConfigError.
         """
+        began = time.monotonic()
+        limit = self._limit(deadline, read_timeout)
+        if limit.expired():
+            raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
+        overrun = self._overrun(operation, url, limit, began)
         slot = _AbortSlot()
+        timer = self._arm(slot, limit)
         try:
-            with _publishing(slot, token):
+            with _publishing(slot, token, limit):
                 resp = self._send(
                     method, url, token=token, operation=operation, read_timeout=read_timeout,
-                    connect_timeout=connect_timeout, headers=headers, data=data,
+                    connect_timeout=connect_timeout, limit=limit, headers=headers, data=data,
                 )
-                if slot.fired and token is not None:
-                    resp.close()
+            if not deadline_bounds_body and timer is not None:
+                timer.cancel()
+                timer = None
+            if slot.fired:
+                resp.close()
+                if token is not None and token.cancelled:
                     raise Cancelled(token.reason)
-        except BaseException:
+                raise TransportTimeout(overrun)
+            sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+            if sock is not None:
+                sock.settimeout(read_timeout)  # reads wait as long as asked, not what was left
+        except BaseException as exc:
+            if timer is not None:
+                timer.cancel()
             slot.finish()
+            if slot.expired and isinstance(exc, TransportError):
+                if isinstance(exc, TransportTimeout):
+                    raise
+                raise TransportTimeout(overrun) from exc
             raise
-        return Stream(resp, operation, slot)
+        return Stream(resp, operation, slot, timer=timer, overrun=overrun)

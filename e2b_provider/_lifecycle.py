@@ -6,6 +6,11 @@ suspend, destroy, destroy-by-name, and the driver of the sans-IO reboot plan
 (:mod:`._reboot`) that the exec engine calls when a command could not be stopped cleanly.
 Arguments arrive validated (the provider facade checks them before any I/O).
 
+Bounds: every control-plane call is bounded by its ``call_timeout`` (see
+:mod:`~e2b_provider.control`); create-by-name and destroy-by-name, which make several calls
+(the listing, a delete per sandbox of the name, the create), share one bound of
+:data:`BY_NAME_BOUND_S` seconds — the wait for another create of the same name included.
+
 Create-by-name is serialized per name within one provider (concurrent ``create("job")``
 calls run one after the other, and each destroys the one before: one sandbox of the name
 is left). Across processes or providers nothing serializes them: two creates of one name
@@ -58,6 +63,12 @@ __all__ = ["Lifecycle", "ResumeOutcome", "parse_time"]
 log = logging.getLogger("e2b_provider")
 
 ResumeOutcome = Literal["resumed", "gone"]
+
+#: create() and destroy_by_name(): all their calls (and the wait for another create of the
+#: same name) share this bound, in seconds.
+BY_NAME_BOUND_S = 300.0
+#: Deleting a sandbox created without an access token (cleaning up after a failed create).
+CLEANUP_BOUND_S = 30.0
 
 #: Sandboxes whose last reboot time is remembered (least recently rebooted dropped first;
 #: forgetting one costs at most an extra reboot of a sandbox that needs one).
@@ -120,11 +131,21 @@ class Lifecycle:
     def create(
         self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
     ) -> SandboxHandle:
-        with self._create_locks.hold(name, cancel=cancel):
-            return self._create(name, limits, cancel)
+        deadline = Deadline.after(BY_NAME_BOUND_S)
+        with self._create_locks.hold(name, cancel=cancel, timeout=deadline.remaining()) as got:
+            if not got:
+                raise OperationTimeout(
+                    f"another create of the name {name!r} in this provider did not finish "
+                    f"within {BY_NAME_BOUND_S:.0f} s"
+                )
+            return self._create(name, limits, cancel, deadline)
 
     def _create(
-        self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
+        self,
+        name: str,
+        limits: SandboxLimits,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
     ) -> SandboxHandle:
         ctx = self._ctx
         egress = limits.egress
@@ -135,7 +156,7 @@ class Lifecycle:
                 name,
             )
             egress = "none"
-        self.destroy_by_name(name, cancel)
+        self.destroy_by_name(name, cancel, deadline)
         body: Dict[str, Any] = {
             "templateID": ctx.config.template,
             "metadata": {scripts.METADATA_NAME: name},
@@ -148,14 +169,16 @@ class Lifecycle:
         else:
             body["allow_internet_access"] = egress == "open"
         sent_at = ctx.leases.now()
-        info = ctx.control.create(body, token=cancel, idempotency_key=str(uuid.uuid4()))
+        info = ctx.control.create(
+            body, token=cancel, idempotency_key=str(uuid.uuid4()), deadline=deadline
+        )
         try:
             target = ctx.control.target_for(info)
         except MissingAccessToken as exc:
             # Fail closed: never keep (or leak) a sandbox we will not talk to.
             sid = info.sandbox_id
             try:
-                ctx.control.delete(sid, token=None)
+                ctx.control.delete(sid, token=None, deadline=Deadline.after(CLEANUP_BOUND_S))
                 fate = "it was deleted again"
             except E2BProviderError as err:
                 log.warning("e2b_provider: could not delete tokenless sandbox %s: %s", sid, err)
@@ -188,25 +211,36 @@ class Lifecycle:
         finally:
             ctx.leases.forget(sid)
 
-    def destroy(self, sid: str, cancel: Optional[CancelToken]) -> None:
+    def destroy(
+        self, sid: str, cancel: Optional[CancelToken], deadline: Optional[Deadline] = None
+    ) -> None:
         ctx = self._ctx
         ctx.leases.forget(sid)
         try:
-            ctx.control.delete(sid, token=cancel)
+            ctx.control.delete(sid, token=cancel, deadline=deadline)
         finally:
             ctx.leases.forget(sid)
         with self._lock:
             self._rebooted_at.pop(sid, None)
 
-    def destroy_by_name(self, name: str, cancel: Optional[CancelToken]) -> int:
-        ids = [s.id for s in self.list(name, cancel)]
+    def destroy_by_name(
+        self, name: str, cancel: Optional[CancelToken], deadline: Optional[Deadline] = None
+    ) -> int:
+        if deadline is None:
+            deadline = Deadline.after(BY_NAME_BOUND_S)
+        ids = [s.id for s in self.list(name, cancel, deadline)]
         for sid in ids:
-            self.destroy(sid, cancel)
+            self.destroy(sid, cancel, deadline)
         return len(ids)
 
-    def list(self, name: Optional[str], cancel: Optional[CancelToken]) -> List[SandboxSummary]:
+    def list(
+        self,
+        name: Optional[str],
+        cancel: Optional[CancelToken],
+        deadline: Optional[Deadline] = None,
+    ) -> List[SandboxSummary]:
         wanted = {} if name is None else {scripts.METADATA_NAME: name}
-        listed = self._ctx.control.list(metadata=wanted, token=cancel)
+        listed = self._ctx.control.list(metadata=wanted, token=cancel, deadline=deadline)
         return [
             SandboxSummary(
                 id=s.sandbox_id,

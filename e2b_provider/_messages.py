@@ -130,7 +130,11 @@ def _hint(exc: E2BProviderError) -> str:
     if isinstance(exc, TransportTimeout):
         return "E2B or the sandbox did not answer in time; check the network, then try again"
     if isinstance(exc, TransportError):
-        return "check the network and the E2B API URL, then try again"
+        return (
+            "check the URL (E2B_API_URL for the API; E2B_SANDBOX_URL or E2B_DOMAIN for "
+            "sandboxes), the network and the proxy settings (HTTPS_PROXY, HTTP_PROXY, "
+            "NO_PROXY), then try again"
+        )
     if isinstance(exc, ProtocolError):
         return "try again, and report it if it persists"
     if isinstance(exc, RemoteError):

@@ -14,6 +14,14 @@ through ``token.wait`` so a cancel ends them at once. Retried calls: list, get, 
 connect, set_timeout (all idempotent), pause (unless ``retry=False``), and create only when an
 ``Idempotency-Key`` is sent.
 
+Bounds: one request may take at most ``request_timeout`` seconds in total (default 60:
+connect, send, wait for and read the answer, whatever the peer does), and one call — every
+request it makes, its retries, its waits, 409 handling and list pages included — at most
+``call_timeout`` seconds (default :data:`CALL_TIMEOUT_S`, 120), or less when the caller
+passes an earlier ``deadline``. A retry is made only while at least :data:`RETRY_MIN_S`
+seconds are left after its wait; otherwise the answer at hand is the call's answer. Past its
+bound a call raises :class:`~e2b_provider.errors.TransportTimeout`.
+
 No message built here contains the API key or an access token.
 """
 
@@ -31,7 +39,7 @@ import attrs
 
 from . import _validate
 from ._http import HttpResponse, Transport, error_from_response, parse_error_body
-from .cancel import CancelToken
+from .cancel import CancelToken, Deadline
 from .errors import (
     Cancelled,
     ConfigError,
@@ -41,18 +49,22 @@ from .errors import (
     MissingAccessToken,
     ProtocolError,
     SandboxGoneError,
+    TransportTimeout,
     register_secret,
 )
 from .models import Target
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "CONNECT_CONFLICT_RETRIES",
     "CONNECT_CONFLICT_WAIT_S",
     "ENVD_PORT",
     "GUEST_UNRESPONSIVE",
     "LIST_MAX_PAGES",
     "PERMANENT_CONFLICT_CODES",
+    "REQUEST_TIMEOUT_S",
     "RETRY_BACKOFF_S",
+    "RETRY_MIN_S",
     "RETRY_AFTER_CAP_S",
     "ControlPlane",
     "ListedSandbox",
@@ -82,6 +94,12 @@ PERMANENT_CONFLICT_CODES = frozenset(
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_BACKOFF_S = (0.2, 0.5, 1.0)
 RETRY_AFTER_CAP_S = 5.0
+#: The longest one control-plane request may take, in total (and its longest silence).
+REQUEST_TIMEOUT_S = 60.0
+#: The longest one control-plane call may take: its requests, retries and waits together.
+CALL_TIMEOUT_S = 120.0
+#: A retry (or a wait for a 409 to clear) is made only if this much time is left after it.
+RETRY_MIN_S = 1.0
 #: ``GET /v2/sandboxes`` page size (the server's maximum) and the page bound.
 LIST_LIMIT = 100
 LIST_MAX_PAGES = 1000
@@ -212,7 +230,10 @@ class ControlPlane:
         sandbox_url: when set, every envd request goes to this one base URL and is routed
             by the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers (local emulator,
             self-hosted proxies); otherwise envd is at ``https://49983-<id>.<domain>``.
-        request_timeout: read timeout of each control-plane request, in seconds.
+        request_timeout: the longest one control-plane request may take in total, in
+            seconds (connect, send, wait for and read the answer; default 60).
+        call_timeout: the longest one call may take, in seconds: all its requests,
+            retries, waits and pages (default 120). A method's ``deadline`` may shorten it.
 
     Raises:
         ConfigError: a bad URL, key, domain or timeout.
@@ -226,7 +247,8 @@ class ControlPlane:
         api_key: str,
         domain: str,
         sandbox_url: Optional[str] = None,
-        request_timeout: float = 60.0,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        call_timeout: float = CALL_TIMEOUT_S,
     ) -> None:
         if not isinstance(api_key, str) or not api_key.strip():
             raise ConfigError("api_key must be a non-empty string")
@@ -241,13 +263,16 @@ class ControlPlane:
         self._sandbox_url = (
             _check_http_url(sandbox_url, "sandbox_url") if sandbox_url is not None else None
         )
-        if (
-            isinstance(request_timeout, bool)
-            or not isinstance(request_timeout, (int, float))
-            or not request_timeout > 0
-        ):
-            raise ConfigError("request_timeout must be a positive number of seconds")
+        for name, value in (("request_timeout", request_timeout),
+                            ("call_timeout", call_timeout)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < math.inf
+            ):
+                raise ConfigError(f"{name} must be a positive number of seconds")
         self._timeout = float(request_timeout)
+        self._call_timeout = float(call_timeout)
 
     def __repr__(self) -> str:
         return f"ControlPlane(api_url={self._api_url!r}, domain={self._domain!r})"
@@ -256,6 +281,20 @@ class ControlPlane:
     def domain(self) -> str:
         """The configured sandbox domain."""
         return self._domain
+
+    @property
+    def call_timeout(self) -> float:
+        """The longest one call may take, in seconds (retries and waits included)."""
+        return self._call_timeout
+
+    def bound(self, deadline: Optional[Deadline] = None) -> Deadline:
+        """The deadline of a call starting now: its own bound, or ``deadline`` if earlier."""
+        own = Deadline.after(self._call_timeout)
+        if deadline is None:
+            return own
+        if not isinstance(deadline, Deadline):
+            raise InvalidArgument("deadline must be a Deadline")
+        return own.earliest(deadline)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -269,16 +308,19 @@ class ControlPlane:
         params: Optional[Mapping[str, str]] = None,
         headers: Optional[Mapping[str, str]] = None,
         retry: bool,
+        deadline: Deadline,
         max_body: int = 1 << 20,
         operation: Optional[str] = None,
     ) -> HttpResponse:
-        """One control-plane call, retried per the module's policy when ``retry``."""
+        """One control-plane request, retried per the module's policy when ``retry``, all
+        of it within ``deadline`` (each request also within ``request_timeout``)."""
         op = operation or f"{method} {path}"
         hdrs = {"X-API-KEY": self._api_key, "Accept": "application/json"}
         if headers:
             hdrs.update(headers)
         attempt = 0
         while True:
+            _check_left(deadline, op)
             resp = self._transport.request(
                 method,
                 self._api_url + path,
@@ -289,12 +331,15 @@ class ControlPlane:
                 token=token,
                 operation=op,
                 max_body=max_body,
+                deadline=deadline.earliest(Deadline.after(self._timeout)),
             )
             if not retry or attempt >= len(RETRY_BACKOFF_S) or not _should_retry(resp):
                 return resp
             delay = _retry_after(resp)
             if delay is None:
                 delay = RETRY_BACKOFF_S[attempt]
+            if deadline.remaining() < delay + RETRY_MIN_S:
+                return resp  # no time for another try: this answer is the call's answer
             attempt += 1
             log.debug("e2b_provider: %s answered %d; retry %d in %.2f s", op, resp.status,
                       attempt, delay)
@@ -362,6 +407,7 @@ class ControlPlane:
         *,
         token: Optional[CancelToken] = None,
         idempotency_key: Optional[str] = None,
+        deadline: Optional[Deadline] = None,
     ) -> SandboxInfo:
         """Create a sandbox: ``POST /v2/sandboxes``.
 
@@ -371,6 +417,7 @@ class ControlPlane:
             idempotency_key: sent as ``Idempotency-Key`` (1-255 of ``[a-z0-9-]``, e.g. a
                 lowercase UUID); only then is a retryable answer retried, since the server
                 then returns the same sandbox instead of creating a second one.
+            deadline: ends the call earlier than its own bound (``call_timeout``).
 
         Returns:
             The new sandbox (``raw_status`` 201, or 200).
@@ -381,8 +428,10 @@ class ControlPlane:
                 ordinary E2BHttpError).
             E2BHttpError: any other error answer (after retries).
             ProtocolError: an unusable answer (no or invalid sandbox id or domain).
-            Cancelled, TransportError, TransportTimeout.
+            TransportTimeout: the call's bound passed.
+            Cancelled, TransportError.
         """
+        limit = self.bound(deadline)
         headers: Dict[str, str] = {}
         if idempotency_key is not None:
             if (
@@ -393,7 +442,7 @@ class ControlPlane:
             headers["Idempotency-Key"] = idempotency_key
         op = "POST /v2/sandboxes"
         resp = self._call("POST", "/v2/sandboxes", token=token, json=dict(body),
-                          headers=headers, retry=idempotency_key is not None)
+                          headers=headers, retry=idempotency_key is not None, deadline=limit)
         if resp.status in (200, 201):
             return self._info(resp, op, None, resumed=False)
         if resp.status in (400, 404, 405):
@@ -415,6 +464,7 @@ class ControlPlane:
         timeout_seconds: int,
         memory: Optional[bool] = None,
         token: Optional[CancelToken] = None,
+        deadline: Optional[Deadline] = None,
     ) -> SandboxInfo:
         """Connect to (and if paused, resume) a sandbox: ONE ``POST /v2/sandboxes/{id}/connect``.
 
@@ -427,6 +477,7 @@ class ControlPlane:
             memory: ``False`` cold-boots a paused sandbox from its disk (sends
                 ``"memory": false``); None or True restores memory (the field is omitted).
             token: cancels the call.
+            deadline: ends the call earlier than its own bound (``call_timeout``).
 
         Returns:
             The sandbox; ``resumed`` is True for a 201 (it was paused).
@@ -437,15 +488,18 @@ class ControlPlane:
             ConfigError: a route-level 404 (``validation error: ...``): the control plane
                 has no ``/v2/.../connect``; this is never read as "gone".
             Conflict, E2BHttpError: other error answers.
-            ProtocolError, Cancelled, TransportError, TransportTimeout.
+            TransportTimeout: the call's bound passed.
+            ProtocolError, Cancelled, TransportError.
         """
         _validate.check_sandbox_id(sandbox_id)
+        limit = self.bound(deadline)
         body: Dict[str, Any] = {"timeout": _seconds(timeout_seconds, "timeout_seconds")}
         if memory is False:
             body["memory"] = False
         path = self._path("/v2/sandboxes/{id}/connect", sandbox_id)
         op = "POST /v2/sandboxes/{id}/connect"
-        resp = self._call("POST", path, token=token, json=body, retry=True, operation=op)
+        resp = self._call("POST", path, token=token, json=body, retry=True, operation=op,
+                          deadline=limit)
         if resp.status in (200, 201):
             return self._info(resp, op, sandbox_id, resumed=resp.status == 201)
         if resp.status == 404:
@@ -466,6 +520,7 @@ class ControlPlane:
         *,
         timeout_seconds: int,
         token: Optional[CancelToken] = None,
+        deadline: Optional[Deadline] = None,
     ) -> SandboxInfo:
         """:meth:`connect` with the reference's conflict handling.
 
@@ -474,23 +529,27 @@ class ControlPlane:
         ``sandbox_snapshot_guest_agent_unresponsive`` it reconnects ONCE with
         ``memory: false`` (cold boot; the sandbox's in-memory state and processes are
         dropped, and a warning is logged); the codes in :data:`PERMANENT_CONFLICT_CODES`
-        are raised at once.
+        are raised at once. Every connect and wait shares one bound (``call_timeout``, or
+        ``deadline`` if earlier): a 409 is waited out only while time is left for it.
 
         Raises:
             Conflict: a permanent 409, or a 409 that did not clear after the retries.
             Cancelled: ``token`` fired (also during a wait).
-            SandboxGoneError, ConfigError, E2BHttpError, ProtocolError, TransportError,
-            TransportTimeout: as :meth:`connect`.
+            TransportTimeout: the call's bound passed.
+            SandboxGoneError, ConfigError, E2BHttpError, ProtocolError, TransportError: as
+                :meth:`connect`.
         """
         _validate.check_sandbox_id(sandbox_id)
         if token is not None:
             token.raise_if_cancelled()
+        limit = self.bound(deadline)
         memory: Optional[bool] = None
         conflicts = 0
         while True:
             try:
                 return self.connect(
-                    sandbox_id, timeout_seconds=timeout_seconds, memory=memory, token=token
+                    sandbox_id, timeout_seconds=timeout_seconds, memory=memory, token=token,
+                    deadline=limit,
                 )
             except Conflict as exc:
                 if exc.error_code == GUEST_UNRESPONSIVE and memory is None:
@@ -504,7 +563,10 @@ class ControlPlane:
                     continue
                 if exc.error_code in PERMANENT_CONFLICT_CODES:
                     raise
-                if conflicts >= CONNECT_CONFLICT_RETRIES:
+                if (
+                    conflicts >= CONNECT_CONFLICT_RETRIES
+                    or limit.remaining() < CONNECT_CONFLICT_WAIT_S + RETRY_MIN_S
+                ):
                     raise
                 conflicts += 1
                 _wait(token, CONNECT_CONFLICT_WAIT_S)
@@ -516,6 +578,7 @@ class ControlPlane:
         memory: Optional[bool] = None,
         token: Optional[CancelToken] = None,
         retry: bool = True,
+        deadline: Optional[Deadline] = None,
     ) -> int:
         """Pause a sandbox: ``POST /sandboxes/{id}/pause``.
 
@@ -526,6 +589,7 @@ class ControlPlane:
             token: cancels the call.
             retry: retry 429/502/503/504 answers (the reboot sequence passes False: it
                 handles 503 itself).
+            deadline: ends the call earlier than its own bound (``call_timeout``).
 
         Returns:
             The success status (204).
@@ -538,16 +602,26 @@ class ControlPlane:
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         _validate.check_sandbox_id(sandbox_id)
+        limit = self.bound(deadline)
         body: Dict[str, Any] = {} if memory is None else {"memory": bool(memory)}
         op = "POST /sandboxes/{id}/pause"
         resp = self._call("POST", self._path("/sandboxes/{id}/pause", sandbox_id),
-                          token=token, json=body, retry=retry, operation=op)
+                          token=token, json=body, retry=retry, operation=op, deadline=limit)
         if resp.ok:
             return resp.status
         raise self._error(resp, op, sandbox_id)
 
-    def delete(self, sandbox_id: str, *, token: Optional[CancelToken] = None) -> bool:
+    def delete(
+        self,
+        sandbox_id: str,
+        *,
+        token: Optional[CancelToken] = None,
+        deadline: Optional[Deadline] = None,
+    ) -> bool:
         """Kill a sandbox and its snapshot: ``DELETE /sandboxes/{id}``.
+
+        A 409 is retried 3 times, 0.5 s apart, within the call's bound (``call_timeout``,
+        or ``deadline`` if earlier).
 
         Returns:
             True when deleted, False when it did not exist (404).
@@ -558,11 +632,16 @@ class ControlPlane:
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         _validate.check_sandbox_id(sandbox_id)
+        limit = self.bound(deadline)
         op = "DELETE /sandboxes/{id}"
         for attempt in range(DELETE_CONFLICT_RETRIES + 1):
             resp = self._call("DELETE", self._path("/sandboxes/{id}", sandbox_id), token=token,
-                              retry=True, operation=op)
-            if resp.status != 409 or attempt == DELETE_CONFLICT_RETRIES:
+                              retry=True, operation=op, deadline=limit)
+            if (
+                resp.status != 409
+                or attempt == DELETE_CONFLICT_RETRIES
+                or limit.remaining() < CONNECT_CONFLICT_WAIT_S + RETRY_MIN_S
+            ):
                 break
             # A 409 is documented on DELETE without a meaning (a state change in flight):
             # retried briefly, then surfaced.
@@ -585,6 +664,7 @@ class ControlPlane:
         state: Sequence[str] = ("running", "paused"),
         limit: int = LIST_LIMIT,
         token: Optional[CancelToken] = None,
+        deadline: Optional[Deadline] = None,
     ) -> List[ListedSandbox]:
         """List sandboxes whose metadata matches: ``GET /v2/sandboxes``, all pages.
 
@@ -600,6 +680,8 @@ class ControlPlane:
             state: the states to list.
             limit: the page size (1-100).
             token: cancels the call.
+            deadline: ends the call earlier than its own bound (``call_timeout``, shared by
+                every page).
 
         Returns:
             The matching sandboxes, in the server's order.
@@ -607,7 +689,8 @@ class ControlPlane:
         Raises:
             ProtocolError: a malformed answer, or more than 1000 pages.
             E2BHttpError: an error answer (after retries).
-            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+            TransportTimeout: the call's bound passed (all pages together).
+            InvalidArgument, Cancelled, TransportError.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
             raise InvalidArgument("limit must be an int from 1 to 100")
@@ -630,6 +713,7 @@ class ControlPlane:
             params["metadata"] = urllib.parse.urlencode(
                 {q(k, safe=""): q(v, safe="") for k, v in wanted.items()}
             )
+        bound = self.bound(deadline)
         op = "GET /v2/sandboxes"
         out: List[ListedSandbox] = []
         next_token: Optional[str] = None
@@ -638,7 +722,8 @@ class ControlPlane:
             if next_token:
                 page_params["nextToken"] = next_token
             resp = self._call("GET", "/v2/sandboxes", token=token, params=page_params,
-                              retry=True, max_body=_LIST_MAX_BODY, operation=op)
+                              retry=True, max_body=_LIST_MAX_BODY, operation=op,
+                              deadline=bound)
             if not resp.ok:
                 raise self._error(resp, op)
             items = resp.json(op)
@@ -655,8 +740,15 @@ class ControlPlane:
                 return out
         raise ProtocolError(f"E2B {op} returned more than {LIST_MAX_PAGES} pages")
 
-    def get(self, sandbox_id: str, *, token: Optional[CancelToken] = None) -> Dict[str, Any]:
-        """Describe a sandbox: ``GET /sandboxes/{id}``.
+    def get(
+        self,
+        sandbox_id: str,
+        *,
+        token: Optional[CancelToken] = None,
+        deadline: Optional[Deadline] = None,
+    ) -> Dict[str, Any]:
+        """Describe a sandbox: ``GET /sandboxes/{id}`` (within ``call_timeout``, or
+        ``deadline`` if earlier).
 
         Returns:
             The answer's JSON object (``state``, ``pauseMode``, ``envdUnresponsiveAtPause``,
@@ -670,7 +762,7 @@ class ControlPlane:
         _validate.check_sandbox_id(sandbox_id)
         op = "GET /sandboxes/{id}"
         resp = self._call("GET", self._path("/sandboxes/{id}", sandbox_id), token=token,
-                          retry=True, operation=op)
+                          retry=True, operation=op, deadline=self.bound(deadline))
         if not resp.ok:
             raise self._error(resp, op, sandbox_id)
         data = resp.json(op)
@@ -683,9 +775,15 @@ class ControlPlane:
         return answer
 
     def set_timeout(
-        self, sandbox_id: str, seconds: int, *, token: Optional[CancelToken] = None
+        self,
+        sandbox_id: str,
+        seconds: int,
+        *,
+        token: Optional[CancelToken] = None,
+        deadline: Optional[Deadline] = None,
     ) -> None:
-        """Set a running sandbox's TTL (may shorten it): ``POST /sandboxes/{id}/timeout``.
+        """Set a running sandbox's TTL (may shorten it): ``POST /sandboxes/{id}/timeout``
+        (within ``call_timeout``, or ``deadline`` if earlier).
 
         Raises:
             SandboxGoneError: 404 (code 404; also for a paused sandbox).
@@ -695,7 +793,8 @@ class ControlPlane:
         body = {"timeout": _seconds(seconds, "seconds")}
         op = "POST /sandboxes/{id}/timeout"
         resp = self._call("POST", self._path("/sandboxes/{id}/timeout", sandbox_id),
-                          token=token, json=body, retry=True, operation=op)
+                          token=token, json=body, retry=True, operation=op,
+                          deadline=self.bound(deadline))
         if not resp.ok:
             raise self._error(resp, op, sandbox_id)
 
@@ -769,6 +868,14 @@ def _listed(item: object, op: str, wanted: Mapping[str, str]) -> Optional[Listed
         started_at=_str(item.get("startedAt")),
         template_id=_str(item.get("templateID")),
     )
+
+
+def _check_left(deadline: Deadline, operation: str) -> None:
+    """Raise TransportTimeout when the call's bound has passed (nothing more is sent)."""
+    if deadline.expired():
+        raise TransportTimeout(
+            f"E2B {operation} timed out: its time ran out (retries and waits included)"
+        )
 
 
 def _wait(token: Optional[CancelToken], seconds: float) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
 from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
 from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
 from ._process import ProcessEvent, StartEvent, event_from_wire, is_output_message
-from .cancel import CancelToken
+from .cancel import CancelToken, Deadline
 from .errors import (
     E2BProviderError,
     InvalidArgument,
@@ -35,6 +35,7 @@ __all__ = [
     "ENVD_PORT",
     "ERROR_BODY_BYTES",
     "KEEPALIVE_SECONDS",
+    "START_OPEN_SECONDS",
     "SIGNALS",
     "EnvdClient",
     "ProcessStream",
@@ -42,6 +43,9 @@ __all__ = [
 
 ENVD_PORT = 49983
 KEEPALIVE_SECONDS = 50
+#: The longest the opening of a process stream may take (connect, send, response headers:
+#: envd answers once the process started).
+START_OPEN_SECONDS = 30.0
 #: How much of an error answer is read to build the exception.
 ERROR_BODY_BYTES = 64 * 1024
 #: The signals envd's SendSignal accepts.
@@ -78,6 +82,12 @@ def _check_timeout(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidArgument(f"{what} must be a positive number of seconds")
     return float(value)
+
+
+def _within(timeout: object) -> Dict[str, Any]:
+    """A buffered request's bounds: ``timeout`` seconds in total, and per read."""
+    t = _check_timeout(timeout, "timeout")
+    return {"read_timeout": t, "deadline": Deadline.after(t)}
 
 
 class ProcessStream:
@@ -186,6 +196,12 @@ class ProcessStream:
 class EnvdClient:
     """A client for one sandbox's envd.
 
+    Bounds: every call but :meth:`start` takes at most its ``timeout`` in seconds in total,
+    whatever envd (or a peer in its place) does — slow headers, a body a byte at a time, an
+    upload read slowly, silence (for :meth:`download_head`, reading the body included); no
+    cancel token is needed for that. :meth:`start` bounds the opening of its stream
+    (:data:`START_OPEN_SECONDS`) and then each read (the keepalive).
+
     Args:
         transport: the HTTP transport (shared).
         target: where the sandbox's envd is, and its access token.
@@ -231,8 +247,9 @@ class EnvdClient:
         The request sends ``stdin: false`` (the process reads ``/dev/null``), asks envd for
         a keepalive every ``keepalive_seconds`` and reads with a timeout of
         ``2 * keepalive_seconds + 10`` seconds, so a silent peer ends in
-        :class:`~e2b_provider.errors.TransportTimeout`. Closing the stream does not stop the
-        process (envd never kills on disconnect).
+        :class:`~e2b_provider.errors.TransportTimeout`; the opening (until envd's answer
+        headers) takes at most :data:`START_OPEN_SECONDS` in total. Closing the stream does
+        not stop the process (envd never kills on disconnect).
 
         Args:
             user: the OS user to run as (``Authorization: Basic base64("user:")``).
@@ -297,6 +314,7 @@ class EnvdClient:
             read_timeout=2.0 * keepalive_seconds + 10.0,
             token=token,
             operation=_START_OP,
+            deadline=Deadline.after(START_OPEN_SECONDS),
         )
         try:
             if stream.status != 200:
@@ -330,7 +348,7 @@ class EnvdClient:
             pid: the process id (from the start event).
             signal: ``"SIGNAL_SIGKILL"`` or ``"SIGNAL_SIGTERM"`` (all envd accepts).
             token: cancels the call.
-            timeout: read timeout in seconds.
+            timeout: the longest the call may take, in seconds (default 15).
 
         Returns:
             True when the signal was sent; False when the process was already gone
@@ -386,8 +404,8 @@ class EnvdClient:
                 {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
             ),
             json={"process": selector, "signal": signal},
-            read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
+            **_within(timeout),
             operation=op,
             max_body=ERROR_BODY_BYTES,
         )
@@ -452,10 +470,10 @@ class EnvdClient:
             "POST",
             self._base + "/files",
             params={"path": path, "username": user},
-            read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
             max_body=ERROR_BODY_BYTES,
+            **_within(timeout),
             **body,
         )
         if not resp.ok:
@@ -497,10 +515,10 @@ class EnvdClient:
             self._base + "/files",
             headers=self._headers({"Accept-Encoding": "identity"}),
             params={"path": path, "username": user},
-            read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
             max_body=max(max_bytes, ERROR_BODY_BYTES),
+            **_within(timeout),
         )
         if resp.status == 404:
             return None
@@ -564,9 +582,10 @@ class EnvdClient:
                 {"Accept-Encoding": "identity", "Range": f"bytes=0-{length - 1}"}
             ),
             data=b"",
-            read_timeout=_check_timeout(timeout, "timeout"),
             token=token,
             operation=op,
+            deadline_bounds_body=True,
+            **_within(timeout),
         )
         unregister = token.on_cancel(lambda _r: stream.abort()) if token is not None else None
         try:
@@ -607,6 +626,7 @@ class EnvdClient:
                 headers=self._headers(),
                 read_timeout=t,
                 connect_timeout=t,
+                deadline=Deadline.after(t),
                 operation="health check",
                 max_body=ERROR_BODY_BYTES,
             )

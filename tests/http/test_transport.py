@@ -24,6 +24,7 @@ from e2b_provider._http import (
     Transport,
     error_from_response,
     map_transport_errors,
+    safe_url,
 )
 from e2b_provider.cancel import CancelReason, CancelToken
 from e2b_provider.errors import (
@@ -204,7 +205,9 @@ def test_read_timeout_maps_to_transport_timeout(
                           params=SECRET_PARAMS, read_timeout=0.3, operation="read test")
     assert time.monotonic() - t0 < 2.0
     assert_no_secret(ei.value)
-    assert "/slow" not in str(ei.value)
+    # The URL that failed is named, without its query (where a signature could be).
+    assert f"waiting for {server.url}/slow (" in str(ei.value)
+    assert "signature" not in str(ei.value) and "?" not in str(ei.value)
 
 
 def test_refused_connection_is_transport_error_not_timeout(transport: Transport) -> None:
@@ -216,7 +219,48 @@ def test_refused_connection_is_transport_error_not_timeout(transport: Transport)
         transport.request("GET", f"http://127.0.0.1:{port}/x", headers=SECRET_HEADERS,
                           params=SECRET_PARAMS, read_timeout=1, operation="refused")
     assert not isinstance(ei.value, TransportTimeout)
+    assert str(ei.value).startswith(
+        f"E2B refused: connection to http://127.0.0.1:{port}/x failed: connection refused "
+        "(nothing listens there) ("
+    )
     assert "ECONNREFUSED" in str(ei.value)
+    assert_no_secret(ei.value)
+    assert "signature" not in str(ei.value) and "?" not in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://127.0.0.1:8080/a/b?signature=s3cret#frag", "http://127.0.0.1:8080/a/b"),
+        ("https://user:pa55@api.example.test/v2/sandboxes?x=1", "https://api.example.test:443/v2/sandboxes"),
+        ("http://[::1]/x", "http://[::1]:80/x"),
+        ("HTTP://Example.TEST:81", "http://example.test:81"),
+        ("http://host:99999999/", "an unreadable URL"),
+    ],
+)  # fmt: skip
+def test_safe_url_keeps_scheme_host_port_and_path_only(url: str, shown: str) -> None:
+    assert safe_url(url) == shown
+
+
+def test_connection_error_names_the_proxy_without_its_credentials(
+    transport: Transport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("HTTP_PROXY", f"http://proxyuser:pr0xypass@127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with Transport() as t, pytest.raises(TransportError) as ei:
+        t.request("GET", "http://e2b.test/v2/sandboxes", params=SECRET_PARAMS,
+                  read_timeout=1, operation="GET /v2/sandboxes")
+    text = str(ei.value)
+    assert (
+        f"connection to http://e2b.test:80/v2/sandboxes through the proxy "
+        f"http://127.0.0.1:{port} failed: " in text
+    )
+    assert "pr0xypass" not in text and "proxyuser" not in text
     assert_no_secret(ei.value)
 
 

@@ -212,7 +212,10 @@ def test_emulator_command_prints_exports_and_stops_on_ctrl_c(tmp_path) -> None: 
         child.communicate(timeout=60)
         assert child.returncode == 0
         r = run(env, "ls", timeout=30)
-        assert r.returncode == 1 and "connection failed" in r.stderr  # the emulator is gone
+        # the emulator is gone: the message names the URL that failed, and why
+        api = exports["E2B_API_URL"].rstrip("/")
+        assert r.returncode == 1 and f"connection to {api}/v2/sandboxes failed: connection " \
+            "refused" in r.stderr, r.stderr
     finally:
         if child.poll() is None:
             child.kill()

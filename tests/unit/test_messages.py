@@ -79,14 +79,29 @@ def _worded(exc: e.E2BProviderError, doing: str = "reading /x in sandbox isb") -
             "key (E2B_API_KEY) and that it belongs to the sandbox's team",
         ),
         (
-            e.TransportError("E2B process start: connection failed (reset)"),
-            "reading /x in sandbox isb failed: connection failed (reset); check the network "
-            "and the E2B API URL, then try again",
+            e.TransportError(
+                "E2B process start: connection to https://49983-isb.e2b.app:443/process."
+                "Process/Start failed: the connection was reset (ConnectionError, ECONNRESET)"
+            ),
+            "reading /x in sandbox isb failed: connection to https://49983-isb.e2b.app:443/"
+            "process.Process/Start failed: the connection was reset (ConnectionError, "
+            "ECONNRESET); check the URL (E2B_API_URL for the API; E2B_SANDBOX_URL or "
+            "E2B_DOMAIN for sandboxes), the network and the proxy settings (HTTPS_PROXY, "
+            "HTTP_PROXY, NO_PROXY), then try again",
         ),
         (
             e.TransportTimeout("E2B POST /v2/sandboxes/{id}/connect timed out (read)"),
             "reading /x in sandbox isb failed: timed out (read); E2B or the sandbox did not "
             "answer in time; check the network, then try again",
+        ),
+        (
+            e.TransportTimeout(
+                "E2B GET /v2/sandboxes timed out: http://127.0.0.1:3000/v2/sandboxes gave no "
+                "complete answer within 120 s"
+            ),
+            "reading /x in sandbox isb failed: timed out: http://127.0.0.1:3000/v2/sandboxes "
+            "gave no complete answer within 120 s; E2B or the sandbox did not answer in "
+            "time; check the network, then try again",
         ),
         (
             e.RemoteError("internal", "boom", operation="process start"),
