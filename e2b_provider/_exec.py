@@ -305,6 +305,12 @@ def run_process(
                             elif isinstance(ev, EndEvent):
                                 exit_code = ev.exit_code
                                 saw_end = True
+                                with run.lock:
+                                    if run.esc.state is esc_mod.State.RUNNING:
+                                        # The process has exited: its status is the result.
+                                        # A deadline or cancel from now on (before the
+                                        # stream closes) changes nothing and kills nothing.
+                                        run.esc.on_stream_end()
                     except E2BProviderError as exc:
                         stream_error = exc
         except KeyboardInterrupt:

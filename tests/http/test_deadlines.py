@@ -20,9 +20,10 @@ from waiting import thread_blocked_in, wait_until
 
 from e2b_provider import DeploymentConfig, E2BSandboxProvider
 from e2b_provider._connect import encode_envelope
+from e2b_provider._exec import run_process
 from e2b_provider._http import Transport
 from e2b_provider._watchdog import Watchdog
-from e2b_provider.cancel import Deadline
+from e2b_provider.cancel import CancelToken, Deadline
 from e2b_provider.control import ControlPlane
 from e2b_provider.envd import EnvdClient
 from e2b_provider.errors import Conflict, E2BHttpError, TransportError, TransportTimeout
@@ -483,3 +484,58 @@ def test_stream_errors_name_the_url(server: ScriptedServer, transport: Transport
     with pytest.raises(TransportError) as ei, envd.start(user="u", cmd="true", args=[]) as s:
         list(s)
     assert f"{server.url}/process.Process/Start" in str(ei.value)
+
+
+# -- an exec whose deadline passes after its end event ---------------------------------------
+
+
+@pytest.mark.parametrize("trigger", ["deadline", "cancel"])
+def test_a_deadline_after_the_end_event_leaves_the_exit_status(
+    server: ScriptedServer, transport: Transport, expiry: Expiry, trigger: str
+) -> None:
+    """The end event arrived, then the deadline passed (or the caller cancelled) before the
+    stream closed: the result is the exit status, not a timeout, and nothing is killed."""
+    closing = threading.Event()
+
+    def handler(q: Request, r: Responder) -> None:
+        r.start_chunked()
+        r.chunk(encode_envelope({"event": {"start": {"pid": 42}}}))
+        # output and the end event in one piece: both are taken in before the next read
+        r.chunk(encode_envelope({"event": {"data": {"stdout": "b3V0"}}})
+                + encode_envelope({"event": {"end": {"exited": True, "exitCode": 3,
+                                                     "status": "exit status 3"}}}))
+        r.hold(closing)
+        with contextlib.suppress(OSError):
+            r.chunk(encode_envelope({}, end_stream=True))
+            r.end_chunked()
+
+    server.on("POST", "/process.Process/Start", handler)
+    envd = EnvdClient(transport, Target(url=server.url, sandbox_id=SID,
+                                        access_token=ACCESS_TOKEN))
+    seen: List[str] = []
+    kills: List[Optional[int]] = []
+
+    def killer(pid: Optional[int], bound: float) -> bool:
+        kills.append(pid)
+        return True
+
+    token = CancelToken()
+    out = in_thread(lambda: run_process(
+        envd, user="user", cmd="/bin/sh", args=["-c", "exit 3"], max_output_bytes=1024,
+        timeout=60, token=token, watchdog=expiry.watchdog, killer=killer,
+        on_stdout=seen.append,
+    ))
+    wait_until(lambda: seen == ["out"], what="the output before the end event")
+    wait_until(lambda: thread_blocked_in(out["thread"].ident, "socket.py"),
+               what="the end event taken in and the stream's end awaited")
+    if trigger == "deadline":
+        assert expiry.expire() == 1  # the exec's deadline passes now
+    else:
+        token.cancel("too late")
+    closing.set()
+    result = finished(out).get("result")
+    assert result is not None, out.get("error")
+    assert (result.exit_code, result.timed_out, result.cancelled, result.wedged) == (
+        3, False, False, False)
+    assert result.stdout == b"out"
+    assert kills == []
