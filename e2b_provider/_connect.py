@@ -9,6 +9,14 @@ socket or threading: the caller feeds whatever chunks arrived, in any split, and
 the complete messages. A broken or hostile peer cannot make it allocate more than
 ``max_message_bytes`` (default :data:`MAX_MESSAGE_BYTES`) plus one read of buffering.
 
+Parsing is bounded too: general JSON can take ~30 times its size in memory (a 16 MiB
+``[{},{},...]`` takes ~450 MiB as Python objects), so only messages of at most
+``max_json_bytes`` (default :data:`MAX_JSON_BYTES`, far above anything but output) are
+parsed as JSON. A larger one is handed to the reader's ``large`` parser, which reads it in
+place in memory proportional to its size (envd's output: see
+:func:`~e2b_provider._process.parse_output_message`) and yields a :class:`Parsed` item, or
+refuses it; without one, or if it refuses, it is a :class:`~e2b_provider.errors.ProtocolError`.
+
 A reader that no longer needs some messages (command output past its cap) tells the decoder
 with :meth:`EnvelopeDecoder.skip_when`: matching messages are then dropped on sight, framing
 still checked but their JSON never parsed, so the end-of-stream message is found at the
@@ -30,10 +38,13 @@ __all__ = [
     "FLAG_COMPRESSED",
     "FLAG_END_STREAM",
     "HEADER_BYTES",
+    "MAX_JSON_BYTES",
     "MAX_MESSAGE_BYTES",
     "EndStream",
     "EnvelopeDecoder",
+    "LargeParser",
     "Message",
+    "Parsed",
     "SkipMatcher",
     "encode_envelope",
 ]
@@ -44,6 +55,9 @@ HEADER_BYTES = 5
 #: Largest message we accept. envd sends output in chunks of at most 32 KiB of raw bytes
 #: (about 44 KiB of base64 JSON); 16 MiB leaves wide room and still bounds memory.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: Largest message parsed as general JSON. envd's start, end and keepalive messages are a
+#: few hundred bytes, its output messages at most about 44 KiB.
+MAX_JSON_BYTES = 64 * 1024
 
 _HEADER = struct.Struct(">BI")
 
@@ -69,11 +83,22 @@ class EndStream:
         return self.error_code is None
 
 
-Item = Union[Message, EndStream]
+@attrs.frozen
+class Parsed:
+    """A message too large for general JSON, read by the decoder's ``large`` parser."""
+
+    value: Any
+
+
+Item = Union[Message, Parsed, EndStream]
 
 #: ``matcher(buf, start, end) -> bool``: whether the payload ``buf[start:end]`` is to be
 #: dropped unparsed. It must not keep or change ``buf``; it may raise ProtocolError.
 SkipMatcher = Callable[[bytearray, int, int], bool]
+
+#: ``parser(buf, start, end) -> value or None``: reads a message larger than
+#: ``max_json_bytes`` in place (None refuses it). It must not keep or change ``buf``.
+LargeParser = Callable[[bytearray, int, int], Any]
 
 
 def encode_envelope(obj: Any, *, end_stream: bool = False) -> bytes:
@@ -116,12 +141,26 @@ class EnvelopeDecoder:
     After an :class:`EndStream` item the decoder is finished; any further bytes are a
     protocol error. :meth:`close` (call it at EOF) raises if the stream stopped inside
     an envelope or before the end-of-stream message.
+
+    Args:
+        max_message_bytes: the largest message accepted at all.
+        max_json_bytes: the largest message parsed as general JSON.
+        large: reads an ordinary message larger than ``max_json_bytes`` in place (see
+            :data:`LargeParser`); None refuses every such message.
     """
 
-    def __init__(self, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        if max_message_bytes <= 0:
-            raise ValueError("max_message_bytes must be positive")
+    def __init__(
+        self,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_json_bytes: int = MAX_JSON_BYTES,
+        large: Optional[LargeParser] = None,
+    ) -> None:
+        if max_message_bytes <= 0 or max_json_bytes <= 0:
+            raise ValueError("max_message_bytes and max_json_bytes must be positive")
         self._max = max_message_bytes
+        self._max_json = max_json_bytes
+        self._large = large
         self._buf = bytearray()
         self._ready: Deque[Item] = deque()
         self._finished = False
@@ -189,6 +228,18 @@ class EnvelopeDecoder:
                 buf, pos + HEADER_BYTES, end
             ):
                 self._skipped += 1
+                pos = end
+                continue
+            if length > self._max_json:
+                value = None
+                if self._large is not None and not flags & FLAG_END_STREAM:
+                    value = self._large(buf, pos + HEADER_BYTES, end)
+                if value is None:
+                    raise ProtocolError(
+                        f"a message of {length} bytes is larger than the {self._max_json} "
+                        "bytes accepted for anything but command output"
+                    )
+                self._ready.append(Parsed(value))
                 pos = end
                 continue
             obj = _parse_json(bytes(buf[pos + HEADER_BYTES : end]))

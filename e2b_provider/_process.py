@@ -8,7 +8,9 @@ shell-style exit code (128 + n for signal n) as the reference does; :class:`Outp
 keeps at most ``max_bytes`` of stdout and stderr together; :func:`decode_output` decodes
 them without mangling a UTF-8 sequence cut at the end; :func:`is_output_message` recognises an
 output message from its first bytes, so output past the cap is dropped without being parsed
-or decoded (see :meth:`~e2b_provider._connect.EnvelopeDecoder.skip_when`).
+or decoded (see :meth:`~e2b_provider._connect.EnvelopeDecoder.skip_when`);
+:func:`parse_output_message` reads an output message too large for general JSON in place,
+in memory about its decoded size.
 
 Pure code: no I/O, no threads, and no requests, urllib3 or socket imports.
 """
@@ -39,6 +41,7 @@ __all__ = [
     "event_from_wire",
     "exit_code_of",
     "is_output_message",
+    "parse_output_message",
 ]
 
 #: Go's names of the Linux signals (``syscall.Signal.String()``), as they appear in an end
@@ -425,3 +428,72 @@ def is_output_message(buf: bytearray, start: int, end: int) -> bool:
     if buf[last] != 0x7D:  # "}"
         raise ProtocolError("process output event is not a complete JSON object")
     return True
+
+
+#: An output message and nothing else: ``{"event":{"data":{...}}}`` whose fields are only
+#: ``stdout``, ``stderr`` or ``pty`` with base64 text (standard or URL-safe), in any JSON
+#: spacing. No nesting, no escapes: it cannot cost more than its size to read.
+_B64_TEXT = rb'"([A-Za-z0-9+/_-]*)(={0,2})"'
+_OUTPUT_FIELD = re.compile(rb'"(stdout|stderr|pty)"' + _JSON_WS + b":" + _JSON_WS + _B64_TEXT)
+_FIELD_SHAPE = (
+    rb'"(?:stdout|stderr|pty)"' + _JSON_WS + b":" + _JSON_WS + rb'"[A-Za-z0-9+/_-]*={0,2}"'
+)
+_FLAT_OUTPUT = re.compile(
+    _JSON_WS.join([
+        b"", rb"\{", rb'"event"', b":", rb"\{", rb'"data"', b":", rb"\{",
+        b"(?:" + _FIELD_SHAPE + b"(?:" + _JSON_WS + b"," + _JSON_WS + _FIELD_SHAPE + b")*)?",
+        rb"\}", rb"\}", rb"\}", b"",
+    ])
+)
+_URL_SAFE = bytes.maketrans(b"-_", b"+/")
+
+
+def _b64_in_place(buf: bytearray, start: int, end: int, where: str) -> bytes:
+    """Decode the base64 text ``buf[start:end]`` (padding not included) without copying it
+    (unless it is URL-safe or unpadded); as :func:`_b64` decides, for a validated text."""
+    n = end - start
+    rest = n % 4
+    if rest == 1:
+        raise ProtocolError(f"process event {where} is not valid base64")
+    with memoryview(buf) as whole, whole[start:end] as text:
+        data: Union[bytes, memoryview] = text
+        if buf.find(b"-", start, end) >= 0 or buf.find(b"_", start, end) >= 0:
+            data = text.tobytes().translate(_URL_SAFE)
+        try:
+            head = binascii.a2b_base64(data[: n - rest])
+            if not rest:
+                return head
+            tail = binascii.a2b_base64(bytes(data[n - rest :]) + b"=" * (4 - rest))
+        except (binascii.Error, ValueError):
+            raise ProtocolError(f"process event {where} is not valid base64") from None
+        finally:
+            del data
+    return head + tail
+
+
+def parse_output_message(buf: bytearray, start: int, end: int) -> Optional[DataEvent]:
+    """Read the output message ``buf[start:end]`` in place: its :class:`DataEvent`, or None
+    when it is anything but a plain output message (its fields base64 text).
+
+    For messages too large for general JSON (see
+    :class:`~e2b_provider._connect.EnvelopeDecoder`): the text is checked against the shape
+    of an output message and its base64 decoded straight from the buffer, so reading it
+    takes about its decoded size in memory (a general JSON parse takes several times the
+    message's size, and ~30 times for a message of many small objects). Its signature is
+    that of a :data:`~e2b_provider._connect.LargeParser`.
+
+    Raises:
+        ProtocolError: a field is not valid base64.
+    """
+    if _FLAT_OUTPUT.fullmatch(buf, start, end) is None:
+        return None
+    spans = {}
+    for m in _OUTPUT_FIELD.finditer(buf, start, end):
+        spans[m.group(1).decode("ascii")] = m.span(2)  # the last one wins, as in JSON
+    out: List[bytes] = []
+    for key in ("stdout", "pty"):
+        if key in spans:
+            out.append(_b64_in_place(buf, *spans[key], f"data.{key}"))
+    err = _b64_in_place(buf, *spans["stderr"], "data.stderr") if "stderr" in spans else b""
+    stdout = out[0] if len(out) == 1 else b"".join(out)
+    return DataEvent(stdout, err)

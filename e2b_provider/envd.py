@@ -19,9 +19,15 @@ import posixpath
 import urllib.parse
 from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
 
-from ._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from ._connect import EndStream, EnvelopeDecoder, Parsed, encode_envelope
 from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
-from ._process import ProcessEvent, StartEvent, event_from_wire, is_output_message
+from ._process import (
+    ProcessEvent,
+    StartEvent,
+    event_from_wire,
+    is_output_message,
+    parse_output_message,
+)
 from .cancel import CancelToken, Deadline
 from .errors import (
     E2BProviderError,
@@ -114,7 +120,9 @@ class ProcessStream:
     def __init__(self, stream: Stream, *, operation: str = _START_OP) -> None:
         self._stream = stream
         self._operation = operation
-        self._decoder = EnvelopeDecoder()
+        # Messages too large for general JSON are read in place, as output, or refused:
+        # parsing one costs about its size, whatever the peer sends.
+        self._decoder = EnvelopeDecoder(large=parse_output_message)
         self._pending: Deque[ProcessEvent] = collections.deque()
         self._end: Optional[EndStream] = None
         self._done = False
@@ -181,16 +189,20 @@ class ProcessStream:
                 raise ProtocolError("E2B process stream ended without an end-of-stream message")
             self._decoder.feed(chunk)
             for item in self._decoder:
-                if isinstance(item, Message):
-                    ev = event_from_wire(item.data)
-                    if ev is None:
-                        continue
-                    if isinstance(ev, StartEvent) and self.pid is None:
-                        self.pid = ev.pid
-                    self._pending.append(ev)
-                else:
+                ev: Optional[ProcessEvent]
+                if isinstance(item, EndStream):
                     # Events decoded before the end-of-stream are delivered first.
                     self._end = item
+                    continue
+                if isinstance(item, Parsed):
+                    ev = item.value  # a large output message, read in place
+                else:
+                    ev = event_from_wire(item.data)
+                if ev is None:
+                    continue
+                if isinstance(ev, StartEvent) and self.pid is None:
+                    self.pid = ev.pid
+                self._pending.append(ev)
 
 
 class EnvdClient:

@@ -413,9 +413,10 @@ def test_smallest_message_bound_is_one_byte() -> None:
     with pytest.raises(ProtocolError) as too_big:
         dec.feed(encode_envelope({}))
     assert str(too_big.value) == "envelope of 2 bytes exceeds the 1-byte bound"
-    with pytest.raises(ValueError) as ei:
-        EnvelopeDecoder(max_message_bytes=0)
-    assert str(ei.value) == "max_message_bytes must be positive"
+    for bad in ({"max_message_bytes": 0}, {"max_json_bytes": 0}):
+        with pytest.raises(ValueError) as ei:
+            EnvelopeDecoder(**bad)
+        assert str(ei.value) == "max_message_bytes and max_json_bytes must be positive"
 
 
 @pytest.mark.parametrize(

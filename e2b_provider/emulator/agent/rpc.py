@@ -201,7 +201,9 @@ async def read_stream_request(request: web.BaseRequest) -> Dict[str, Any]:
     if media not in _STREAM_TYPES:
         raise UnsupportedMediaType(", ".join(_STREAM_TYPES + _UNARY_TYPES))
     _check_protocol_version(request)
-    decoder = EnvelopeDecoder(max_message_bytes=MAX_REQUEST_BYTES)
+    decoder = EnvelopeDecoder(
+        max_message_bytes=MAX_REQUEST_BYTES, max_json_bytes=MAX_REQUEST_BYTES
+    )
     messages: List[Any] = []
     try:
         async for chunk in request.content.iter_any():
@@ -232,7 +234,9 @@ async def stream_messages(request: web.BaseRequest) -> AsyncIterator[Dict[str, A
     if _media_type(request) not in _STREAM_TYPES:
         raise UnsupportedMediaType(", ".join(_STREAM_TYPES))
     _check_protocol_version(request)
-    decoder = EnvelopeDecoder(max_message_bytes=MAX_REQUEST_BYTES)
+    decoder = EnvelopeDecoder(
+        max_message_bytes=MAX_REQUEST_BYTES, max_json_bytes=MAX_REQUEST_BYTES
+    )
     try:
         async for chunk in request.content.iter_any():
             decoder.feed(chunk)
