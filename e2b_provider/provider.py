@@ -84,6 +84,13 @@ class E2BSandboxProvider:
     exit_code=None)``; every other cancelled call raises :class:`~e2b_provider.Cancelled`.
     Times are float seconds.
 
+    Every call is bounded without a token, whatever E2B or a peer in its place does (slow
+    headers, a body a byte at a time, silence, a stalled TLS handshake): one control-plane
+    request takes at most 60 s in total, one control-plane call (its retries, 409 waits and
+    pages included) at most 120 s, and each method documents its worst case. Past a bound a
+    call raises :class:`~e2b_provider.TransportTimeout` (or
+    :class:`~e2b_provider.OperationTimeout` for file operations and scripts).
+
     Args:
         config: the deployment (API key, template, URLs, sandbox lifetime, egress policy).
         pool_connections: HTTP connection pools kept (one per host; default 32).
@@ -210,6 +217,10 @@ class E2BSandboxProvider:
         sandbox; the next ``create`` or :meth:`destroy_by_name` of that name removes the
         extra one.
 
+        Takes at most 300 s: the wait for another create of the name, the listing and
+        destroying of older sandboxes and the create itself share that bound (plus 30 s to
+        delete again a sandbox E2B created without an access token).
+
         Returns:
             The new sandbox's handle.
 
@@ -218,6 +229,9 @@ class E2BSandboxProvider:
                 ``allow_open_egress`` (raised before any I/O).
             SandboxGoneError: E2B returned no envd access token (the sandbox is deleted again).
             E2BHttpError, TransportError: the API failed.
+            TransportTimeout: the bound passed (a ``TransportError``).
+            OperationTimeout: another create of the name in this provider did not finish
+                within the bound.
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
@@ -240,6 +254,9 @@ class E2BSandboxProvider:
     def resume(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> ResumeOutcome:
         """Make sure the sandbox runs (resuming it if paused) and extend its lease.
 
+        Takes at most 120 s (every connect, retry and 409 wait included), or 240 s when it
+        joins a connect of the sandbox already under way for a shorter lease.
+
         Returns:
             ``"resumed"``, or ``"gone"`` when the sandbox no longer exists (create a new one).
 
@@ -247,6 +264,7 @@ class E2BSandboxProvider:
             MissingAccessToken: E2B answered without the sandbox's envd access token (the
                 sandbox may be running, but is never used unauthenticated).
             E2BHttpError, TransportError: the API failed (including a 409 that did not clear).
+            TransportTimeout: the bound passed (a ``TransportError``).
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
@@ -264,8 +282,11 @@ class E2BSandboxProvider:
         :class:`~e2b_provider.SandboxPaused` (their outcome is unknown; a command is frozen
         with the sandbox and goes on when it is resumed).
 
+        Takes at most 120 s (retries included).
+
         Raises:
             E2BHttpError, TransportError: the API failed (a 503 "busy" is retried first).
+            TransportTimeout: the bound passed (a ``TransportError``).
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
@@ -279,8 +300,11 @@ class E2BSandboxProvider:
     def destroy(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
         """Delete the sandbox and everything in it. Already gone is fine.
 
+        Takes at most 120 s (retries and 409 waits included).
+
         Raises:
             E2BHttpError, TransportError: the API failed.
+            TransportTimeout: the bound passed (a ``TransportError``).
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
@@ -294,12 +318,16 @@ class E2BSandboxProvider:
     def destroy_by_name(self, name: str, *, cancel: Optional[CancelToken] = None) -> int:
         """Delete every running or paused sandbox created under ``name`` (all pages).
 
+        Takes at most 300 s: the listing and every delete share that bound (sandboxes not
+        deleted within it are left for the next call).
+
         Returns:
             How many sandboxes were deleted.
 
         Raises:
             InvalidArgument: bad name.
             E2BHttpError, TransportError: the API failed.
+            TransportTimeout: the bound passed (a ``TransportError``).
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
@@ -315,6 +343,8 @@ class E2BSandboxProvider:
     ) -> List[SandboxSummary]:
         """The running and paused sandboxes of this API key's team (all pages).
 
+        Takes at most 120 s (every page and retry included).
+
         Args:
             name: only the sandboxes created under this name (by :meth:`create`).
             cancel: cancels the call.
@@ -326,6 +356,7 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad name.
             E2BHttpError, TransportError: the API failed.
+            TransportTimeout: the bound passed (a ``TransportError``).
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
@@ -343,6 +374,9 @@ class E2BSandboxProvider:
     def kill_all(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
         """Kill every command this library started in the sandbox, with its process tree,
         and every file operation still running there (with its staged FIFOs).
+
+        Takes at most 360 s: up to 120 s to connect a cold sandbox, 120 s for the kill
+        script and 120 s for the file-operation sweep.
 
         Raises:
             CommandFailed: the kill script failed.
@@ -364,6 +398,9 @@ class E2BSandboxProvider:
         self, sandbox: SandboxRef, tags: Iterable[str], *, cancel: Optional[CancelToken] = None
     ) -> None:
         """Kill the commands started with any of ``tags`` (e.g. of holders that crashed).
+
+        Takes at most 240 s: up to 120 s to connect a cold sandbox and 120 s for the kill
+        script.
 
         Raises:
             InvalidArgument: a bad tag (before any I/O).
@@ -410,6 +447,14 @@ class E2BSandboxProvider:
         On timeout or cancel the whole process tree is killed; if that fails, or the stream
         does not end within the grace period, the sandbox is rebooted (files kept) and the
         result says ``wedged=True``.
+
+        Bounds: once the command's stream is open, the call ends within ``timeout`` +
+        ``kill_bound`` + ``kill_grace`` + 1 s (defaults: ``timeout`` + 24 s); before that,
+        connecting a cold sandbox takes at most 120 s and opening the stream at most 30 s
+        (both twice when E2B's edge says the sandbox was paused under the call, before
+        anything ran). A command that could not be stopped adds its sandbox's reboot: up to
+        ``reboot_bound``, and as long again when it waits for a reboot of that sandbox
+        already under way. After Ctrl-C it ends within ``interrupt_kill_bound``.
 
         Args:
             sandbox: the handle or sandbox id.
@@ -510,6 +555,10 @@ class E2BSandboxProvider:
     ) -> Optional[FileContent]:
         """Read up to ``max_bytes`` from the start of a file (as user ``sandbox``).
 
+        Takes at most 120 s for the read itself (its scripts and transfers share the bound),
+        plus up to 120 s to connect a cold sandbox, ``kill_bound`` to stop what a read that
+        ended early started, and 10 s to look up whether a pause cut it.
+
         Args:
             sandbox: the handle or sandbox id.
             path: an absolute, normalized sandbox path.
@@ -558,6 +607,11 @@ class E2BSandboxProvider:
         write is done once more — writing the same bytes again gives the same file — so an
         error means the write did not succeed, except as said below.
 
+        Takes at most 120 s for the write itself (its scripts, the upload and a second
+        attempt share the bound), plus up to 120 s to connect a cold sandbox, ``kill_bound``
+        to stop what a write that ended early started, and 10 s to look up whether a pause
+        cut it.
+
         Raises:
             InvalidArgument: bad path or data (before any I/O).
             CommandFailed: the file could not be written (the message says why).
@@ -588,6 +642,10 @@ class E2BSandboxProvider:
         self, sandbox: SandboxRef, path: str, *, cancel: Optional[CancelToken] = None
     ) -> Optional[FileStat]:
         """Size and kind of a path (as user ``sandbox``), or None when it does not exist.
+
+        Takes at most 120 s for the look-up itself, plus up to 120 s to connect a cold
+        sandbox, ``kill_bound`` to stop a look-up that ended early, and 10 s to look up
+        whether a pause cut it.
 
         Raises:
             InvalidArgument: bad path (before any I/O).
