@@ -455,6 +455,14 @@ class Emulator:
             "stream_stall", after_bytes=after_bytes, sandbox_id=sandbox_id, count=count
         )
 
+    def stream_stall_at_end(
+        self, sandbox_id: Optional[str] = None, count: int = 1
+    ) -> Dict[str, Any]:
+        """The next Start stream is forwarded up to its Connect end-of-stream message — the
+        process's end event arrives — then sends nothing more and never ends (released as
+        :meth:`stream_stall`)."""
+        return self._arm("stream_stall_at_end", sandbox_id=sandbox_id, count=count)
+
     def envd_unresponsive(self, sandbox_id: str) -> Dict[str, Any]:
         """Every new envd request to that sandbox hangs until it is rebooted (filesystem-only
         pause, or connect with ``memory: false``) or :meth:`clear_faults`. Open streams keep

@@ -46,6 +46,21 @@ def test_exec_cut_after_its_end_event_returns_the_result(emu, provider, fresh) -
     assert provider.exec(fresh, "cat /tmp/runs", timeout=30.0).stdout == "once\n"
 
 
+def test_exec_whose_deadline_passes_after_its_end_event_returns_the_result(emu, fresh) -> None:  # type: ignore[no-untyped-def]
+    """The end event arrives, then the stream stalls: the 1 s deadline passes long before the
+    stream ends (its 12 s read timeout, keepalive 1 s). The exit status is the result: not a
+    timeout, nothing killed, no reboot."""
+    with E2BSandboxProvider(emu.config(template="base"), keepalive_seconds=1) as p:
+        emu.stream_stall_at_end(sandbox_id=fresh.id)
+        r = p.exec(fresh, "echo once >> /tmp/runs; echo hi; exit 3", timeout=1.0)
+        assert (r.exit_code, r.stdout, r.timed_out, r.wedged) == (3, "hi\n", False, False)
+        assert emu.faults() == []  # the stall happened
+        assert p.exec(fresh, "cat /tmp/runs", timeout=30.0).stdout == "once\n"
+    # nothing was killed (no signal) and nothing rebooted (no pause)
+    assert emu.requests(sandbox_id=fresh.id, path="SendSignal") == []
+    assert emu.requests(sandbox_id=fresh.id, path="/pause") == []
+
+
 def test_file_reads_cut_after_their_end_event_return_the_content(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]
     provider.write_file(fresh, "/workspace/r.txt", b"content")
     emu.stream_cut_at_end(sandbox_id=fresh.id)

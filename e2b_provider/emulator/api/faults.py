@@ -32,6 +32,9 @@ hits before it disarms itself (default 1; ``-1`` = until cleared). The kinds:
     The next Start stream sends ``after_bytes`` bytes of response body and then nothing at all:
     it never ends. The connection stays open until the client goes away, its sandbox is
     paused, rebooted or killed, or the faults are cleared (clearing closes it).
+``stream_stall_at_end(sandbox_id=None, count=1)``
+    The next Start stream is forwarded whole up to its Connect end-of-stream message (so the
+    process's ``end`` event arrives), then stalls as ``stream_stall`` does.
 ``edge_not_found(sandbox_id=None, count=1)``
     The next ``count`` envd requests (of that sandbox, or any) answer 502 "The sandbox was not
     found" without reaching envd, as E2B's edge answers for a sandbox paused between a client's
@@ -96,6 +99,7 @@ FAULT_KINDS: Mapping[str, Tuple[str, ...]] = {
     "stream_cut": ("after_bytes", "sandbox_id"),
     "stream_cut_at_end": ("sandbox_id",),
     "stream_stall": ("after_bytes", "sandbox_id"),
+    "stream_stall_at_end": ("sandbox_id",),
     "envd_unresponsive": ("sandbox_id",),
     "edge_not_found": ("sandbox_id",),
     "envd_error": ("status", "sandbox_id"),

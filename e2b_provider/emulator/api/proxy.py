@@ -12,8 +12,8 @@ and a byte-level streaming proxy to the agent's unix socket (an aiohttp client w
 ``UnixConnector`` per sandbox): request and response bodies flow chunk by chunk as they are
 produced, nothing is buffered, and a client that goes away closes the upstream request (the
 agent keeps the process running). The Start-stream faults (``stream_cut``,
-``stream_cut_at_end``, ``stream_stall``, ``bad_envelope``) are applied here. Secrets (the
-access token) are never forwarded to the agent, logged or echoed.
+``stream_cut_at_end``, ``stream_stall``, ``stream_stall_at_end``, ``bad_envelope``) are
+applied here. Secrets (the access token) are never forwarded to the agent, logged or echoed.
 """
 
 from __future__ import annotations
@@ -316,6 +316,8 @@ class EnvdProxy:
                 cut = faults.take("stream_cut_at_end", sandbox_id=sid)
             if bad is None and cut is None:
                 stall = faults.take("stream_stall", sandbox_id=sid)
+            if bad is None and cut is None and stall is None:
+                stall = faults.take("stream_stall_at_end", sandbox_id=sid)
             for fault in (bad, cut, stall):
                 if fault is not None:
                     entry["fault"] = fault.kind
@@ -358,10 +360,13 @@ class EnvdProxy:
             if bad is not None:
                 await resp.write(bad_frame(str(bad.params["mode"])))
             limit: Optional[int] = None
-            trailer = TrailerCut() if cut is not None and cut.kind == "stream_cut_at_end" else None
+            at_end = (cut is not None and cut.kind == "stream_cut_at_end") or (
+                stall is not None and stall.kind == "stream_stall_at_end"
+            )
+            trailer = TrailerCut() if at_end else None
             if cut is not None and trailer is None:
                 limit = int(cut.params["after_bytes"])
-            elif stall is not None:
+            elif stall is not None and trailer is None:
                 limit = int(stall.params["after_bytes"])
             sent = 0
             try:
