@@ -88,12 +88,15 @@ class Lifecycle:
         # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
         self._reboot_locks: Dict[str, threading.Lock] = {}
         self._rebooted_at: Dict[str, float] = {}
+        # When the latest reboot of each sandbox began (kills queued before it are dropped).
+        self._reboot_began: Dict[str, float] = {}
 
     def after_fork(self) -> None:
         """Forget the parent's reboot bookkeeping (its locks may be held by dead threads)."""
         self._lock = threading.Lock()
         self._reboot_locks = {}
         self._rebooted_at = {}
+        self._reboot_began = {}
 
     def create(
         self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
@@ -183,13 +186,25 @@ class Lifecycle:
 
     # -- reboot of a wedged sandbox -------------------------------------------------------
 
+    def rebooted_since(self, sid: str, t: float) -> bool:
+        """True if a reboot of ``sid`` began at or after ``t`` (monotonic clock)."""
+        return self._reboot_began.get(sid, -math.inf) >= t
+
     def reboot_once(self, sid: str, target: Target, began: float) -> None:
         """Reboot ``sid`` unless a reboot that started after ``began`` already finished.
 
         ``began`` is when the stuck command was started: a reboot that started later killed
         it. So many commands on one stuck sandbox that time out together share one reboot
-        instead of pausing and cold-booting the same sandbox over each other.
+        instead of pausing and cold-booting the same sandbox over each other. After the
+        provider was closed nothing is rebooted (logged).
         """
+        if self._ctx.closed:
+            log.warning(
+                "e2b_provider: a command in sandbox %s could not be stopped, and the provider "
+                "was closed: the sandbox is not rebooted",
+                sid,
+            )
+            return
         with self._lock:
             lock = self._reboot_locks.setdefault(sid, threading.Lock())
         if not lock.acquire(timeout=self._ctx.bounds.reboot):
@@ -200,6 +215,7 @@ class Lifecycle:
                 log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
                 return
             started = time.monotonic()
+            self._reboot_began[sid] = started
             self._reboot(sid, target)
             self._rebooted_at[sid] = started
         finally:
