@@ -2,7 +2,8 @@
 
 This module owns every shell script the provider sends into a sandbox (``EXEC_WRAPPER``,
 ``KILL_TREE``, ``KILL_*_SCRIPT``, ``READ_SCRIPT``, ``STAT_SCRIPT``, ``*_WRITE_SCRIPT``, and the
-library's own file scripts below them), the constants they depend on, and small builders for
+library's own file and kill scripts below them), the constants they depend on (among them
+the exec marker every exec's processes inherit), and small builders for
 the ``args`` lists passed to envd's ``process.Process/Start``. The reference's scripts are
 copied byte for byte from its bundle (``plugin-sandbox-e2b.mjs``) with its JavaScript
 template literals expanded (``${KILL_TREE}``, ``${SANDBOX_USER}``); a change of a single

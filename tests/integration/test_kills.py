@@ -74,11 +74,15 @@ def _bystander(p: E2BSandboxProvider, h: SandboxHandle, flag: str, out: List[obj
 
 
 def test_a_burst_of_timeouts_kills_only_its_own_commands(emu, reboots) -> None:  # type: ignore[no-untyped-def]
-    """320 timeouts at once over 4 sandboxes, one ordinary command per sandbox beside them."""
+    """320 timeouts at once over 4 sandboxes, one ordinary command per sandbox beside them.
+
+    Two kill workers instead of eight make the kills queue on any machine: 320 kills one
+    after the other would take far longer than the kill bound.
+    """
     n, sandboxes, timeout = 320, 4, 2.0
     kill_bound, grace = 20.0, 3.0
-    with E2BSandboxProvider(
-        emu.config(template="base"), kill_bound=kill_bound, kill_grace=grace
+    with Watchdog(workers=2) as wd, E2BSandboxProvider(
+        emu.config(template="base"), watchdog=wd, kill_bound=kill_bound, kill_grace=grace
     ) as p:
         hs = [p.create(unique_name("burst")) for _ in range(sandboxes)]
         try:
@@ -111,6 +115,7 @@ def test_a_burst_of_timeouts_kills_only_its_own_commands(emu, reboots) -> None: 
                 t.start()
             for t in threads:
                 t.join(300)
+            assert wd.thread_count() <= 1 + 2  # constant: the timer thread and two workers
             assert not errors, errors[:3]
             assert all(r is not None and r.timed_out and r.exit_code is None for r in results)
             assert [r for r in results if r is not None and r.wedged] == []
