@@ -333,16 +333,17 @@ class KillBatcher:
                 self._wait_cap,
                 len(live),
             )
-        wedged = False
+        # Every verdict is decided before any is delivered: the first False delivered may
+        # start a reboot at once, which must not turn the others into "rebooted since".
+        verdicts: List[Tuple[_Kill, Optional[bool]]] = []
         for k in live:
             if ok:
-                _resolve(k, True)
+                verdicts.append((k, True))
             elif closed or bound.capped or self._rebooted_since(sid, k.began):
-                _resolve(k, None)
+                verdicts.append((k, None))
             else:
-                _resolve(k, False)
-                wedged = True
-        if wedged:
+                verdicts.append((k, False))
+        if any(v is False for _, v in verdicts):
             # The sandbox could not run a kill: the kills queued behind this batch would
             # meet the same sandbox. They share the verdict (and so the reboot).
             with self._lock:
@@ -351,7 +352,9 @@ class KillBatcher:
                 if queue is not None:
                     queue.kills.clear()
             for k in queued:
-                _resolve(k, None if self._rebooted_since(sid, k.began) else False)
+                verdicts.append((k, None if self._rebooted_since(sid, k.began) else False))
+        for k, verdict in verdicts:
+            _resolve(k, verdict)
         if ok:
             self._signal(envd, sid, live)
 
