@@ -87,16 +87,15 @@ class Lifecycle:
         self._lock = threading.Lock()
         # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
         self._reboot_locks: Dict[str, threading.Lock] = {}
+        # When the latest reboot of each sandbox began (recorded as it begins: a reboot in
+        # progress holds the sandbox's lock, so sharing sees only finished ones).
         self._rebooted_at: Dict[str, float] = {}
-        # When the latest reboot of each sandbox began (kills queued before it are dropped).
-        self._reboot_began: Dict[str, float] = {}
 
     def after_fork(self) -> None:
         """Forget the parent's reboot bookkeeping (its locks may be held by dead threads)."""
         self._lock = threading.Lock()
         self._reboot_locks = {}
         self._rebooted_at = {}
-        self._reboot_began = {}
 
     def create(
         self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
@@ -188,7 +187,7 @@ class Lifecycle:
 
     def rebooted_since(self, sid: str, t: float) -> bool:
         """True if a reboot of ``sid`` began at or after ``t`` (monotonic clock)."""
-        return self._reboot_began.get(sid, -math.inf) >= t
+        return self._rebooted_at.get(sid, -math.inf) >= t
 
     def reboot_once(self, sid: str, target: Target, began: float) -> None:
         """Reboot ``sid`` unless a reboot that started after ``began`` already finished.
@@ -214,10 +213,8 @@ class Lifecycle:
             if self._rebooted_at.get(sid, -math.inf) >= began:
                 log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
                 return
-            started = time.monotonic()
-            self._reboot_began[sid] = started
+            self._rebooted_at[sid] = time.monotonic()
             self._reboot(sid, target)
-            self._rebooted_at[sid] = started
         finally:
             lock.release()
 
