@@ -1,4 +1,4 @@
-"""Run every benchmark of issue 7's suite in turn and print their tables.
+"""Run the benchmarks (issue 7's suite and the timeout burst) in turn and print their tables.
 
     python benchmarks/run_all.py [--only wan,files] [--quick]
 
@@ -30,6 +30,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "capped_output": ["--runs", "1", "--mib", "256"],
     "concurrency": ["--runs", "1", "--threads", "200"],
     "wan": ["--runs", "8", "--create-runs", "2"],
+    "timeout_burst": ["--threads", "320", "--sandboxes", "4"],
 }
 
 

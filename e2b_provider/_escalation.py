@@ -1,8 +1,9 @@
 """The kill -> grace -> wedged escalation state machine of one running exec.
 
 This module owns :class:`Escalation`, a pure state machine: inputs (a deadline fired, the
-caller's token was cancelled, Ctrl-C, the kill job finished, the grace period ran out, the
-stream ended) go in, and a list of :data:`Action` values comes out for the caller to carry out.
+caller's token was cancelled, Ctrl-C, the kill job finished or is overdue, the grace period
+ran out, the stream ended) go in, and a list of :data:`Action` values comes out for the
+caller to carry out.
 It mirrors the reference's ``stop()`` / ``killing`` / ``grace`` / ``wedged`` logic in ``run``.
 
 Transitions (the first trigger wins; later triggers change nothing)::
@@ -11,8 +12,14 @@ Transitions (the first trigger wins; later triggers change nothing)::
     RUNNING --interrupt--------> KILLING  [KillInline]   (no killer: [AbortStream])
     KILLING --kill_done(True)--> GRACE    [ArmGrace(grace_seconds)]
     KILLING --kill_done(False)-> WEDGED   [AbortStream]
+    KILLING --kill_done(None)--> UNCONFIRMED [AbortStream]   (also kill_overdue)
     GRACE   --grace_expired----> WEDGED   [AbortStream]
     any     --stream_end-------> DONE     [Reboot] if it was WEDGED
+
+WEDGED needs evidence about the sandbox: a kill that failed, or ran past its bound after it
+actually started, or a stream still open a grace period after a kill that worked. A kill
+with no verdict (it never got to run in time, or the provider was closed) is UNCONFIRMED:
+the stream is dropped so the caller gets its result on time, and nothing is rebooted.
 
 Pure: no threads, no clock, no I/O; it imports no requests, urllib3 or socket. It is not
 thread-safe: the caller wraps every input in its own lock and performs the actions outside it.
@@ -49,6 +56,7 @@ class State(enum.Enum):
     KILLING = "killing"
     GRACE = "grace"
     WEDGED = "wedged"
+    UNCONFIRMED = "unconfirmed"
     DONE = "done"
 
 
@@ -101,6 +109,7 @@ class Escalation:
         interrupted: a Ctrl-C arrived before the stream ended (the caller must re-raise it).
         cancel_reason: the token's reason when ``cancelled``.
         wedged: the command could not be stopped (stays True after DONE).
+        unconfirmed: the kill gave no verdict in time (stays True after DONE).
         stopping: a stop was triggered (deadline, cancel or interrupt).
     """
 
@@ -113,6 +122,7 @@ class Escalation:
         self.interrupted = False
         self.cancel_reason: Optional[CancelReason] = None
         self.wedged = False
+        self.unconfirmed = False
         self.stopping = False
 
     def __repr__(self) -> str:
@@ -160,15 +170,27 @@ class Escalation:
             return [AbortStream()]
         return [KillInline()]
 
-    def on_kill_done(self, ok: bool) -> List[Action]:
-        """The kill job finished; ``ok`` is False if it failed or timed out."""
+    def on_kill_done(self, ok: Optional[bool]) -> List[Action]:
+        """The kill job finished: ``ok`` True if it worked, False if it failed or ran past its
+        bound after it started (evidence: the sandbox is wedged), None for no verdict."""
         if self.state is not State.KILLING:
             return []
+        if ok is None:
+            return self.on_kill_overdue()
         if ok:
             self.state = State.GRACE
             return [ArmGrace(self.grace_seconds)]
         self.state = State.WEDGED
         self.wedged = True
+        return [AbortStream()]
+
+    def on_kill_overdue(self) -> List[Action]:
+        """The kill gave no verdict within its bound from submission (it may still be
+        queued): drop the stream without declaring the sandbox wedged."""
+        if self.state is not State.KILLING:
+            return []
+        self.state = State.UNCONFIRMED
+        self.unconfirmed = True
         return [AbortStream()]
 
     def on_grace_expired(self) -> List[Action]:

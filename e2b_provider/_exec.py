@@ -3,9 +3,13 @@
 This module owns :func:`run_process`: it starts a process through envd, reads the event
 stream on the caller's thread, budgets the output, and wires the deadline, the cancel token
 and Ctrl-C into the kill → grace → wedged escalation (:mod:`._escalation`). Timers live on
-the shared watchdog thread; blocking kill calls run on the watchdog's bounded worker pool,
-never on the watchdog thread itself, so the library adds a constant number of threads
-however many commands run at once.
+the shared watchdog thread; blocking kill calls run on the watchdog's bounded worker pool
+(directly, or batched per sandbox by a kill starter), never on the watchdog thread itself,
+so the library adds a constant number of threads however many commands run at once.
+
+A kill that failed, or ran past its bound after it started, wedges the run; a kill that gave
+no verdict within its bound counted from submission (still queued behind other work, say)
+does not: the stream is dropped, the result comes back on time, and nothing is rebooted.
 
 Three lanes touch one run: the caller (reads the stream), the watchdog (deadline and grace
 timers; callbacks only flip state) and a worker (the kill job). The escalation state machine
@@ -21,7 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -35,13 +39,21 @@ from .errors import (
     ProtocolError,
 )
 
-__all__ = ["Killer", "OnText", "RunOutcome", "run_process"]
+__all__ = ["KillStarter", "Killer", "OnText", "RunOutcome", "run_process"]
 
 log = logging.getLogger("e2b_provider")
 
 #: A kill job: given the pid (if the start event arrived) and a bound in seconds, stop the
-#: command and its whole tree; True when it worked. It runs on a worker thread.
-Killer = Callable[[Optional[int], float], bool]
+#: command and its whole tree; True when it worked, False when it failed (the sandbox counts
+#: as wedged), None for no verdict. It runs on a worker thread and bounds itself from when
+#: it starts.
+Killer = Callable[[Optional[int], float], Optional[bool]]
+
+#: Starts a kill without blocking: given the bound in seconds and a probe that tells whether
+#: the run's process is known to be running (its start event came, its stream has not
+#: ended), returns a future with the verdict (as a :data:`Killer`'s). The bound counts from
+#: when the kill actually starts.
+KillStarter = Callable[[float, Callable[[], bool]], "concurrent.futures.Future[Optional[bool]]"]
 
 #: A live-output callback: called on the reading thread with each piece of decoded text.
 OnText = Callable[[str], None]
@@ -106,24 +118,32 @@ class _Run:
     abort_token: CancelToken = attrs.field(factory=CancelToken)
     stream: Optional[ProcessStream] = None
     pid: Optional[int] = None
-    kill_future: Optional[concurrent.futures.Future[bool]] = None
-    #: When the kill job counts as failed: its bound, from submission, plus one second.
+    #: The process's end event came.
+    ended: bool = False
+    kill_future: Optional[concurrent.futures.Future[Optional[bool]]] = None
+    #: When the wait for the kill's verdict ends: its bound, from submission, plus 1 s.
     kill_deadline: Optional[Deadline] = None
     timers: list[Any] = attrs.field(factory=list)
 
 
-def _wait_future(fut: concurrent.futures.Future[bool], deadline: Deadline) -> Optional[bool]:
-    """Wait for ``fut`` in slices until ``deadline``; None if it did not finish in time."""
+def _wait_future(
+    fut: concurrent.futures.Future[Optional[bool]], deadline: Deadline
+) -> Tuple[bool, Optional[bool]]:
+    """Wait for a kill's verdict in slices until ``deadline``: ``(finished, verdict)``."""
     while True:
         left = deadline.remaining()
         try:
             # timeout=0 once the deadline passed: a finished job still counts.
-            return bool(fut.result(timeout=min(left, _WAIT_SLICE_S)))
+            return True, _verdict(fut.result(timeout=min(left, _WAIT_SLICE_S)))
         except concurrent.futures.TimeoutError:
             if left <= 0:
-                return None
+                return False, None
         except Exception:
-            return False
+            return True, False
+
+
+def _verdict(value: Optional[bool]) -> Optional[bool]:
+    return None if value is None else bool(value)
 
 
 def run_process(
@@ -139,6 +159,7 @@ def run_process(
     token: Optional[CancelToken],
     watchdog: Watchdog,
     killer: Optional[Killer] = None,
+    start_kill: Optional[KillStarter] = None,
     kill_seconds: float = 20.0,
     grace_seconds: float = 3.0,
     interrupt_kill_seconds: float = 10.0,
@@ -147,6 +168,7 @@ def run_process(
     on_stdout: Optional[OnText] = None,
     on_stderr: Optional[OnText] = None,
     tag: Optional[str] = None,
+    on_start: Optional[Callable[[int], None]] = None,
 ) -> RunOutcome:
     """Run one process through envd and return what it produced.
 
@@ -160,9 +182,13 @@ def run_process(
         timeout: seconds until the command is stopped (None: no deadline).
         token: cancels the run from any thread.
         watchdog: the shared timer thread and worker pool.
-        killer: the kill job for timeouts and cancellation; None means "just drop the stream"
-            (file operations, and the kill job's own process).
-        kill_seconds: how long the kill job may take before the sandbox counts as wedged.
+        killer: the kill job for timeouts and cancellation, run on the worker pool; None
+            (and no ``start_kill``) means "just drop the stream" (the kill job's own
+            process).
+        start_kill: starts the kill without blocking (instead of ``killer``).
+        kill_seconds: how long the kill may take once it started before the sandbox counts
+            as wedged; the wait for its verdict ends this long (plus 1 s) after it was
+            asked for, with no verdict (not wedged) if it had not finished by then.
         grace_seconds: how long the stream may take to end after a successful kill.
         interrupt_kill_seconds: bound on the kill after Ctrl-C.
         keepalive_seconds: envd keepalive interval asked for.
@@ -175,6 +201,8 @@ def run_process(
             ``interrupt_kill_seconds``) and is then raised.
         on_stderr: the same for standard error.
         tag: envd's tag for the process (see :meth:`EnvdClient.signal_tag`).
+        on_start: called on the reading thread with the pid when the start event arrives
+            (envd answered the request); it must not block or raise.
 
     Returns:
         The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
@@ -191,7 +219,8 @@ def run_process(
         token.raise_if_cancelled()
     live_out = _Live(on_stdout) if on_stdout is not None else None
     live_err = _Live(on_stderr) if on_stderr is not None else None
-    run = _Run(esc=esc_mod.Escalation(has_killer=killer is not None, grace_seconds=grace_seconds))
+    has_killer = killer is not None or start_kill is not None
+    run = _Run(esc=esc_mod.Escalation(has_killer=has_killer, grace_seconds=grace_seconds))
     budget = OutputBudget(max_output_bytes)
     exit_code: Optional[int] = None
     saw_end = False
@@ -221,7 +250,7 @@ def run_process(
         if stream is not None:
             stream.abort()
 
-    def _kill_job(bound: float) -> bool:
+    def _kill_job(bound: float) -> Optional[bool]:
         assert killer is not None
         try:
             return killer(run.pid, bound)
@@ -230,21 +259,24 @@ def run_process(
             return False
 
     def _submit_kill(bound: float) -> None:
-        if killer is None:
+        fut: concurrent.futures.Future[Optional[bool]]
+        if start_kill is not None:
+            fut = start_kill(bound, lambda: run.pid is not None and not run.ended)
+        elif killer is not None:
+            fut = watchdog.submit(_kill_job, bound)
+        else:
             return
-        fut = watchdog.submit(_kill_job, bound)
         with run.lock:
             run.kill_future = fut
             run.kill_deadline = Deadline.after(bound + 1.0, watchdog.clock)
-        # The kill's bound starts at submission: a queued or hung job still wedges on time.
-        bound_timer = watchdog.call_later(
-            bound + 1.0, lambda: feed(lambda: run.esc.on_kill_done(False))
-        )
+        # The kill bounds itself from when it starts; the caller waits for its verdict no
+        # longer than the bound from now: a kill still queued then is overdue, not failed.
+        bound_timer = watchdog.call_later(bound + 1.0, lambda: feed(run.esc.on_kill_overdue))
         run.timers.append(bound_timer)
 
-        def done(f: concurrent.futures.Future[bool]) -> None:
+        def done(f: concurrent.futures.Future[Optional[bool]]) -> None:
             try:
-                ok = bool(f.result())
+                ok = _verdict(f.result())
             except Exception:
                 ok = False
             feed(lambda: run.esc.on_kill_done(ok))
@@ -288,6 +320,8 @@ def run_process(
                         for ev in stream:
                             if isinstance(ev, StartEvent):
                                 run.pid = ev.pid
+                                if on_start is not None:
+                                    on_start(ev.pid)
                             elif isinstance(ev, DataEvent):
                                 if ev.stdout:
                                     kept = budget.add_stdout(ev.stdout)
@@ -305,6 +339,7 @@ def run_process(
                             elif isinstance(ev, EndEvent):
                                 exit_code = ev.exit_code
                                 saw_end = True
+                                run.ended = True
                                 with run.lock:
                                     if run.esc.state is esc_mod.State.RUNNING:
                                         # The process has exited: its status is the result.
@@ -314,32 +349,35 @@ def run_process(
                     except E2BProviderError as exc:
                         stream_error = exc
         except KeyboardInterrupt:
-            _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
+            _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, has_killer)
             raise
         except _CallbackFailed as failed:
-            _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
+            _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, has_killer)
             raise failed.error from None
 
         # The stream has ended (or was dropped). Let a kill in flight finish first, as the
         # reference awaits it: a kill that fails now still marks the sandbox wedged.
-        # The wait ends with the kill's own bound (counted from its submission), so a kill
-        # that is queued or hung delays the result by no more than that bound.
+        # The wait ends with the kill's bound counted from its submission, so a kill that
+        # is queued or hung delays the result by no more than that bound; without a verdict
+        # by then the run is not wedged (the kill may still run later: it acts only on this
+        # command's own control path, marker and envd tag).
         with run.lock:
             fut = run.kill_future
             kill_deadline = run.kill_deadline
         if fut is not None:
             try:
-                ok = _wait_future(
+                finished, ok = _wait_future(
                     fut, kill_deadline or Deadline.after(kill_seconds + 1.0, watchdog.clock)
                 )
             except KeyboardInterrupt:
-                _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, killer)
+                _interrupted(run, feed, _submit_kill, _abort, interrupt_kill_seconds, has_killer)
                 raise
-            if ok is None:
-                # Past its bound the sandbox counts as wedged and is rebooted: a kill job
-                # still queued must never start afterwards (its pid may be reused by then).
-                fut.cancel()
-            feed(lambda: run.esc.on_kill_done(bool(ok)))
+            feed(lambda: run.esc.on_kill_done(ok) if finished else run.esc.on_kill_overdue())
+        if run.esc.unconfirmed:
+            log.warning(
+                "e2b_provider: a command that was stopped (timeout or cancel) was not confirmed "
+                "stopped in time; it may still be running until its in-sandbox timeout"
+            )
         with run.lock:
             actions = run.esc.on_stream_end()
         wedged = any(isinstance(a, esc_mod.Reboot) for a in actions) or run.esc.wedged
@@ -387,7 +425,7 @@ def _interrupted(
     submit_kill: Callable[[float], None],
     abort: Callable[[], None],
     bound: float,
-    killer: Optional[Killer],
+    has_killer: bool,
 ) -> None:
     """Ctrl-C: kill the remote command within ``bound`` seconds, then let the KI propagate.
 
@@ -397,14 +435,14 @@ def _interrupted(
         actions = run.esc.on_interrupt()
         fut = run.kill_future
     try:
-        if killer is not None:
+        if has_killer:
             if fut is None and any(isinstance(a, esc_mod.KillInline) for a in actions):
                 submit_kill(bound)
                 with run.lock:
                     fut = run.kill_future
             if fut is not None:
-                ok = _wait_future(fut, Deadline.after(bound))
-                if ok is None:
+                _, ok = _wait_future(fut, Deadline.after(bound))
+                if not ok:
                     log.warning(
                         "e2b_provider: interrupted; the remote command could not be confirmed "
                         "stopped within %.0f s and may still be running",

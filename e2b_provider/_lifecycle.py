@@ -111,6 +111,8 @@ class Lifecycle:
         self._lock = threading.Lock()
         # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
         self._reboot_locks = KeyedLocks()
+        # When the latest reboot of each sandbox began (recorded as it begins: a reboot in
+        # progress holds the sandbox's lock, so sharing sees only finished ones); bounded.
         self._rebooted_at: collections.OrderedDict[str, float] = collections.OrderedDict()
         # One create per name at a time.
         self._create_locks = KeyedLocks()
@@ -255,13 +257,26 @@ class Lifecycle:
 
     # -- reboot of a wedged sandbox -------------------------------------------------------
 
+    def rebooted_since(self, sid: str, t: float) -> bool:
+        """True if a reboot of ``sid`` began at or after ``t`` (monotonic clock)."""
+        with self._lock:
+            return self._rebooted_at.get(sid, -math.inf) >= t
+
     def reboot_once(self, sid: str, target: Target, began: float) -> None:
         """Reboot ``sid`` unless a reboot that started after ``began`` already finished.
 
         ``began`` is when the stuck command was started: a reboot that started later killed
         it. So many commands on one stuck sandbox that time out together share one reboot
-        instead of pausing and cold-booting the same sandbox over each other.
+        instead of pausing and cold-booting the same sandbox over each other. After the
+        provider was closed nothing is rebooted (logged).
         """
+        if self._ctx.closed:
+            log.warning(
+                "e2b_provider: a command in sandbox %s could not be stopped, and the provider "
+                "was closed: the sandbox is not rebooted",
+                sid,
+            )
+            return
         with self._reboot_locks.hold(sid, timeout=self._ctx.bounds.reboot) as got:
             if not got:
                 log.warning(
@@ -273,13 +288,12 @@ class Lifecycle:
             if last >= began:
                 log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
                 return
-            started = time.monotonic()
-            self._reboot(sid, target)
             with self._lock:
-                self._rebooted_at[sid] = started
+                self._rebooted_at[sid] = time.monotonic()
                 self._rebooted_at.move_to_end(sid)
                 while len(self._rebooted_at) > MAX_REBOOT_MARKS:
                     self._rebooted_at.popitem(last=False)
+            self._reboot(sid, target)
 
     def _reboot(self, sid: str, target: Target) -> None:
         """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""

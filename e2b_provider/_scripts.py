@@ -2,7 +2,8 @@
 
 This module owns every shell script the provider sends into a sandbox (``EXEC_WRAPPER``,
 ``KILL_TREE``, ``KILL_*_SCRIPT``, ``READ_SCRIPT``, ``STAT_SCRIPT``, ``*_WRITE_SCRIPT``, and the
-library's own file scripts below them), the constants they depend on, and small builders for
+library's own file and kill scripts below them), the constants they depend on (among them
+the exec marker every exec's processes inherit), and small builders for
 the ``args`` lists passed to envd's ``process.Process/Start``. The reference's scripts are
 copied byte for byte from its bundle (``plugin-sandbox-e2b.mjs``) with its JavaScript
 template literals expanded (``${KILL_TREE}``, ``${SANDBOX_USER}``); a change of a single
@@ -17,11 +18,12 @@ import base64
 import math
 import re
 import uuid
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import InvalidArgument
 
 __all__ = [
+    "EXEC_MARKER",
     "EXEC_WRAPPER",
     "FILEOP_CLEANUP_SCRIPT",
     "FILEOP_MARKER",
@@ -31,12 +33,17 @@ __all__ = [
     "INLINE_USER_WRITE_SCRIPT",
     "INLINE_WRITE_MAX",
     "IN_SANDBOX_GRACE_SECONDS",
+    "KILL_ALL_MARKED_SCRIPT",
     "KILL_ALL_SCRIPT",
+    "KILL_BATCH_MAX",
+    "KILL_BATCH_SCRIPT",
     "KILL_SCRIPT",
+    "KILL_TAGGED_MARKED_SCRIPT",
     "KILL_TAGGED_SCRIPT",
     "KILL_TREE",
     "LARGE_READ_EXIT",
     "LARGE_READ_MIN",
+    "MARKED_KILL",
     "METADATA_NAME",
     "MISSING_TOOL_EXIT",
     "NOT_THERE",
@@ -59,9 +66,11 @@ __all__ = [
     "fileop_name",
     "hold_args",
     "inline_write_args",
+    "exec_env",
     "is_skills_path",
     "kill_all_args",
     "kill_args",
+    "kill_batch_args",
     "kill_tagged_args",
     "read_args",
     "read_probe_args",
@@ -212,12 +221,14 @@ def kill_args(ctl: str) -> List[str]:
 
 
 def kill_all_args() -> List[str]:
-    """The args for cmd ``/bin/sh`` that kill every exec in the sandbox."""
-    return ["-c", KILL_ALL_SCRIPT, "capybara-killall"]
+    """The args for cmd ``/bin/sh`` that kill every exec in the sandbox (also the processes
+    that left an exec's session: :data:`KILL_ALL_MARKED_SCRIPT`)."""
+    return ["-c", KILL_ALL_MARKED_SCRIPT, "capybara-killall"]
 
 
 def kill_tagged_args(tags: Iterable[str]) -> List[str]:
-    """The args for cmd ``/bin/sh`` that kill the execs started with any of ``tags``.
+    """The args for cmd ``/bin/sh`` that kill the execs started with any of ``tags`` (also
+    the processes that left their sessions: :data:`KILL_TAGGED_MARKED_SCRIPT`).
 
     Raises:
         InvalidArgument: a tag is not a valid exec tag.
@@ -225,7 +236,7 @@ def kill_tagged_args(tags: Iterable[str]) -> List[str]:
     if isinstance(tags, str):
         raise InvalidArgument("tags must be a list of tags, not one string")
     checked = [check_tag(t) for t in tags]
-    return ["-c", KILL_TAGGED_SCRIPT, "capybara-killtagged", *checked]
+    return ["-c", KILL_TAGGED_MARKED_SCRIPT, "capybara-killtagged", *checked]
 
 
 def read_args(path: str, want: int) -> List[str]:
@@ -498,3 +509,122 @@ def fileop_cleanup_args(op_id: str, fifo: str = "", block: bool = False) -> List
     if op_id:
         fileop_name(op_id)  # checks it
     return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo, "1" if block else "0"]
+
+
+# ---- the provider's own kill scripts (not the reference's) ---------------------------------
+#
+# The reference finds an exec's processes through its pid file, its session and process
+# groups, and its wrapper's command line; a process that calls ``setsid`` (or is
+# double-forked away) leaves all three. Every exec's processes also inherit
+# :data:`EXEC_MARKER` (set in the environment envd starts the wrapper with), and the scripts
+# below kill by it too, after everything the reference's scripts do.
+
+#: The environment variable every process of an exec inherits; its value is the exec's
+#: control path. ``/proc/<pid>/environ`` is the environment a process was started with, so
+#: a process that leaves the exec's session keeps it; one started with an emptied
+#: environment (``env -i``) is found only by the reference's means.
+EXEC_MARKER = "CAPYBARA_EXEC"
+#: Control paths one :data:`KILL_BATCH_SCRIPT` takes at most.
+KILL_BATCH_MAX = 256
+
+#: Shell function ``z GREP-ARGS...``: kills every process whose environment holds an entry
+#: that ``grep -z GREP-ARGS`` matches. One scan of ``/proc/*/environ`` lists them (only
+#: processes of the script's own user are readable, the only ones it may signal); they are
+#: stopped, checked again, and only those that still match are killed: a pid reused between
+#: the scan and the stop is continued (before any kill), never killed. (A process sharing a
+#: process group with killed ones may still get the SIGHUP the kernel sends a group orphaned
+#: while a member is stopped; only a process of the exec's own tree can share its groups.)
+#: Up to five rounds catch children forked while a round ran (a stopped process forks no
+#: more).
+MARKED_KILL = (
+    'z() { n=0; while [ $n -lt 5 ]; do n=$((n+1)); l=; '
+    'for f in $(grep -lsz "$@" /proc/[0-9]*/environ); do f=${f#/proc/}; l="$l ${f%/environ}"; '
+    'done; [ -n "$l" ] || return 0; kill -STOP $l 2>/dev/null; v=; '
+    'for f in $(grep -lsz "$@" $(for p in $l; do echo "/proc/$p/environ"; done)); do '
+    'f=${f#/proc/}; v="$v ${f%/environ}"; done; '
+    'for p in $l; do case "$v " in *" $p "*) ;; *) kill -CONT "$p" 2>/dev/null;; esac; done; '
+    'if [ -n "$v" ]; then kill -9 $v 2>/dev/null; fi; done; }; '
+)
+
+#: Kills the execs whose control paths are ``$@`` (at most :data:`KILL_BATCH_MAX`), as
+#: :data:`KILL_SCRIPT` does for one, in one process: marks them all killed (a wrapper not yet
+#: started refuses to), waits up to ~1 s in all for their pid files, kills each tree, sweeps
+#: their wrappers (one ``pgrep`` for all), then kills every process carrying one of their
+#: markers. The trees are killed as :data:`KILL_TREE` kills one — the process groups of the
+#: wrapper's children, the wrapper's own group, its whole session (as the groups of its
+#: members) — from one ``ps`` listing for all wrappers, not two scans of ``/proc`` per
+#: wrapper; and a pid from a pid file counts only while its command line is still that
+#: exec's wrapper (a pid file left over from before a reboot may name another process now).
+#: Exit 0.
+KILL_BATCH_SCRIPT = (
+    KILL_TREE
+    + MARKED_KILL
+    + 'for c in "$@"; do : > "$c.kill" 2>/dev/null; done; i=0; while [ $i -lt 20 ]; do w=; '
+    'for c in "$@"; do [ -s "$c.pid" ] || { w=1; break; }; done; [ -z "$w" ] && break; '
+    'sleep 0.05; i=$((i+1)); done; r=; w=; '
+    'for c in "$@"; do p=; if [ -s "$c.pid" ]; then { read -r p < "$c.pid"; } 2>/dev/null; fi; '
+    'case "$p" in ""|*[!0-9]*|0|1) ;; *) w="$w $p:$c"; rm -f "$c.kill";; esac; r="$r|$c"; '
+    'done; if [ -n "$w" ]; then '
+    'g=$(ps -ww -e -o pid= -o ppid= -o pgid= -o sid= -o args= | awk -v w="$w" '
+    "'BEGIN { n = split(w, a, \" \"); for (i = 1; i <= n; i++) { split(a[i], b, \":\"); "
+    'C[b[1]] = "capybara-exec " b[2] " " } } '
+    "{ P[NR] = $1; Q[NR] = $2; G[NR] = $3; S[NR] = $4; "
+    "if (($1 in C) && index($0, C[$1])) W[$1] = 1 } "
+    "END { for (i = 1; i <= NR; i++) { if (((Q[i] in W) || (P[i] in W)) && P[i] > 1) "
+    'print "-" P[i]; if ((S[i] in W) && G[i] > 1) print "-" G[i] } }'
+    "' | sort -u); "
+    'if [ -n "$g" ]; then kill -9 $g 2>/dev/null; fi; fi; '
+    'for q in $(pgrep -f -- "capybara-exec (${r#|})( |$)"); do k "$q"; kill -9 "$q" 2>/dev/null; '
+    'done; for c in "$@"; do rm -f "$c.pid"; set -- "$@" -e "' + EXEC_MARKER + '=$c"; shift; '
+    'done; if [ $# -gt 0 ]; then z -xF "$@"; fi; exit 0'
+)
+
+_EXIT_0 = "exit 0"
+
+
+def _then_marked(script: str, sweep: str) -> str:
+    """The reference's kill ``script`` with ``sweep`` (a call of ``z``) run before its exit."""
+    body = script[len(KILL_TREE) : -len(_EXIT_0)]
+    return KILL_TREE + MARKED_KILL + body + sweep + "; " + _EXIT_0
+
+
+#: :data:`KILL_ALL_SCRIPT`, then every process carrying any exec's marker is killed too.
+KILL_ALL_MARKED_SCRIPT = _then_marked(
+    KILL_ALL_SCRIPT, 'z -E -e "^' + EXEC_MARKER + '=/tmp/[.]capybara-exec-"'
+)
+
+#: :data:`KILL_TAGGED_SCRIPT`, then every process carrying the marker of an exec started
+#: with one of the tags ``$@`` is killed too.
+KILL_TAGGED_MARKED_SCRIPT = _then_marked(
+    KILL_TAGGED_SCRIPT,
+    'for t in "$@"; do set -- "$@" -e "^' + EXEC_MARKER + '=/tmp/[.]capybara-exec-$t-$u\\$"; '
+    "shift; done; if [ $# -gt 0 ]; then z -E \"$@\"; fi",
+)
+
+
+def exec_env(env: Mapping[str, str], ctl: str) -> Dict[str, str]:
+    """``env`` plus the exec's :data:`EXEC_MARKER` (which overrides a caller's value)."""
+    out = dict(env)
+    out[EXEC_MARKER] = ctl
+    return out
+
+
+def kill_batch_args(ctls: Sequence[str]) -> List[str]:
+    """The args for cmd ``/bin/sh`` that kill the execs with control paths ``ctls``.
+
+    Raises:
+        InvalidArgument: more than :data:`KILL_BATCH_MAX` paths, or one that is not a
+            control path from :func:`control_path`.
+    """
+    if len(ctls) > KILL_BATCH_MAX:
+        raise InvalidArgument(f"one kill batch takes at most {KILL_BATCH_MAX} control paths")
+    for ctl in ctls:
+        if _CONTROL_RE.fullmatch(ctl) is None:
+            raise InvalidArgument("not an exec control path")
+    return ["-c", KILL_BATCH_SCRIPT, "capybara-killbatch", *ctls]
+
+
+_CONTROL_RE = re.compile(
+    re.escape(_CONTROL_PREFIX)
+    + r"(?:[A-Za-z0-9_-]{1,64}-)?[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"
+)

@@ -118,8 +118,13 @@ class ExecResult:
             UTF-8 sequence cut at the end is then dropped rather than mangled.
         timed_out: True when the timeout fired.
         cancelled: True when the cancel token fired.
-        wedged: True when the command could not be stopped cleanly and the sandbox had to
-            be rebooted (its processes were lost; its files were kept).
+        wedged: True when the command could not be stopped cleanly: its kill failed, or ran
+            past the kill bound in the sandbox, or its output did not end within the grace
+            period after a kill that worked. The sandbox is then rebooted (its processes are
+            lost, its files kept), unless the provider was closed meanwhile (logged). False
+            when there was no such evidence about the sandbox: also when the kill could not
+            be confirmed in time (it still runs) or was never sent (the provider was
+            closed); the command is then left to its in-sandbox timeout.
     """
 
     exit_code: Optional[int]

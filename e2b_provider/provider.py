@@ -96,8 +96,9 @@ class E2BSandboxProvider:
         pool_connections: HTTP connection pools kept (one per host; default 32).
         pool_maxsize: connections kept per host (default 256: one per concurrent stream).
         watchdog: the timer thread and worker pool; default the process-wide one.
-        kill_bound: seconds the kill job may take before the sandbox counts as wedged
-            (default 20).
+        kill_bound: seconds the kill may take, once it started in the sandbox, before the
+            sandbox counts as wedged (default 20); an exec waits no longer than this (plus
+            1 s) for its kill's verdict.
         kill_grace: seconds the stream may take to end after a successful kill (default 3).
         interrupt_kill_bound: seconds spent killing the remote command after Ctrl-C before
             the KeyboardInterrupt is re-raised (default 10).
@@ -161,7 +162,14 @@ class E2BSandboxProvider:
         return self._ctx.config
 
     def close(self) -> None:
-        """Release HTTP connections. Idempotent. Sandboxes are left as they are."""
+        """Release HTTP connections. Idempotent. Sandboxes are left as they are.
+
+        A command still running when the provider is closed keeps its stream; if its
+        timeout or cancel fires after ``close()``, no kill is sent and nothing is rebooted:
+        its result comes back at once with ``timed_out``/``cancelled`` set and
+        ``wedged=False``, and the command is left to its in-sandbox timeout (its ``timeout``
+        plus 5 s).
+        """
         self._ctx.close()
 
     def __enter__(self) -> E2BSandboxProvider:
@@ -443,10 +451,21 @@ class E2BSandboxProvider:
         """Run a shell command (``/bin/bash -c``) in the sandbox as user ``sandbox``.
 
         The command runs in its own session under ``timeout -s KILL``, with
-        ``HOME=/workspace`` and ``LANG=C.UTF-8`` (``env`` adds or overrides variables).
-        On timeout or cancel the whole process tree is killed; if that fails, or the stream
-        does not end within the grace period, the sandbox is rebooted (files kept) and the
-        result says ``wedged=True``.
+        ``HOME=/workspace`` and ``LANG=C.UTF-8`` (``env`` adds or overrides variables), and
+        ``CAPYBARA_EXEC`` set to the command's own id (it cannot be overridden): every
+        process it starts inherits it. On timeout or cancel the whole process tree is
+        killed, and so is every process carrying that id, also one that left the command's
+        session (``setsid``) or was reparented; a process started with an emptied
+        environment that also left the session is out of reach. The kills of commands that
+        time out together in one sandbox are batched into one script. Only evidence about
+        this sandbox makes it wedged: if the kill fails, or runs past ``kill_bound`` once
+        it started there, or the stream does not end within the grace period after it, the
+        sandbox is rebooted (files kept) and the result says ``wedged=True``. A kill that
+        could not be confirmed within ``kill_bound`` (waiting behind other work, or in a
+        sandbox busy with a backlog of other requests) is not evidence: the result comes
+        back on time with ``wedged=False`` and the kill still runs. A timed-out or
+        cancelled exec returns within ``timeout + kill_bound + 1 s + kill_grace`` (plus
+        ``reboot_bound`` when wedged).
 
         Bounds: once the command's stream is open, the call ends within ``timeout`` +
         ``kill_bound`` + ``kill_grace`` + 1 s (defaults: ``timeout`` + 24 s); before that,

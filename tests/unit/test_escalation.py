@@ -218,3 +218,38 @@ def test_actions_are_frozen_values() -> None:
         a.seconds = 1.0  # type: ignore[misc]
     assert SubmitKill() == SubmitKill()
     assert len({SubmitKill(), KillInline(), AbortStream(), Reboot()}) == 4
+
+
+# -- a kill without a verdict ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["overdue", "no_verdict"])
+def test_a_kill_without_verdict_drops_the_stream_and_is_not_wedged(how: str) -> None:
+    esc = Escalation()
+    esc.on_deadline()
+    actions = esc.on_kill_overdue() if how == "overdue" else esc.on_kill_done(None)
+    assert actions == [AbortStream()]
+    assert state_of(esc) is State.UNCONFIRMED
+    assert esc.unconfirmed and not esc.wedged and esc.timed_out
+    # a verdict or a grace timer arriving later changes nothing
+    assert esc.on_kill_done(False) == []
+    assert esc.on_grace_expired() == []
+    assert esc.on_kill_overdue() == []
+    assert esc.on_stream_end() == []  # no Reboot
+    assert state_of(esc) is State.DONE
+    assert not esc.wedged and esc.unconfirmed
+
+
+def test_overdue_after_a_verdict_changes_nothing() -> None:
+    for ok in (True, False):
+        esc = Escalation()
+        esc.on_deadline()
+        esc.on_kill_done(ok)
+        assert esc.on_kill_overdue() == []
+        assert not esc.unconfirmed and esc.wedged is (not ok)
+
+
+def test_overdue_without_a_kill_asked_for_is_ignored() -> None:
+    esc = Escalation()
+    assert esc.on_kill_overdue() == []
+    assert state_of(esc) is State.RUNNING

@@ -143,11 +143,21 @@ def test_exec_args() -> None:
 
 def test_script_args() -> None:
     assert S.kill_args("/tmp/c") == ["-c", S.KILL_SCRIPT, "capybara-kill", "/tmp/c"]
-    assert S.kill_all_args() == ["-c", S.KILL_ALL_SCRIPT, "capybara-killall"]
+    assert S.kill_all_args() == ["-c", S.KILL_ALL_MARKED_SCRIPT, "capybara-killall"]
     assert S.kill_tagged_args(["a", "b-1"]) == [
-        "-c", S.KILL_TAGGED_SCRIPT, "capybara-killtagged", "a", "b-1",
+        "-c", S.KILL_TAGGED_MARKED_SCRIPT, "capybara-killtagged", "a", "b-1",
     ]  # fmt: skip
-    assert S.kill_tagged_args([]) == ["-c", S.KILL_TAGGED_SCRIPT, "capybara-killtagged"]
+    assert S.kill_tagged_args([]) == ["-c", S.KILL_TAGGED_MARKED_SCRIPT, "capybara-killtagged"]
+    ctls = [S.control_path(), S.control_path("t-1")]
+    assert S.kill_batch_args(ctls) == ["-c", S.KILL_BATCH_SCRIPT, "capybara-killbatch", *ctls]
+    for bad in (["/tmp/x"], ["/tmp/.capybara-exec-a b-" + str(uuid.uuid4())], [ctls[0] + " "]):
+        with pytest.raises(InvalidArgument):
+            S.kill_batch_args(bad)
+    with pytest.raises(InvalidArgument):
+        S.kill_batch_args([S.control_path() for _ in range(S.KILL_BATCH_MAX + 1)])
+    assert S.exec_env({"A": "1", S.EXEC_MARKER: "mine"}, ctls[0]) == {
+        "A": "1", S.EXEC_MARKER: ctls[0],
+    }  # fmt: skip
     with pytest.raises(InvalidArgument) as ei:
         S.kill_tagged_args("abc")
     assert str(ei.value) == "tags must be a list of tags, not one string"
@@ -213,10 +223,12 @@ class Procs:
     def start(
         self, ctl: str, command: str, seconds: float = 60, stdout: Optional[IO[bytes]] = None
     ) -> subprocess.Popen[bytes]:
+        # as envd starts it for the provider: the exec's marker in its environment
         p = subprocess.Popen(
             ["setsid", *S.exec_args(ctl, command, seconds)],
             stdout=subprocess.DEVNULL if stdout is None else stdout,
             stderr=subprocess.DEVNULL,
+            env=S.exec_env(os.environ, ctl),
         )
         self.popens.append(p)
         return p
@@ -359,6 +371,120 @@ def test_kill_tagged_kills_only_the_given_tag(procs: Procs) -> None:
     assert len(procs.alive("-c")) == 1
 
 
+def escaping(m: str) -> str:
+    """A command whose processes leave the exec's session and group: one calls ``setsid``,
+    one is double-forked and calls ``setsid`` (reparented away from the wrapper), one stays."""
+    return (
+        f"setsid bash -c '{sleeper(m + '-sid')}' & "
+        f"( (setsid bash -c '{sleeper(m + '-dbl')}' &) ) ; "
+        f"{sleeper(m + '-fg')}"
+    )
+
+
+@pytestmark_linux
+def test_reference_kill_script_misses_what_left_the_session(procs: Procs) -> None:
+    # why the marker exists: the reference's tree kill cannot find a setsid-ed process
+    ctl = procs.ctl()
+    procs.start(ctl, escaping(procs.marker))
+    assert wait_for(lambda: len(procs.alive()) == 3), procs.alive()
+    r = subprocess.run(["/bin/sh", *S.kill_args(ctl)], capture_output=True, timeout=15)
+    assert r.returncode == 0, r.stderr
+    assert wait_for(lambda: not procs.alive("-fg"))
+    assert len(procs.alive("-sid")) == 1 and len(procs.alive("-dbl")) == 1
+
+
+@pytestmark_linux
+def test_kill_batch_kills_every_tree_and_what_left_it(procs: Procs) -> None:
+    m = procs.marker
+    a, b, c = procs.ctl(), procs.ctl("tagged"), procs.ctl()
+    # exec a also has a child without the marker (an emptied environment) in its session
+    clean = f"(env -i /bin/bash -c '{sleeper(m + '-a-clean')}') & "
+    pa = procs.start(a, clean + escaping(m + "-a"))
+    pb = procs.start(b, escaping(m + "-b") + f"; ({sleeper(m + '-b-bg')}) & wait")
+    pc = procs.start(c, escaping(m + "-c"))
+    assert wait_for(lambda: len(procs.alive()) == 10), procs.alive()
+    r = subprocess.run(["/bin/sh", *S.kill_batch_args([a, b])], capture_output=True, timeout=15)
+    assert (r.returncode, r.stderr) == (0, b"")
+    assert pa.wait(timeout=10) in (-9, 137) and pb.wait(timeout=10) in (-9, 137)
+    assert wait_for(lambda: not procs.alive("-a-") and not procs.alive("-b-")), procs.alive()
+    # the exec that was not asked for is untouched, escaped processes included
+    assert len(procs.alive("-c-")) == 3 and pc.poll() is None
+    for ctl in (a, b):
+        assert not os.path.exists(ctl + ".pid") and not os.path.exists(ctl + ".kill")
+
+
+@pytestmark_linux
+def test_kill_batch_ignores_a_pid_file_naming_another_process(procs: Procs) -> None:
+    # a pid file left from before a reboot may name an unrelated process (pid reused)
+    other = subprocess.Popen(["setsid", "bash", "-c", sleeper(procs.marker + "-other")])
+    procs.popens.append(other)
+    assert wait_for(lambda: len(procs.alive("-other")) == 1)
+    (pid,) = procs.alive("-other")
+    ctl = procs.ctl()
+    Path(ctl + ".pid").write_text(f"{pid}\n")
+    r = subprocess.run(["/bin/sh", *S.kill_batch_args([ctl])], capture_output=True, timeout=15)
+    assert (r.returncode, r.stderr) == (0, b"")
+    assert procs.alive("-other") == [pid] and other.poll() is None
+    assert not os.path.exists(ctl + ".pid")
+
+
+@pytestmark_linux
+def test_kill_batch_before_start_prevents_the_commands(procs: Procs, tmp_path: Path) -> None:
+    a, b = procs.ctl(), procs.ctl()
+    r = subprocess.run(["/bin/sh", *S.kill_batch_args([a, b])], timeout=15)  # waits ~1 s
+    assert r.returncode == 0
+    assert os.path.exists(a + ".kill") and os.path.exists(b + ".kill")
+    ran = tmp_path / "ran"
+    assert procs.start(a, f"touch {ran}").wait(timeout=10) == 137
+    assert not ran.exists()
+
+
+@pytestmark_linux
+def test_marked_kill_continues_a_process_that_no_longer_matches(
+    procs: Procs, tmp_path: Path
+) -> None:
+    # stands for a pid reused between the scan and the stop: the scan finds both processes,
+    # they are stopped and checked again; the one that no longer matches is continued
+    m = procs.marker
+    ctl = procs.ctl()
+    env = S.exec_env(os.environ, ctl)
+    for name in ("kept", "killed"):
+        p = subprocess.Popen(["setsid", "bash", "-c", sleeper(f"{m}-{name}")], env=env)
+        procs.popens.append(p)
+    assert wait_for(lambda: len(procs.alive()) == 2)
+    (kept,) = procs.alive("-kept")
+    script = (
+        S.MARKED_KILL
+        # the first scan (in a subshell, hence the file) sees the process, the check not
+        + 'grep() { if [ ! -e "$F" ]; then : > "$F"; command grep "$@"; else '
+        'command grep "$@" | command grep -v "/$P/"; fi; }; z -xF -e "$E"; '
+        'echo "$(ps -o stat= -p "$P")"'
+    )
+    flag = str(tmp_path / "scanned")
+    env = dict(os.environ, P=str(kept), E=f"{S.EXEC_MARKER}={ctl}", F=flag)
+    r = subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=15
+    )
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(flag)  # the scan ran
+    assert r.stdout.strip().startswith("S"), r.stdout  # sleeping again, not stopped
+    assert wait_for(lambda: not procs.alive("-killed"))
+    assert procs.alive("-kept") == [kept]
+
+
+@pytestmark_linux
+def test_kill_tagged_also_kills_what_left_the_session(procs: Procs) -> None:
+    tag = "t" + uuid.uuid4().hex[:10]
+    m = procs.marker
+    procs.start(procs.ctl(tag), escaping(m + "-a"))
+    procs.start(procs.ctl(tag + "-x"), escaping(m + "-b"))
+    assert wait_for(lambda: len(procs.alive()) == 6), procs.alive()
+    r = subprocess.run(["/bin/sh", *S.kill_tagged_args([tag])], timeout=15)
+    assert r.returncode == 0
+    assert wait_for(lambda: not procs.alive("-a-")), procs.alive()
+    assert len(procs.alive("-b-")) == 3
+
+
 def _can_unshare() -> bool:
     if not shutil.which("unshare"):
         return False
@@ -372,28 +498,32 @@ def _can_unshare() -> bool:
 
 
 KILL_ALL_DRIVER = r"""
-setsid -w /bin/sh -c "$W" capybara-exec "$C1" "exec -a $M-1 sleep 300" 300 &
-setsid -w /bin/sh -c "$W" capybara-exec "$C2" \
-  "(exec -a $M-2 sleep 300) & exec -a $M-3 sleep 300" 300 &
-i=0; while [ "$(pgrep -c -f -- "^$M")" -lt 3 ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i+1)); done
+CAPYBARA_EXEC=$C1 setsid -w /bin/sh -c "$W" capybara-exec "$C1" "exec -a $M-1 sleep 300" 300 &
+CAPYBARA_EXEC=$C2 setsid -w /bin/sh -c "$W" capybara-exec "$C2" \
+  "(exec -a $M-2 sleep 300) & (setsid bash -c 'exec -a $M-4 sleep 300' &) ; \
+   exec -a $M-3 sleep 300" 300 &
+i=0; while [ "$(pgrep -c -f -- "^$M")" -lt 4 ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i+1)); done
 echo "before=$(pgrep -c -f -- "^$M")"
 /bin/sh -c "$K" capybara-killall; echo "rc=$?"
 wait
-i=0; while [ "$(pgrep -c -f -- "$M")" -gt 0 ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done
+i=0; while [ "$(pgrep -c -f -- "$M")" -gt $LEFT ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done
 echo "left=$(pgrep -c -f -- "$M")"
 """
 
 
 @pytestmark_linux
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -p -f --mount-proc` (root)")
-def test_kill_all_inside_a_private_pid_namespace(procs: Procs) -> None:
+@pytest.mark.parametrize(("name", "left"), [("KILL_ALL_SCRIPT", 1), ("KILL_ALL_MARKED_SCRIPT", 0)])
+def test_kill_all_inside_a_private_pid_namespace(procs: Procs, name: str, left: int) -> None:
+    # the reference's script misses the process that called setsid; the marked one does not
     env = dict(
         os.environ,
         W=S.EXEC_WRAPPER,
-        K=S.KILL_ALL_SCRIPT,
+        K=getattr(S, name),
         M=procs.marker,
         C1=procs.ctl(),
         C2=procs.ctl("all"),
+        LEFT=str(left),
     )
     r = subprocess.run(
         ["unshare", "-p", "-f", "--mount-proc", "--kill-child", "/bin/sh", "-c", KILL_ALL_DRIVER],
@@ -403,7 +533,7 @@ def test_kill_all_inside_a_private_pid_namespace(procs: Procs) -> None:
         timeout=30,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["before=3", "rc=0", "left=0"], (r.stdout, r.stderr)
+    assert r.stdout.split() == ["before=4", "rc=0", f"left={left}"], (r.stdout, r.stderr)
 
 
 @pytestmark_linux
