@@ -84,6 +84,61 @@ def test_stream_read_to_its_end_keeps_the_connection(
     assert client_sockets(server.port) == 1
 
 
+def test_a_body_of_known_length_read_in_one_call_keeps_the_connection(
+    server: ScriptedServer, transport: Transport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB, Content-Length
+    server.on("GET", "/big", lambda q, r: r.send(200, body))
+    server.on("GET", "/n", _ok)
+    pieces: List[int] = []
+    read1 = Stream.read1
+
+    def counting(st: Stream, n: int = 65536) -> bytes:
+        pieces.append(n)
+        return read1(st, n)
+
+    monkeypatch.setattr(Stream, "read1", counting)
+    for _ in range(3):
+        st = transport.open_stream("GET", server.url + "/big", data=b"", read_timeout=5,
+                                   operation="big")
+        assert st.read_all(len(body)) == body
+        assert pieces == []  # one call, no pieces
+        assert read1(st) == b""  # and the end is known
+        st.close()
+        assert not st.aborted
+        assert _get(transport, server) == b"ok"
+    assert server.accepted == 1
+    assert client_sockets(server.port) == 1
+
+
+def test_a_late_abort_after_a_whole_body_never_reaches_the_pooled_connection(
+    server: ScriptedServer, transport: Transport
+) -> None:
+    go_on = threading.Event()
+
+    def slow(q: Request, r: Responder) -> None:
+        r.hold(go_on, timeout=10)
+        r.send(200, b"second")
+
+    server.on("GET", "/big", lambda q, r: r.send(200, b"z" * 100000))
+    server.on("GET", "/slow", slow)
+    first = transport.open_stream("GET", server.url + "/big", data=b"", read_timeout=5,
+                                  operation="big")
+    assert first.read_all(100000) == b"z" * 100000
+    result: List[bytes] = []
+    th = threading.Thread(target=lambda: result.append(_get(transport, server, "/slow")))
+    th.start()
+    deadline = time.monotonic() + 5
+    while not server.received("GET", "/slow") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first.abort()  # late: the connection is back in the pool, in use by the second request
+    first.close()
+    go_on.set()
+    th.join(10)
+    assert result == [b"second"]
+    assert server.accepted == 1
+
+
 def test_finish_reads_the_terminator_and_keeps_the_connection(
     server: ScriptedServer, transport: Transport
 ) -> None:
