@@ -406,10 +406,15 @@ HOLD_SCRIPT = (
     f"exit {MISSING_TOOL_EXIT}"
 )
 
-#: Asks for a 1 MiB pipe buffer on standard input (``F_SETPIPE_SZ``, Linux), so a large
-#: write crosses the FIFO in big steps instead of 64 KiB ones; without ``perl`` (or when
-#: refused) nothing changes. Taint mode, so ``PERL5OPT``/``PERL5LIB`` are ignored.
-BIG_PIPE = "perl -T -e 'fcntl(STDIN, 1031, 1048576)' 2>/dev/null"
+#: Shell snippet for a FIFO ``$f`` open on standard input: asks for a 1 MiB pipe buffer
+#: (``F_SETPIPE_SZ``, Linux), so a large write crosses it in big steps instead of 64 KiB
+#: ones, and removes its name (the pipe lives on). One ``perl`` in taint mode (so
+#: ``PERL5OPT``/``PERL5LIB`` are ignored); without it ``rm`` removes the name and the pipe
+#: keeps its size.
+BIG_PIPE = (
+    "{ perl -T -e 'fcntl(STDIN, 1031, 1048576); $ARGV[0] =~ /^(.+)$/s; unlink($1) or exit 1' "
+    '-- "$f" 2>/dev/null || rm -f -- "$f"; }'
+)
 
 #: As root: receives a large write through a FIFO. Makes the staging directory root-only
 #: (0700, owned by root; a symlink is refused) and sweeps stale leftovers of operations
@@ -429,7 +434,7 @@ STREAM_WRITE_SCRIPT = (
     'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '
     'find "$d" -mindepth 1 -maxdepth 1 -mmin +10 -exec rm -rf -- {} + 2>/dev/null; fi; '
     'mkfifo -m 0600 -- "$f" || exit 90; echo ready; p=${1%/*}; p=${p:-/}; '
-    'exec < "$f"; rm -f -- "$f" & ' + BIG_PIPE + '; '
+    'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
     'if [ "$3" = 1 ]; then umask 022; { [ -d "$p" ] || mkdir -p -- "$p"; } && '
     'cat > "$1" && chmod 0644 "$1"; exit; fi; '
     "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c "
