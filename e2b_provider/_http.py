@@ -44,7 +44,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Type, Union
 
 import attrs
 import requests
@@ -599,19 +599,30 @@ class Stream:
                 dropped or broke mid-body.
             TransportTimeout: no byte arrived within the read timeout.
         """
+        data = self._guarded(lambda: self._raw.read1(n), "read1")
+        if data is None:
+            return b""
+        if not data:
+            if self._aborted:
+                raise TransportError(f"E2B {self._operation}: stream aborted")
+            self._eof = True
+        return bytes(data)
+
+    def _guarded(self, read: Callable[[], bytes], what: str) -> Optional[bytes]:
+        """``read()`` as the stream's only reader, its errors mapped (None: the stream is
+        closed or at its end). An abort that came meanwhile releases the stream here."""
         with self._lock:
             if self._aborted:
                 raise TransportError(f"E2B {self._operation}: stream aborted")
             if self._closed or self._eof:
-                return b""
+                return None
             if self._reading:
-                raise RuntimeError("Stream.read1 called from two threads at once")
+                raise RuntimeError(f"Stream.{what} called from two threads at once")
             self._reading = True
             self._started = True
-        data = b""
         try:
             try:
-                data = self._raw.read1(n)
+                return read()
             except Exception as exc:
                 if self._aborted:
                     raise TransportError(f"E2B {self._operation}: stream aborted") from exc
@@ -623,11 +634,6 @@ class Stream:
                 close_now = self._aborted and not self._closed
             if close_now:
                 self._release()
-        if not data:
-            if self._aborted:
-                raise TransportError(f"E2B {self._operation}: stream aborted")
-            self._eof = True
-        return bytes(data)
 
     def read_all(self, max_bytes: int, *, truncate: bool = False) -> bytes:
         """Read the rest of the body.
@@ -678,31 +684,10 @@ class Stream:
 
     def _read_whole(self, length: int) -> bytes:
         """Read exactly ``length`` body bytes in one call (guarded as :meth:`read1`)."""
-        with self._lock:
-            if self._aborted:
-                raise TransportError(f"E2B {self._operation}: stream aborted")
-            if self._closed or self._eof:
-                return b""
-            if self._reading:
-                raise RuntimeError("Stream.read_all called from two threads at once")
-            self._reading = True
-            self._started = True
-        data = b""
-        try:
-            try:
-                # After the last byte urllib3 returns the connection to the pool itself.
-                data = self._raw.read(length, decode_content=False)
-            except Exception as exc:
-                if self._aborted:
-                    raise TransportError(f"E2B {self._operation}: stream aborted") from exc
-                with map_transport_errors(None, self._operation):
-                    raise
-        finally:
-            with self._lock:
-                self._reading = False
-                close_now = self._aborted and not self._closed
-            if close_now:
-                self._release()
+        # After the last byte urllib3 returns the connection to the pool itself.
+        data = self._guarded(lambda: self._raw.read(length, decode_content=False), "read_all")
+        if data is None:
+            return b""
         if self._aborted:
             raise TransportError(f"E2B {self._operation}: stream aborted")
         if len(data) != length:
