@@ -12,7 +12,7 @@ Contenders are interleaved round by round. Prints the median time, MiB/s and the
 ratios against the floor and the SDK (``speed x floor`` = floor time / contender time, so
 1.00x is floor speed and higher is faster).
 
-    python benchmarks/files.py [--runs 3] [--sizes 1,8,64]
+    python benchmarks/files.py [--runs 7] [--sizes 1,8,64]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description="1/8/64 MiB reads and writes: provider vs official SDK vs raw /files."
     )
-    ap.add_argument("--runs", type=int, default=3, help="measured rounds (default 3)")
+    ap.add_argument("--runs", type=int, default=7, help="measured rounds (default 7)")
     ap.add_argument("--warmup", type=int, default=1, help="unrecorded rounds (default 1)")
     ap.add_argument("--sizes", default="1,8,64", help="sizes in MiB (default 1,8,64)")
     args = ap.parse_args()

@@ -2,7 +2,9 @@
 
 Set-up (made here, removed in every case, also on Ctrl-C or SIGTERM):
 
-- two network namespaces ``bn-<pid>-cli`` and ``bn-<pid>-srv`` joined by one veth pair;
+- two network namespaces ``bn-<pid>-cli`` and ``bn-<pid>-srv`` joined by one veth pair
+  (``bn`` is the default prefix; ``--netns-prefix`` or ``$WAN_NETNS_PREFIX`` pick another,
+  e.g. on a machine shared by several people);
   each end has two addresses: ``10.213.0.x`` (the WAN path) and ``10.213.1.x`` (the local
   path, no delay);
 - in each namespace an iptables rule ``-t raw -A PREROUTING -i <veth> (-d|-s) 10.213.0.2
@@ -30,7 +32,7 @@ Needs root, ``ip`` (iproute2), ``nsenter`` (util-linux), ``iptables`` with the N
 target (Debian: ``apt-get install iptables``), the kernel's nfnetlink_queue, and optionally
 ``ping`` (``apt-get install iputils-ping``). Nothing is installed here.
 
-    python benchmarks/wan.py [--rtt-ms 20] [--runs 20] [--create-runs 4]
+    python benchmarks/wan.py [--rtt-ms 20] [--runs 20] [--create-runs 4] [--netns-prefix bn]
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ LOCAL_CLI, LOCAL_SRV = "10.213.1.1", "10.213.1.2"
 CLONE_NEWNET = 0x40000000
 #: exit status when this machine lacks something the WAN mode needs (printed, not installed)
 EXIT_UNAVAILABLE = 3
-NETNS_RE = re.compile(r"^bn-(\d+)-(cli|srv)\b")
+#: the namespaces' and interfaces' name prefix unless told otherwise
+DEFAULT_PREFIX = os.environ.get("WAN_NETNS_PREFIX") or "bn"
 #: issue 7's goals, in round trips per call on a warm sandbox (provider only)
 GOALS = {"exec": 1.2, "read 1K": 1.2, "stat": 1.2, "write 1K": 1.2, "write 1M": 2.2}
 #: calls whose latency is dominated by a variable server-side cost (booting a sandbox takes
@@ -111,18 +114,19 @@ def stop_process(proc: Optional[subprocess.Popen[bytes]], timeout: float = 30.0)
 class Link:
     """The two namespaces, the veth pair, the NFQUEUE rules and the two delay programs."""
 
-    def __init__(self, rtt_ms: float) -> None:
+    def __init__(self, rtt_ms: float, prefix: str = "bn") -> None:
         pid = os.getpid()
-        self.cli, self.srv = f"bn-{pid}-cli", f"bn-{pid}-srv"
-        self.cli_if, self.srv_if = f"bn{pid}c", f"bn{pid}s"
+        self.prefix = prefix
+        self.cli, self.srv = f"{prefix}-{pid}-cli", f"{prefix}-{pid}-srv"
+        self.cli_if, self.srv_if = f"{prefix}{pid}c", f"{prefix}{pid}s"
         self.delay_ms = rtt_ms / 2
         self.delayers: Dict[str, subprocess.Popen[bytes]] = {}
 
-    @staticmethod
-    def remove_stale() -> None:
+    def remove_stale(self) -> None:
         """Remove namespaces left by an earlier run of this script that was SIGKILLed."""
+        stale = re.compile(rf"^{re.escape(self.prefix)}-(\d+)-(cli|srv)\b")
         for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
-            m = NETNS_RE.match(line)
+            m = stale.match(line)
             if m and not os.path.exists(f"/proc/{m.group(1)}"):
                 run(["ip", "netns", "del", line.split()[0]], check=False)
 
@@ -557,7 +561,13 @@ def main() -> int:
     ap.add_argument(
         "--create-runs", type=int, default=4, help="measured creates per cell (default 4)"
     )
+    ap.add_argument(
+        "--netns-prefix", default=DEFAULT_PREFIX,
+        help="prefix of the namespaces and interfaces made (default $WAN_NETNS_PREFIX or bn)",
+    )
     args = ap.parse_args()
+    if re.fullmatch(r"[a-z]{1,4}", args.netns_prefix) is None:
+        ap.error("--netns-prefix: 1-4 lower-case letters (interface names are short)")
     problems = missing_prerequisites()
     if problems:
         print("wan.py cannot run here:\n  " + "\n  ".join(problems), file=sys.stderr)
@@ -568,7 +578,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, terminate)
-    link = Link(args.rtt_ms)
+    link = Link(args.rtt_ms, args.netns_prefix)
     emu: Optional[EmulatorInNetns] = None
     try:
         link.up()

@@ -15,13 +15,17 @@ How many requests each call costs on a warm sandbox:
 * a larger write: a ``Start`` (as root) that makes a FIFO in the root-only staging
   directory and says ``ready``, then one ``POST /files`` into that FIFO; on the other end
   ``runuser -u sandbox … cat > path`` (or root's ``cat`` under ``/skills``) writes the bytes
-  as they arrive. Nothing is staged at rest and envd never opens the destination.
+  as they arrive, through a pipe buffer enlarged to 1 MiB. Nothing is staged at rest and
+  envd never opens the destination. The staging directory is made root-only (and swept of
+  what killed operations left) on the provider's first large write to a sandbox, and
+  again whenever it is found missing, a symlink or not root's.
 * a read asking for more than :data:`~._scripts.LARGE_READ_MIN` bytes of a larger regular
   file: the first script says so instead of printing it; then a root holder opens the file
   *with the user's credentials* and prints its pid and descriptor, envd serves
-  ``GET /files?path=/proc/<pid>/fd/<n>`` (a ``Range`` caps it) at the wire's speed, and
-  the holder is killed by its tag — which also proves it was alive while envd opened the
-  descriptor, so the pid named a process of ours (see :meth:`Files._read_fast`). Without a
+  ``GET /files?path=/proc/<pid>/fd/<n>`` (a ``Range`` caps it; the body is read in one
+  call into the bytes returned) at the wire's speed, and the holder is killed by its tag
+  while the body comes — which also proves it was alive while envd opened the descriptor,
+  so the pid named a process of ours (see :meth:`Files._read_fast`). Without a
   ``python3`` in the template the read is streamed by ``head -c`` as before.
 
 A file operation that ends early (cancel, timeout, Ctrl-C, a failed request) kills every
@@ -42,11 +46,13 @@ directory on the way is closed to the user is "permission denied", not None.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import re
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import _scripts as scripts
@@ -82,10 +88,15 @@ _HOLD_LINE = re.compile(r"hold ([0-9]+) ([0-9]+) ([0-9]+)")
 _HELPER_GRACE = 60.0
 #: Output kept from a helper (it prints one short line, or an error).
 _HELPER_OUTPUT = 64 * 1024
-#: Sandboxes remembered as lacking a tool the fast paths need.
+#: Facts remembered about sandboxes (a tool the fast paths need is missing; the staging
+#: directory was made root-only and swept by this provider).
 _MAX_REMEMBERED = 1024
+#: The fact that this provider made a sandbox's staging directory root-only and swept it.
+_STAGED = "staged"
 #: A write whose answer was lost is done again only with at least this many seconds left.
 _RETRY_MIN_S = 1.0
+#: How long a read waits for its holder's stop beyond the operation's deadline.
+_STOP_WAIT_S = 5.0
 #: What users are told when the sandbox user may not touch a path.
 _ACCESS_HINT = (
     "files are read and written as user 'sandbox' (as root under /skills): use a path it may "
@@ -127,8 +138,9 @@ class Files:
     def __init__(self, ctx: ProviderContext) -> None:
         self._ctx = ctx
         self._lock = threading.Lock()
-        # sandbox id -> tool missing there ("base64", "python3"), most recent last
-        self._missing: collections.OrderedDict[Tuple[str, str], None] = (
+        # (sandbox id, fact), most recent last: a tool missing there ("base64",
+        # "python3"), or _STAGED
+        self._facts: collections.OrderedDict[Tuple[str, str], None] = (
             collections.OrderedDict()
         )
         ctx.on_fork(self._forget_all)
@@ -137,18 +149,29 @@ class Files:
 
     def _forget_all(self) -> None:
         with self._lock:
-            self._missing.clear()
+            self._facts.clear()
+
+    def _known(self, sid: str, fact: str) -> bool:
+        with self._lock:
+            return (sid, fact) in self._facts
+
+    def _remember(self, sid: str, fact: str) -> None:
+        with self._lock:
+            self._facts[(sid, fact)] = None
+            self._facts.move_to_end((sid, fact))
+            while len(self._facts) > _MAX_REMEMBERED:
+                self._facts.popitem(last=False)
+
+    def _forget(self, sid: str, fact: str) -> None:
+        with self._lock:
+            self._facts.pop((sid, fact), None)
 
     def _lacks(self, sid: str, tool: str) -> bool:
-        with self._lock:
-            return (sid, tool) in self._missing
+        return self._known(sid, tool)
 
     def _mark_missing(self, sid: str, tool: str) -> None:
         log.info("e2b_provider: sandbox %s has no %s; using the slower file path", sid, tool)
-        with self._lock:
-            self._missing[(sid, tool)] = None
-            while len(self._missing) > _MAX_REMEMBERED:
-                self._missing.popitem(last=False)
+        self._remember(sid, tool)
 
     # -- the three operations -------------------------------------------------------------
 
@@ -442,13 +465,17 @@ class Files:
         fifo = scripts.staging_path()
         op_id = uuid.uuid4().hex
         bound = f"{max(1.0, deadline.remaining()) + _HELPER_GRACE:.0f}"
+        sid = target.sandbox_id
+        prepare = not self._known(sid, _STAGED)
         argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
-                *scripts.stream_write_args(path, fifo, len(payload), skills, op_id)]
+                *scripts.stream_write_args(path, fifo, skills, op_id, prepare)]
 
         def body(helper: _Helper) -> None:
             if helper.first_line() != b"ready":
                 helper.finish()
+                self._forget(sid, _STAGED)
                 raise _failed("the write script failed", helper.outcome())
+            self._remember(sid, _STAGED)
             try:
                 helper.envd.upload_raw(
                     fifo, payload, user=scripts.ROOT_USER, token=helper.guard,
@@ -491,12 +518,14 @@ class Files:
           before it is resolved with the user's rights (``/etc/shadow`` fails), one swapped
           in after it changes nothing — ``/proc/<pid>/fd/<n>`` is a magic link to the open
           file itself, no path is resolved again.
-        * envd opens ``/proc/<pid>/fd/<n>`` before it answers the ``GET``. After the answer
-          the holder is killed *by its tag*: envd signals only a process it started and
-          has not reaped, so success proves the holder still held its pid when envd opened
-          the descriptor (a pid cannot be reused while its process or zombie exists). If the
-          holder was gone — it dies on its own only after the operation's bound plus a
-          minute — the bytes are thrown away and the file is read the ordinary way.
+        * envd opens ``/proc/<pid>/fd/<n>`` before it answers the ``GET``. Once the
+          answer's headers arrived the holder is killed *by its tag* (on the worker pool,
+          while the body comes; the bytes are returned only after the kill's answer):
+          envd signals only a process it started and has not reaped, so success proves
+          the holder still held its pid when envd opened the descriptor (a pid cannot be
+          reused while its process or zombie exists). If the holder was gone — it dies on
+          its own only after the operation's bound plus a minute — the bytes are thrown
+          away and the file is read the ordinary way.
         """
         max_bytes = want - 1
         op_id = uuid.uuid4().hex
@@ -517,10 +546,21 @@ class Files:
                 if code == 11 or code == 0:
                     raise _Slow()  # no longer a large regular file, or not our pid
                 raise _failed("the read helper failed", helper.outcome())
+            stops: List[Future[bool]] = []
+
+            def opened() -> None:
+                # envd has opened the descriptor (it answers only after): the holder may be
+                # stopped now, on the worker pool, while the body comes.
+                try:
+                    stops.append(self._ctx.watchdog.submit(_stop_holder, helper, deadline))
+                except RuntimeError:  # no pool (closing): stopped after the body instead
+                    pass
+
             try:
                 data = helper.envd.download_head(
                     f"/proc/{m.group(1)}/fd/{m.group(2)}", user=scripts.ROOT_USER,
                     length=want, token=helper.guard, timeout=max(1.0, deadline.remaining()),
+                    on_open=opened,
                 )
             except E2BHttpError as exc:
                 if exc.status == 502:
@@ -528,9 +568,7 @@ class Files:
                 log.info("e2b_provider: GET of a held file failed (%s); reading %s the slow "
                          "way", exc, path)
                 raise _Slow() from None
-            alive = helper.envd.signal_tag(
-                helper.tag, token=helper.guard, timeout=max(1.0, deadline.remaining())
-            )
+            alive = _stopped(stops, helper, deadline)
             helper.finish()
             if not alive:
                 log.warning("e2b_provider: the file holder in sandbox %s ended before it was "
@@ -539,6 +577,24 @@ class Files:
             return _content(data, max_bytes)
 
         return self._helped(target, op_id, argv, "", cancel, deadline, body)
+
+
+def _stop_holder(helper: _Helper, deadline: Deadline) -> bool:
+    """Kill the read's holder by its tag; True if envd still had it (see _read_fast)."""
+    return helper.envd.signal_tag(
+        helper.tag, token=helper.guard, timeout=max(1.0, deadline.remaining())
+    )
+
+
+def _stopped(stops: List[Future[bool]], helper: _Helper, deadline: Deadline) -> bool:
+    """The outcome of :func:`_stop_holder` submitted in ``stops`` (done here if it was not
+    submitted, or is still queued behind other work on the pool)."""
+    if not stops or stops[0].cancel():
+        return _stop_holder(helper, deadline)
+    try:  # bounded: the request's own timeout, and the guard aborts it at the deadline
+        return stops[0].result(timeout=max(1.0, deadline.remaining()) + _STOP_WAIT_S)
+    except concurrent.futures.TimeoutError:
+        raise _timed_out() from None
 
 
 def _tag(op_id: str) -> str:

@@ -57,7 +57,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Type, Union
 
 import attrs
 import requests
@@ -724,6 +724,7 @@ class Stream:
         self._closed = False
         self._reading = False
         self._eof = False
+        self._started = False  # a body byte was asked for
 
     @property
     def aborted(self) -> bool:
@@ -746,18 +747,32 @@ class Stream:
                 dropped or broke mid-body.
             TransportTimeout: no byte arrived within the read timeout.
         """
+        data = self._guarded(lambda: self._raw.read1(n), "read1")
+        if data is None:
+            return b""
+        if not data:
+            if self._aborted:
+                raise TransportError(f"E2B {self._operation}: stream aborted")
+            if self._slot.expired:  # the deadline's shutdown looks like the body's end
+                raise TransportTimeout(self._overrun)
+            self._eof = True
+        return bytes(data)
+
+    def _guarded(self, read: Callable[[], bytes], what: str) -> Optional[bytes]:
+        """``read()`` as the stream's only reader, its errors mapped (None: the stream is
+        closed or at its end). An abort that came meanwhile releases the stream here."""
         with self._lock:
             if self._aborted:
                 raise TransportError(f"E2B {self._operation}: stream aborted")
             if self._closed or self._eof:
-                return b""
+                return None
             if self._reading:
-                raise RuntimeError("Stream.read1 called from two threads at once")
+                raise RuntimeError(f"Stream.{what} called from two threads at once")
             self._reading = True
-        data = b""
+            self._started = True
         try:
             try:
-                data = self._raw.read1(n)
+                return read()
             except Exception as exc:
                 if self._aborted:
                     raise TransportError(f"E2B {self._operation}: stream aborted") from exc
@@ -771,16 +786,13 @@ class Stream:
                 close_now = self._aborted and not self._closed
             if close_now:
                 self._release()
-        if not data:
-            if self._aborted:
-                raise TransportError(f"E2B {self._operation}: stream aborted")
-            if self._slot.expired:
-                raise TransportTimeout(self._overrun)
-            self._eof = True
-        return bytes(data)
 
     def read_all(self, max_bytes: int, *, truncate: bool = False) -> bytes:
         """Read the rest of the body.
+
+        A body not read yet whose length is known (``Content-Length``, no content coding)
+        and at most ``max_bytes`` is read in one call, straight into the bytes returned
+        (no per-piece work, no second copy).
 
         Args:
             max_bytes: the most bytes to accept.
@@ -791,6 +803,9 @@ class Stream:
             ProtocolError: the body is longer than ``max_bytes`` (and ``truncate`` is False).
             TransportError, TransportTimeout: as :meth:`read1`.
         """
+        whole = self._whole_length(max_bytes)
+        if whole is not None:
+            return self._read_whole(whole)
         buf = bytearray()
         while True:
             chunk = self.read1(_READ_CHUNK)
@@ -804,6 +819,39 @@ class Stream:
                 raise ProtocolError(
                     f"E2B {self._operation}: answer is larger than {max_bytes} bytes"
                 )
+
+    def _whole_length(self, max_bytes: int) -> Optional[int]:
+        """The body's length if :meth:`read_all` may read it in one call, else None."""
+        length = self.headers.get("content-length", "")
+        coding = self.headers.get("content-encoding", "identity").strip().lower()
+        if (
+            self._started
+            or not length.isdigit()
+            or not 0 < int(length) <= max_bytes
+            or coding not in ("", "identity")
+            or "chunked" in self.headers.get("transfer-encoding", "").lower()
+        ):
+            return None
+        return int(length)
+
+    def _read_whole(self, length: int) -> bytes:
+        """Read exactly ``length`` body bytes in one call (guarded as :meth:`read1`)."""
+        # After the last byte urllib3 returns the connection to the pool itself.
+        data = self._guarded(lambda: self._raw.read(length, decode_content=False), "read_all")
+        if data is None:
+            return b""
+        if self._aborted:
+            raise TransportError(f"E2B {self._operation}: stream aborted")
+        if len(data) != length:
+            self.abort()
+            if self._slot.expired:  # cut short by the deadline's shutdown
+                raise TransportTimeout(self._overrun)
+            raise TransportError(
+                f"E2B {self._operation}: the connection ended {length - len(data)} bytes "
+                "before the end of the answer"
+            )
+        self._eof = True
+        return bytes(data)
 
     def finish(self, bound: float = END_WAIT_SECONDS) -> None:
         """Read the end of a body whose content is known to be complete, then close.

@@ -23,6 +23,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 from .errors import InvalidArgument
 
 __all__ = [
+    "BIG_PIPE",
     "EXEC_MARKER",
     "EXEC_WRAPPER",
     "FILEOP_CLEANUP_SCRIPT",
@@ -360,13 +361,14 @@ STAT_PROBE_SCRIPT = NOT_THERE + STAT_SCRIPT.replace(
 #: than ``argv[5]`` it prints ``hold <pid> <fd> <size>`` and waits (at most ``argv[4]``
 #: seconds, an interval timer) while envd serves ``/proc/<pid>/fd/<fd>``. Exit 3: missing;
 #: 4: a directory; 11: no longer a large regular file (read it the ordinary way); 1: the
-#: user may not open it.
+#: user may not open it. It imports only modules built into the interpreter (``_socket``,
+#: ``_signal``, no ``array`` or ``stat``), which halves its start-up time.
 HOLD_PROGRAM = """\
-import array, errno, os, pwd, signal, socket, stat, sys, time
+import errno, os, pwd, sys, _signal, _socket
 path, name, bound, large = sys.argv[1], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
-signal.setitimer(signal.ITIMER_REAL, bound)
+_signal.setitimer(_signal.ITIMER_REAL, bound)
 pw = pwd.getpwnam(name)
-a, b = socket.socketpair()
+a, b = _socket.socketpair()
 child = os.fork()
 if child == 0:
     try:
@@ -379,31 +381,32 @@ if child == 0:
         except OSError as e:
             b.sendall(b"E%d" % e.errno)
         else:
-            rights = array.array("i", [fd])
-            b.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+            rights = fd.to_bytes(4, sys.byteorder)
+            b.sendmsg([b"F"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
     finally:
         os._exit(0)
 b.close()
-msg, anc, _, _ = a.recvmsg(32, socket.CMSG_SPACE(array.array("i").itemsize))
+msg, anc, _, _ = a.recvmsg(32, _socket.CMSG_SPACE(4))
 os.waitpid(child, 0)
-fds = array.array("i")
-for level, kind, data in anc:
-    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+fds = []
+for level, typ, data in anc:
+    if level == _socket.SOL_SOCKET and typ == _socket.SCM_RIGHTS:
+        fds += [int.from_bytes(data[i:i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
 if msg[:1] != b"F" or len(fds) != 1:
     err = int(msg[1:]) if msg[:1] == b"E" and msg[1:].isdigit() else errno.EIO
     sys.stderr.write("cannot open %s: %s\\n" % (path, os.strerror(err)))
     sys.exit(3 if err in (errno.ENOENT, errno.ENOTDIR) else 1)
 fd = fds[0]
 st = os.fstat(fd)
-if stat.S_ISDIR(st.st_mode):
+kind = st.st_mode & 0o170000
+if kind == 0o040000:
     sys.exit(4)
-if not stat.S_ISREG(st.st_mode) or st.st_size <= large:
+if kind != 0o100000 or st.st_size <= large:
     sys.exit(11)
 sys.stdout.write("hold %d %d %d\\n" % (os.getpid(), fd, st.st_size))
 sys.stdout.flush()
 while True:
-    time.sleep(bound)
+    _signal.pause()
 """
 
 #: As root: runs :data:`HOLD_PROGRAM` with the first ``python3`` found (exit
@@ -414,26 +417,40 @@ HOLD_SCRIPT = (
     f"exit {MISSING_TOOL_EXIT}"
 )
 
+#: Shell snippet for a FIFO ``$f`` open on standard input: asks for a 1 MiB pipe buffer
+#: (``F_SETPIPE_SZ``, Linux), so a large write crosses it in big steps instead of 64 KiB
+#: ones, and removes its name (the pipe lives on). One ``perl`` in taint mode (so
+#: ``PERL5OPT``/``PERL5LIB`` are ignored); without it ``rm`` removes the name and the pipe
+#: keeps its size.
+BIG_PIPE = (
+    "{ perl -T -e 'fcntl(STDIN, 1031, 1048576); $ARGV[0] =~ /^(.+)$/s; unlink($1) or exit 1' "
+    '-- "$f" 2>/dev/null || rm -f -- "$f"; }'
+)
+
 #: As root: receives a large write through a FIFO. Makes the staging directory root-only
-#: (0700, owned by root; a symlink is refused), creates the FIFO ``$2`` (0600) in it, says
-#: ``ready``, then — exactly as :data:`USER_WRITE_SCRIPT` (``$4`` = 0) or
-#: :data:`SKILLS_WRITE_SCRIPT` (``$4`` = 1) — writes what arrives through the FIFO to
-#: ``$1``: envd's ``POST /files`` into the FIFO streams straight into the file, with no
-#: staged copy at rest. A regular file must end up ``$3`` bytes long (a cut upload fails).
-#: The FIFO is always removed; stale leftovers of operations that were killed are swept.
+#: (0700, owned by root; a symlink is refused) and sweeps stale leftovers of operations
+#: that were killed — when ``$4`` is 1 (the provider's first large write to the sandbox),
+#: or when the directory is missing, a symlink or not root's — then creates the FIFO
+#: ``$2`` (0600) in it, says ``ready``, and — exactly as :data:`USER_WRITE_SCRIPT` (``$3``
+#: = 0) or :data:`SKILLS_WRITE_SCRIPT` (``$3`` = 1) — writes what arrives through the FIFO
+#: to ``$1``: envd's ``POST /files`` into the FIFO streams straight into the file, with no
+#: staged copy at rest. The FIFO's name is removed as soon as envd has opened it (the pipe
+#: lives on); a script stopped before that leaves it to the clean-up. A cut upload is told
+#: by the ``POST``'s own answer, so the script does not check the size. The user's part
+#: replaces the script (``exec``): the top process, ``timeout``, still carries the
+#: operation's marked name, so the clean-up finds all of it.
 STREAM_WRITE_SCRIPT = (
     "d=" + UPLOAD_DIR + '; f=$2; '
+    'if [ "$4" = 1 ] || [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
     'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '
-    'find "$d" -mindepth 1 -maxdepth 1 -mmin +10 -exec rm -rf -- {} + 2>/dev/null; '
-    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
-    'if [ "$4" = 1 ]; then umask 022; '
-    '{ mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod 0644 "$1"; } < "$f"; s=$?; '
-    "else runuser -u " + SANDBOX_USER + " -- /bin/sh -c "
-    "'set -e; mkdir -p -- \"$(dirname -- \"$1\")\"; cat > \"$1\"; "
-    "if [ -f \"$1\" ] && [ \"$(stat -c %s -- \"$1\")\" != \"$2\" ]; then "
-    "echo \"short upload\" >&2; exit 1; fi' "
-    'capybara-write "$1" "$3" < "$f"; s=$?; fi; '
-    'rm -f -- "$f"; exit $s'
+    'find "$d" -mindepth 1 -maxdepth 1 -mmin +10 -exec rm -rf -- {} + 2>/dev/null; fi; '
+    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; p=${1%/*}; p=${p:-/}; '
+    'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
+    'if [ "$3" = 1 ]; then umask 022; { [ -d "$p" ] || mkdir -p -- "$p"; } && '
+    'cat > "$1" && chmod 0644 "$1"; exit; fi; '
+    "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c "
+    "'[ -d \"$2\" ] || mkdir -p -- \"$2\" || exit 1; exec cat > \"$1\"' "
+    'capybara-write "$1" "$p"'
 )
 
 #: As root: stops file operation ``$1`` (the process whose command line carries
@@ -496,11 +513,12 @@ def hold_args(
 
 
 def stream_write_args(
-    path: str, fifo: str, size: int, skills: bool, op_id: str
+    path: str, fifo: str, skills: bool, op_id: str, prepare: bool = True
 ) -> List[str]:
-    """The args for cmd ``/bin/sh`` (as root) that run :data:`STREAM_WRITE_SCRIPT`."""
-    return ["-c", STREAM_WRITE_SCRIPT, fileop_name(op_id), path, fifo, str(size),
-            "1" if skills else "0"]
+    """The args for cmd ``/bin/sh`` (as root) that run :data:`STREAM_WRITE_SCRIPT`
+    (``prepare``: make the staging directory root-only and sweep it first in any case)."""
+    return ["-c", STREAM_WRITE_SCRIPT, fileop_name(op_id), path, fifo,
+            "1" if skills else "0", "1" if prepare else "0"]
 
 
 def fileop_cleanup_args(op_id: str, fifo: str = "", block: bool = False) -> List[str]:

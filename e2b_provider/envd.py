@@ -17,7 +17,7 @@ import base64
 import collections
 import posixpath
 import urllib.parse
-from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterator, Mapping, Optional, Sequence
 
 from ._connect import EndStream, EnvelopeDecoder, Parsed, encode_envelope
 from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
@@ -57,8 +57,6 @@ ERROR_BODY_BYTES = 64 * 1024
 #: The signals envd's SendSignal accepts.
 SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _READ_SIZE = 64 * 1024
-#: Read size for file bodies.
-_BODY_READ = 1024 * 1024
 _START_OP = "process start"
 
 
@@ -567,11 +565,22 @@ class EnvdClient:
         length: int,
         token: Optional[CancelToken] = None,
         timeout: float = 120.0,
+        on_open: Optional[Callable[[], None]] = None,
     ) -> bytes:
         """Read at most the first ``length`` bytes of a file: ``GET /files`` with
         ``Range: bytes=0-<length-1>`` (identity encoding).
 
-        As :meth:`download`, envd reads as root: no permission check.
+        As :meth:`download`, envd reads as root: no permission check. A body of known
+        length is read in one call, straight into the bytes returned.
+
+        Args:
+            path: the file.
+            user: envd's ``username``.
+            length: the most bytes wanted.
+            token: aborts the request when it fires.
+            timeout: the read timeout.
+            on_open: called once the success answer's headers arrived, before its body is
+                read (envd opens the file before it answers).
 
         Returns:
             The bytes (``b""`` for an empty file).
@@ -606,17 +615,9 @@ class EnvdClient:
             if not 200 <= stream.status < 300:
                 raw = stream.read_all(ERROR_BODY_BYTES, truncate=True)
                 raise error_from_response(HttpResponse(stream.status, stream.headers, raw), op)
-            buf = bytearray()
-            while True:
-                chunk = stream.read1(_BODY_READ)
-                if not chunk:
-                    break
-                buf += chunk
-                if len(buf) > length:
-                    raise ProtocolError(
-                        f"E2B {op}: the answer is longer than the {length} bytes asked"
-                    )
-            return bytes(buf)
+            if on_open is not None:
+                on_open()
+            return stream.read_all(length)
         except BaseException:
             stream.abort()
             raise

@@ -84,6 +84,33 @@ def test_stream_read_to_its_end_keeps_the_connection(
     assert client_sockets(server.port) == 1
 
 
+def test_a_body_of_known_length_read_in_one_call_keeps_the_connection(
+    server: ScriptedServer, transport: Transport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB, Content-Length
+    server.on("GET", "/big", lambda q, r: r.send(200, body))
+    server.on("GET", "/n", _ok)
+    pieces: List[int] = []
+    read1 = Stream.read1
+
+    def counting(st: Stream, n: int = 65536) -> bytes:
+        pieces.append(n)
+        return read1(st, n)
+
+    monkeypatch.setattr(Stream, "read1", counting)
+    for _ in range(3):
+        st = transport.open_stream("GET", server.url + "/big", data=b"", read_timeout=5,
+                                   operation="big")
+        assert st.read_all(len(body)) == body
+        assert pieces == []  # one call, no pieces
+        assert read1(st) == b""  # and the end is known
+        st.close()
+        assert not st.aborted
+        assert _get(transport, server) == b"ok"
+    assert server.accepted == 1
+    assert client_sockets(server.port) == 1
+
+
 def test_finish_reads_the_terminator_and_keeps_the_connection(
     server: ScriptedServer, transport: Transport
 ) -> None:
@@ -206,8 +233,9 @@ def test_a_cancelled_request_is_never_reused(
     assert server.accepted == 2
 
 
+@pytest.mark.parametrize("body", ["chunked", "whole"])
 def test_a_late_abort_never_reaches_the_connection_back_in_the_pool(
-    server: ScriptedServer, transport: Transport
+    server: ScriptedServer, transport: Transport, body: str
 ) -> None:
     go_on = threading.Event()
 
@@ -215,7 +243,10 @@ def test_a_late_abort_never_reaches_the_connection_back_in_the_pool(
         r.hold(go_on, timeout=10)
         r.send(200, b"second")
 
-    server.on("POST", "/s", _streaming(b"all"))
+    if body == "chunked":
+        server.on("POST", "/s", _streaming(b"all"))
+    else:  # Content-Length: read by read_all in one call
+        server.on("POST", "/s", lambda q, r: r.send(200, b"all"))
     server.on("GET", "/slow", slow)
     first = _open(transport, server)
     assert first.read_all(10) == b"all"  # its connection is back in the pool

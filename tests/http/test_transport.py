@@ -530,6 +530,63 @@ def test_stream_read_all_bound(server: ScriptedServer, transport: Transport) -> 
             st.read_all(100)
 
 
+def test_a_body_cut_short_is_an_error_not_a_short_answer(
+    server: ScriptedServer, transport: Transport
+) -> None:
+    def short(q: Request, r: Responder) -> None:
+        r.raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 40000)
+        r.drop()
+
+    server.on("GET", "/short", short)
+    with transport.open_stream("GET", server.url + "/short", data=b"", read_timeout=5,
+                               operation="get") as st:
+        with pytest.raises(TransportError) as ei:
+            st.read_all(100000)
+        assert "60000 bytes before the end" in str(ei.value)
+        assert not isinstance(ei.value, TransportTimeout)
+
+
+def test_a_body_longer_than_allowed_is_refused_unread(
+    server: ScriptedServer, transport: Transport
+) -> None:
+    server.on("GET", "/big", lambda q, r: r.send(200, b"y" * 5000))
+    with transport.open_stream("GET", server.url + "/big", data=b"", read_timeout=5,
+                               operation="get") as st:
+        with pytest.raises(ProtocolError):
+            st.read_all(4999)
+        assert st.aborted
+
+
+def test_a_whole_body_read_is_woken_by_abort(
+    server: ScriptedServer, transport: Transport
+) -> None:
+    def stall(q: Request, r: Responder) -> None:
+        r.raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        r.hold(timeout=10)
+
+    server.on("GET", "/stall", stall)
+    st = transport.open_stream("GET", server.url + "/stall", data=b"", read_timeout=30,
+                               operation="get")
+    errors: List[BaseException] = []
+
+    def reader() -> None:
+        try:
+            st.read_all(100000)
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=reader)
+    th.start()
+    assert th.ident is not None
+    wait_until(lambda: thread_blocked_in(th.ident, "socket.py"), what="the reader to block")
+    t0 = time.monotonic()
+    st.abort()
+    th.join(5)
+    assert time.monotonic() - t0 < 1.0
+    assert len(errors) == 1 and "stream aborted" in str(errors[0])
+    assert st.closed
+
+
 # -- error_from_response -----------------------------------------------------------------
 
 

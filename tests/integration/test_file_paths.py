@@ -159,6 +159,33 @@ def test_large_read_caps_and_holder_leaves(
     assert root(p, box, f"stat -c '%U %a' {scripts.UPLOAD_DIR}").strip() == "root 700"
 
 
+def test_a_tampered_staging_directory_is_never_written_through(
+    shared_provider: E2BSandboxProvider, box: SandboxHandle
+) -> None:
+    """The staging directory is checked on every streamed write (made root-only again when
+    it is not root's, refused when it is a symlink), not only on the first."""
+    p = shared_provider
+    d = scripts.UPLOAD_DIR
+    data = os.urandom(LARGE)
+    p.write_file(box, "/workspace/staged-1", data)  # prepares it (if not yet)
+    root(p, box, f"chown sandbox:sandbox {d} && chmod 0777 {d}")
+    p.write_file(box, "/workspace/staged-2", data)
+    assert root(p, box, f"stat -c '%U %a' {d}").strip() == "root 700"
+    root(p, box, f"mkdir -p /workspace/evil && chown sandbox /workspace/evil && "
+                 f"mv {d} {d}.real && ln -s /workspace/evil {d}")
+    try:
+        with pytest.raises(CommandFailed):
+            p.write_file(box, "/workspace/staged-3", data)
+        assert root(p, box, "ls -A /workspace/evil") == ""
+        assert root(p, box, "[ -e /workspace/staged-3 ] || echo no").strip() == "no"
+    finally:
+        root(p, box, f"rm -f {d} && mv {d}.real {d}")
+    p.write_file(box, "/workspace/staged-3", data)
+    assert p.read_file(box, "/workspace/staged-3", max_bytes=LARGE) == FileContent(data)
+    assert root(p, box, f"stat -c '%U %a' {d}").strip() == "root 700"
+    assert root(p, box, LEFTOVERS) == ""
+
+
 def test_missing_and_directories_on_the_large_path(
     shared_provider: E2BSandboxProvider, box: SandboxHandle
 ) -> None:
