@@ -857,7 +857,9 @@ def test_sandboxes_die_with_the_server_process(base_dir: str) -> None:
         if cgroup:
             assert wait_for(lambda: _read_procs(cgroup) == [])
             parent = os.path.dirname(cgroup)
-            assert parent in runtime.remove_stale_cgroups()
+            # (another emulator starting on this machine may sweep it first: the outcome
+            # is what counts)
+            runtime.remove_stale_cgroups()
             assert not os.path.exists(parent)
             assert not any(d.endswith(f"e2b-emulator-{child.pid}") for d in _all_parents())
     finally:
