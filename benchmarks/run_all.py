@@ -31,6 +31,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "concurrency": ["--runs", "1", "--threads", "200"],
     "wan": ["--runs", "8", "--create-runs", "2"],
     "timeout_burst": ["--threads", "320", "--sandboxes", "4"],
+    "notebook": ["--runs", "3", "--sdk-runs", "1", "--lines", "10"],
 }
 
 
