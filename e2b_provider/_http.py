@@ -645,16 +645,18 @@ def _retire(pool: object) -> None:
 _POOL_CLASSES: Dict[str, type] = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
+# (The ``type: ignore``s below: on Python 3.9 pip installs types-requests 2.32, whose
+# HTTPAdapter methods are untyped; 2.33 and later type them.)
 class _Adapter(requests.adapters.HTTPAdapter):
     """An HTTPAdapter whose pools hand out abortable connections."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
+        super().init_poolmanager(*args, **kwargs)  # type: ignore[no-untyped-call,unused-ignore]
         self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
         self.poolmanager.pools.dispose_func = _retire
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
-        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)  # type: ignore[no-untyped-call,unused-ignore]
         if type(manager) is urllib3.poolmanager.ProxyManager:
             manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
             manager.pools.dispose_func = _retire
@@ -1044,7 +1046,7 @@ class Transport:
             if self._closed:
                 return
             self._closed = True
-        self._adapter.close()
+        self._adapter.close()  # type: ignore[no-untyped-call,unused-ignore]
 
     def __enter__(self) -> Transport:
         return self
