@@ -257,7 +257,7 @@ class VolumeRoot:
         try:
             res = self._resolve(path, follow=True)
         except VolumeError:
-            return None, None
+            return self._lexical_target(path), None
         try:
             fd = self._open_final(res)
             try:
@@ -268,6 +268,21 @@ class VolumeRoot:
             return res.path, None
         finally:
             res.close()
+
+    def _lexical_target(self, path: str) -> Optional[str]:
+        """The volume path the symlink at ``path`` names, as written (for one that leads
+        nowhere inside the volume)."""
+        try:
+            res = self._resolve(path, follow=False)
+        except VolumeError:
+            return None
+        try:
+            raw = os.readlink(res.name, dir_fd=res.parent)
+        except OSError:
+            return None
+        finally:
+            res.close()
+        return clean_path(raw if raw.startswith("/") else f"{posixpath.dirname(path)}/{raw}")
 
     def _entry(self, path: str, st: os.stat_result) -> Dict[str, Any]:
         """E2B's ``VolumeEntryStat`` of ``path``: a symlink reports its target's type and mode."""
