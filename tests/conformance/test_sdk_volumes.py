@@ -58,7 +58,7 @@ def test_volume_control_plane_sync(sdk: Emulator) -> None:
     vol = Volume.create(name)
     assert vol.name == name and str(uuid.UUID(vol.volume_id)) == vol.volume_id
     assert vol.token
-    with pytest.raises(VolumeException, match="400: Volume with name .* already exists"):
+    with pytest.raises(VolumeException, match=r"400: Volume with name .* already exists"):
         Volume.create(name)
     for bad in ("", "has space", "dots.not.allowed", "slash/no"):
         with pytest.raises(VolumeException, match="400: Invalid volume name"):
@@ -340,3 +340,25 @@ def test_hostile_paths_and_planted_symlinks_stay_inside_the_volume(sdk: Emulator
         box.kill()
         Volume.destroy(vol.volume_id)
         os.unlink(canary)
+
+
+def test_cold_boot_remounts_and_refuses_a_planted_mount_point(sdk: Emulator) -> None:
+    vol = Volume.create(_name("reboot"))
+    box = Sandbox.create(volume_mounts={"/mnt/v": vol})
+    try:
+        box.files.write("/mnt/v/kept.txt", "kept")
+        box.pause()
+        box = Sandbox.connect(box.sandbox_id, on_resume="reboot")
+        assert box.files.read("/mnt/v/kept.txt") == "kept"  # mounted again by the new boot
+        # the sandbox's root replaces the way to the mount point with a symlink to /etc
+        box.commands.run("sudo mv /mnt /mnt.old && sudo ln -s /etc /mnt", user="user")
+        box.pause()
+        with pytest.raises(SandboxException, match="500: sandbox boot failed"):
+            Sandbox.connect(box.sandbox_id, on_resume="reboot")
+        assert sdk.state_dir is not None
+        with open(os.path.join(sdk.state_dir, box.sandbox_id, "init.log")) as f:
+            assert "volume mount point /mnt/v: mnt is not a directory" in f.read()
+        assert vol.read_file("/kept.txt") == "kept"
+    finally:
+        box.kill()
+        Volume.destroy(vol.volume_id)
