@@ -1,5 +1,6 @@
 """The volume content API's file access (``api.volume_files.VolumeRoot``) on a real
-directory: paths resolve as if the volume were the root, and no path, ``..`` or symlink reaches a file outside it; ids map between the sandbox's view and the host's."""
+directory: paths resolve as if the volume were the root, and no path, ``..`` or symlink
+reaches a file outside it; ids map between the sandbox's view and the host's."""
 
 from __future__ import annotations
 
