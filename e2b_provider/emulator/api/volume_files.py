@@ -86,6 +86,14 @@ def _os_error(exc: OSError, what: str, path: str) -> VolumeError:
     return VolumeError(500, "internal_error", f"{what}: {os.strerror(exc.errno or 0)}")
 
 
+def _owner(uid: Optional[int], gid: Optional[int]) -> Tuple[int, int]:
+    """The sandbox ids a new entry gets: those given, else E2B's :data:`DEFAULT_OWNER`."""
+    return (
+        uid if uid is not None else DEFAULT_OWNER,
+        gid if gid is not None else DEFAULT_OWNER,
+    )
+
+
 def clean_path(path: str) -> str:
     """The volume path E2B makes of a request's ``path``: absolute, ``..`` stopped at ``/``."""
     cleaned = posixpath.normpath("/" + path)
@@ -427,10 +435,7 @@ class VolumeRoot:
         """Make directory ``path``; with ``force``, its missing parents too, and an existing
         directory is no error. 409 when it exists otherwise."""
         path = clean_path(path)
-        owner = (
-            uid if uid is not None else DEFAULT_OWNER,
-            gid if gid is not None else DEFAULT_OWNER,
-        )
+        owner = _owner(uid, gid)
         res = self._resolve(path, follow=False, create_parents=owner if force else None)
         try:
             if not res.name:
@@ -461,10 +466,7 @@ class VolumeRoot:
         """Open ``path`` to write a new file: ``(descriptor, volume path)``. Without ``force``
         an existing file is 409; with it the file is truncated and missing parents made."""
         path = clean_path(path)
-        owner = (
-            uid if uid is not None else DEFAULT_OWNER,
-            gid if gid is not None else DEFAULT_OWNER,
-        )
+        owner = _owner(uid, gid)
         res = self._resolve(path, follow=True, create_parents=owner if force else None)
         try:
             if not res.name:
@@ -499,10 +501,7 @@ class VolumeRoot:
         try:
             os.fsync(fd)
             self._set_owner_mode(
-                fd,
-                uid if uid is not None else DEFAULT_OWNER,
-                gid if gid is not None else DEFAULT_OWNER,
-                mode if mode is not None else DEFAULT_FILE_MODE,
+                fd, *_owner(uid, gid), mode if mode is not None else DEFAULT_FILE_MODE
             )
             return self._entry(path, os.fstat(fd))
         except OSError as exc:
