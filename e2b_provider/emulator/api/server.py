@@ -6,7 +6,8 @@ freeze; filesystem-only pause = halt; connect/resume = thaw or cold boot; kill =
 expiry = auto-pause or kill when a sandbox's end time passes; snapshot = freeze, copy the
 files, thaw; a sandbox from a snapshot or a fork = boot on a copy of those files), the
 snapshot templates and metrics samples, the request dispatch (envd
-traffic → :class:`~.proxy.EnvdProxy`, everything else → API-key check →
+traffic → :class:`~.proxy.EnvdProxy`, ``/volumecontent/`` → the volume content API with its
+bearer token, everything else → API-key check →
 :class:`~.control.ControlPlane` or the admin routes), the admin routes
 under ``/_emulator/`` (faults, request log, sandbox pids, sandbox list — API key required), the
 bounded request log, and shutdown (every sandbox destroyed).

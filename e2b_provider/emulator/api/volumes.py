@@ -22,6 +22,7 @@ import hmac
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -88,6 +89,7 @@ class VolumeStore:
         self._volumes: Dict[str, VolumeRecord] = {}
         #: destroyed volumes whose files wait for the last sandbox mounting them
         self._retired: Dict[str, str] = {}
+        self._creating = threading.Lock()  # create runs in executor threads: one at a time
 
     def load(self) -> List[str]:
         """Read the volumes kept under :attr:`root`; returns the directories of destroyed
@@ -151,6 +153,10 @@ class VolumeStore:
         """
         if not _NAME_RE.match(name):
             raise BadRequest("Invalid volume name")
+        with self._creating:
+            return self._create(name)
+
+    def _create(self, name: str) -> VolumeRecord:
         if name in self.by_name():
             raise BadRequest(f"Volume with name '{name}' already exists")
         volume_id = str(uuid.uuid4())
