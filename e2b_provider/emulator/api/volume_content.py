@@ -77,7 +77,7 @@ def _body_int(body: Dict[str, Any], name: str) -> Optional[int]:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
         raise VolumeError(400, "invalid_request", f"field '{name}' must be a non-negative integer")
-    return value
+    return int(value)
 
 
 def _write_all(fd: int, data: bytes) -> None:
