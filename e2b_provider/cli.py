@@ -300,7 +300,7 @@ def _cmd_emulator(args: argparse.Namespace) -> int:
         raise E2BProviderError(f"the local emulator cannot run here: {exc}") from None
     try:
         env = emu.sdk_env()
-        for key in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+        for key in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY"):
             print(f"export {key}={env[key]}")
         print("export E2B_TEMPLATE=base")
         print(

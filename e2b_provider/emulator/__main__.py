@@ -26,6 +26,7 @@ the official SDK at it::
     export E2B_API_KEY=KEY
     export E2B_API_URL=http://127.0.0.1:PORT
     export E2B_SANDBOX_URL=http://127.0.0.1:PORT
+    export E2B_VOLUME_API_URL=http://127.0.0.1:PORT
     export E2B_TEMPLATE=base
 
 Nothing else is printed on stdout.
@@ -137,6 +138,7 @@ def ready_text(url: str, api_key: str) -> str:
         "E2B_API_KEY": api_key,
         "E2B_API_URL": url,
         "E2B_SANDBOX_URL": url,
+        "E2B_VOLUME_API_URL": url,
         "E2B_TEMPLATE": DEFAULT_TEMPLATE,
     }
     lines = [

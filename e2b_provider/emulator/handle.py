@@ -356,6 +356,7 @@ class Emulator:
             "E2B_API_URL": self.api_url,
             "E2B_SANDBOX_URL": self.sandbox_url,
             "E2B_DOMAIN": self.domain,
+            "E2B_VOLUME_API_URL": self.api_url,
         }
 
     # -- admin API --------------------------------------------------------------------------

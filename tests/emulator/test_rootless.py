@@ -233,7 +233,8 @@ SCRIPT = textwrap.dedent(
     r"""
     import asyncio, base64, http.client, json, os, socket, sys, time
     from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
-    from e2b_provider.emulator.runtime import linux
+    from e2b_provider.emulator.api.volume_files import IdMap, VolumeRoot
+    from e2b_provider.emulator.runtime import linux, sandbox_id_extents
     from e2b_provider.emulator.runtime import (
         IsolationUnavailable, SandboxRuntime, SandboxSpec, check_isolation, copy_sandbox_files,
         remove_tree)
@@ -292,12 +293,20 @@ SCRIPT = textwrap.dedent(
         return {p: linux.process_state(p) for p in rt.host_pids()}
 
     async def scenario():
-        rt = SandboxRuntime(SandboxSpec("rl1", "rootless-box"), os.path.join(base, "rl1"))
+        vol = os.path.join(base, "vol")
+        os.mkdir(vol)
+        os.chmod(vol, 0o777)
+        spec = SandboxSpec("rl1", "rootless-box", volume_binds=[(vol, "/mnt/vol")])
+        rt = SandboxRuntime(spec, os.path.join(base, "rl1"))
         await rt.boot(timeout=30)
         emit(step="boot", seconds=rt.last_boot_seconds, rootless=rt.rootless,
              freeze=rt.freeze_method, pids=rt.host_pids(), health=call(rt, "GET", "/health")[0])
         emit(step="id", result=run(rt, "runuser -u sandbox -- id; id -un; hostname"))
         emit(step="sandbox-id", result=run(rt, "id", user="sandbox"))
+        wrote = run(rt, "echo v > /mnt/vol/f && id -u", user="user")
+        ids = IdMap(*sandbox_id_extents(), can_chown=False)
+        emit(step="volume", result=wrote, entry=VolumeRoot(vol, ids).stat("/f"),
+             host_uid=os.stat(os.path.join(vol, "f")).st_uid)
         emit(step="layout", result=run(rt, "stat -c '%n %U %a' /workspace /home/user "
              "/opt/capybara/upload /skills; tail -n +3 /proc/net/dev | cut -d: -f1; "
              "wc -l < /proc/net/route; cat /proc/1/cmdline | tr '\\0' ' '"))
@@ -455,6 +464,11 @@ def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
     assert lines[1:] == ["root", "rootless-box"], text
     code, text = steps["sandbox-id"]["result"]
     assert code == 0 and text.startswith("uid=1000(sandbox)"), text
+    # a volume bound into a rootless sandbox: the content API sees the writer's uid
+    code, text = steps["volume"]["result"]
+    assert code == 0, text
+    assert steps["volume"]["entry"]["uid"] == int(text) and steps["volume"]["entry"]["size"] == 2
+    assert steps["volume"]["host_uid"] == start + int(text) - 1
     code, text = steps["layout"]["result"]
     lines = [line.strip() for line in text.splitlines()]
     assert code == 0, text

@@ -923,12 +923,13 @@ def test_cli_ready_line_and_sigterm_cleanup(short_tmp: str) -> None:
         requests.post(f"{info['api_url']}/sandboxes/{sid}/pause", headers=headers)
         # after the ready line: what a shell needs, and it works as printed
         assert proc.stdout is not None
-        shell = "".join(proc.stdout.readline().decode() for _ in range(5))
+        shell = "".join(proc.stdout.readline().decode() for _ in range(6))
         assert shell == (
             "# point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:\n"
             f"export E2B_API_KEY={info['api_key']}\n"
             f"export E2B_API_URL={info['api_url']}\n"
             f"export E2B_SANDBOX_URL={info['sandbox_url']}\n"
+            f"export E2B_VOLUME_API_URL={info['api_url']}\n"
             "export E2B_TEMPLATE=base\n"
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}

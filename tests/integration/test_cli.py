@@ -199,9 +199,15 @@ def test_emulator_command_prints_exports_and_stops_on_ctrl_c(tmp_path) -> None: 
     )
     try:
         assert child.stdout is not None
-        lines = [child.stdout.readline().strip() for _ in range(4)]
+        lines = [child.stdout.readline().strip() for _ in range(5)]
         exports = dict(line.removeprefix("export ").split("=", 1) for line in lines)
-        assert set(exports) == {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_TEMPLATE"}
+        assert set(exports) == {
+            "E2B_API_URL",
+            "E2B_SANDBOX_URL",
+            "E2B_VOLUME_API_URL",
+            "E2B_API_KEY",
+            "E2B_TEMPLATE",
+        }
         assert exports["E2B_TEMPLATE"] == "base"
         env = {**os.environ, **exports}
         r = run(env, "create", "emu-cli")

@@ -48,6 +48,7 @@ from .state import (
     parse_timeout,
     sandbox_not_found,
 )
+from .volumes import VolumeRoutes, VolumeStore
 
 __all__ = ["ControlPlane"]
 
@@ -62,9 +63,11 @@ class ControlPlane:
     that :meth:`add_routes` puts around it turns that into E2B's error answer.
     """
 
-    def __init__(self, server: SandboxLifecycle) -> None:
+    def __init__(self, server: SandboxLifecycle, volumes: VolumeStore) -> None:
         self._server = server
+        self._volumes = volumes
         self._snapshots = SnapshotRoutes(server, self._sandbox_body)
+        self._volume_routes = VolumeRoutes(server, volumes)
 
     def add_routes(self, app: web.Application) -> None:
         """Register every control-plane route on ``app``."""
@@ -87,6 +90,7 @@ class ControlPlane:
             "/sandboxes/{sid}/metrics", self._route("metrics", self.metrics), allow_head=False
         )
         self._snapshots.add_routes(app, self._route)
+        self._volume_routes.add_routes(app, self._route)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -151,6 +155,7 @@ class ControlPlane:
         spec = parse_create_body(body, default_timeout=default_timeout)
         key = check_idempotency_key(request.headers.get("Idempotency-Key"))
         spec = self._resolve_template(spec)
+        spec = attrs.evolve(spec, volume_mounts=self._volumes.resolve_mounts(spec.volume_mounts))
         server = self._server
         if key is None:
             return web.json_response(await self._do_create(spec), status=201)

@@ -6,7 +6,8 @@ freeze; filesystem-only pause = halt; connect/resume = thaw or cold boot; kill =
 expiry = auto-pause or kill when a sandbox's end time passes; snapshot = freeze, copy the
 files, thaw; a sandbox from a snapshot or a fork = boot on a copy of those files), the
 snapshot templates and metrics samples, the request dispatch (envd
-traffic → :class:`~.proxy.EnvdProxy`, everything else → API-key check →
+traffic → :class:`~.proxy.EnvdProxy`, ``/volumecontent/`` → the volume content API with its
+bearer token, everything else → API-key check →
 :class:`~.control.ControlPlane` or the admin routes), the admin routes
 under ``/_emulator/`` (faults, request log, sandbox pids, sandbox list — API key required), the
 bounded request log, and shutdown (every sandbox destroyed).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import hmac
 import importlib
 import logging
@@ -44,6 +46,9 @@ from .state import (
     sandbox_not_found,
 )
 from .templates import TemplateStore
+from .volume_content import VolumeContentRoutes
+from .volume_files import IdMap
+from .volumes import VolumeStore, mounted_volume_ids
 
 __all__ = ["EmulatorServer"]
 
@@ -128,8 +133,16 @@ class EmulatorServer:
         self._destroying: Dict[int, asyncio.Future[None]] = {}
         self._expiring: Set[str] = set()
         self._bg: Set[asyncio.Task[Any]] = set()
+        team = hashlib.sha256(api_key.encode()).hexdigest()[:16]
+        uids, gids = runtime_module.sandbox_id_extents()
+        self.volumes = VolumeStore(
+            os.path.join(os.path.abspath(state_dir), "volumes", team),
+            api_key,
+            IdMap(uids=uids, gids=gids, can_chown=os.geteuid() == 0),
+        )
         self.proxy = EnvdProxy(self)
-        self.control = ControlPlane(self)
+        self.control = ControlPlane(self, self.volumes)
+        self._volume_content = VolumeContentRoutes(self, self.volumes)
         self._runner: Optional[web.AppRunner] = None
         self._expiry_task: Optional[asyncio.Task[None]] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -148,6 +161,7 @@ class EmulatorServer:
         """Build the aiohttp application (routes + dispatch middleware)."""
         app = web.Application(middlewares=[self._dispatch], client_max_size=1024**3)
         self.control.add_routes(app)
+        self._volume_content.add_routes(app)
         r = app.router
         r.add_get("/_emulator/faults", self._admin_faults_list, allow_head=False)
         r.add_post("/_emulator/faults", self._admin_faults_arm)
@@ -170,6 +184,8 @@ class EmulatorServer:
                 f"{MAX_SOCKET_PATH}-byte unix socket path limit; use a shorter --state-dir"
             )
         os.makedirs(self.state_dir, exist_ok=True)
+        for leftover in self.volumes.load():  # volumes destroyed while mounted, last run
+            self._runtime_module.remove_tree(leftover)
         runner = web.AppRunner(
             self.build_app(),
             handler_cancellation=True,
@@ -219,6 +235,25 @@ class EmulatorServer:
         if route is not None:
             return await self.proxy.handle(request, route[0], route[1])
         is_admin = request.path.startswith("/_emulator/")
+        if request.path.startswith("/volumecontent/"):
+            # the volume content API: a volume's bearer token, no API key (checked per route)
+            entry = self.log_request(request, kind="volume")
+            if request.match_info.http_exception is not None:
+                status = request.match_info.http_exception.status
+                entry["status"] = status
+                return web.json_response(
+                    {"code": "invalid_request", "message": "no matching operation was found"},
+                    status=status,
+                )
+            try:
+                resp = await handler(request)
+            except Exception:
+                log.exception("volume content handler failed")
+                resp = web.json_response(
+                    {"code": "internal_error", "message": "internal server error"}, status=500
+                )
+            entry["status"] = resp.status
+            return resp
         entry = self.log_request(request, kind="admin" if is_admin else "control")
         request["log_entry"] = entry
         key = request.headers.get("X-API-KEY")
@@ -303,6 +338,9 @@ class EmulatorServer:
             memory_mb=res.memory_mb,
             disk_mb=res.disk_mb,
             max_processes=res.max_processes,
+            volume_binds=tuple(
+                (self.volumes.get(m.volume_id).data_dir, m.path) for m in req.volume_mounts
+            ),
         )
         state_dir = os.path.join(self.state_dir, sandbox_id)
         try:
@@ -356,6 +394,7 @@ class EmulatorServer:
             cpu_count=self.resources.cpu_count,
             memory_mb=self.resources.memory_mb,
             disk_size_mb=self.resources.disk_mb,
+            volume_mounts=req.volume_mounts,
         )
         try:
             if self._closed:
@@ -596,6 +635,8 @@ class EmulatorServer:
             while len(self._graveyard) > GRAVEYARD_SIZE:
                 self._graveyard.popitem(last=False)
             await self._destroy_runtime(rec.runtime)
+        for directory in self.volumes.release(mounted_volume_ids(self.records.values())):
+            await self.remove_files(directory)
         return True
 
     async def _destroy_runtime(self, runtime: Any) -> None:

@@ -221,6 +221,7 @@ class SnapshotRoutes:
             network=rec.network,
             alias=rec.alias,
             files_from=files,
+            volume_mounts=rec.volume_mounts,
         )
         try:
             results = await asyncio.gather(

@@ -36,6 +36,7 @@ __all__ = [
     "CreateRequest",
     "SandboxRecord",
     "TemplateResources",
+    "VolumeMount",
     "check_idempotency_key",
     "epoch_us",
     "new_access_token",
@@ -45,6 +46,7 @@ __all__ = [
     "parse_metadata_filter",
     "parse_sandbox_path_id",
     "parse_timeout",
+    "parse_volume_mounts",
     "rfc3339",
     "sandbox_not_found",
 ]
@@ -205,6 +207,46 @@ def parse_timeout(body: Mapping[str, Any], name: str, default: Optional[int]) ->
 
 
 @attrs.frozen
+class VolumeMount:
+    """One ``volumeMounts`` item: the volume ``name`` mounted at ``path`` inside the sandbox;
+    ``volume_id`` once the control plane found the volume (empty before)."""
+
+    name: str
+    path: str
+    volume_id: str = ""
+
+    def to_json(self) -> Dict[str, str]:
+        """The ``SandboxVolumeMount`` of answers."""
+        return {"name": self.name, "path": self.path}
+
+
+def parse_volume_mounts(body: Mapping[str, Any]) -> Tuple[VolumeMount, ...]:
+    """The ``volumeMounts`` of a create body (types only; names and paths are checked against
+    the team's volumes by the control plane).
+
+    Raises:
+        BadRequest: not a list of ``{name, path}`` strings.
+    """
+    raw = body.get("volumeMounts")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise BadRequest("validation error: field 'volumeMounts' must be an array")
+    mounts = []
+    for item in raw:
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("name"), str)
+            or not isinstance(item.get("path"), str)
+        ):
+            raise BadRequest(
+                "validation error: field 'volumeMounts' items must be {name, path} strings"
+            )
+        mounts.append(VolumeMount(name=item["name"], path=item["path"]))
+    return tuple(mounts)
+
+
+@attrs.frozen
 class CreateRequest:
     """A validated create body (v1 ``POST /sandboxes`` or v2 ``POST /v2/sandboxes``).
 
@@ -225,6 +267,7 @@ class CreateRequest:
     network: Optional[NetworkConfig]
     alias: Optional[str] = None
     files_from: Optional[str] = None
+    volume_mounts: Tuple[VolumeMount, ...] = ()
 
 
 def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
@@ -262,6 +305,7 @@ def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:
         allow_hosts=allow_hosts,
         allow_internet_access=allow_internet,
         network=network,
+        volume_mounts=parse_volume_mounts(body),
     )
 
 
@@ -308,6 +352,7 @@ class SandboxRecord:
     cpu_count: int = 2
     memory_mb: int = 512
     disk_size_mb: int = 1024
+    volume_mounts: Tuple[VolumeMount, ...] = ()
     state: str = "running"  # running | paused
     pause_mode: Optional[str] = None  # full | filesystem, while paused
     paused_at: Optional[float] = None
@@ -351,6 +396,8 @@ class SandboxRecord:
         }
         if self.alias:
             out["alias"] = self.alias
+        if self.volume_mounts:
+            out["volumeMounts"] = [m.to_json() for m in self.volume_mounts]
         if self.state == "paused" and self.envd_unresponsive_at_pause:
             out["envdUnresponsiveAtPause"] = True
         return out

@@ -24,6 +24,7 @@ from .namespaces import (
     root_id_range,
     rootless_message,
     rootless_missing,
+    sandbox_id_extents,
     subid_range,
 )
 from .usage import ResourceUsage
@@ -46,5 +47,6 @@ __all__ = [
     "root_id_range",
     "rootless_message",
     "rootless_missing",
+    "sandbox_id_extents",
     "subid_range",
 ]

@@ -123,6 +123,31 @@ def _check_env(
             raise ValueError(f"bad value for environment variable {key!r}")
 
 
+def _binds(value: Sequence[Tuple[str, str]]) -> Tuple[Tuple[str, str], ...]:
+    return tuple((str(src), str(dst)) for src, dst in value)
+
+
+def _check_binds(
+    _: object,
+    attribute: attrs.Attribute[Tuple[Tuple[str, str], ...]],
+    value: Tuple[Tuple[str, str], ...],
+) -> None:
+    seen: Set[str] = set()
+    for src, dst in value:
+        if not os.path.isabs(src) or "\0" in src:
+            raise ValueError(f"{attribute.name}: the host directory must be absolute: {src!r}")
+        if (
+            not dst.startswith("/")
+            or dst == "/"
+            or os.path.normpath(dst) != dst
+            or dst.startswith("//")
+            or "\0" in dst
+            or dst in seen
+        ):
+            raise ValueError(f"{attribute.name}: bad or repeated mount point {dst!r}")
+        seen.add(dst)
+
+
 @attrs.frozen
 class SandboxSpec:
     """What one sandbox is: identity, network mode, environment and resource limits.
@@ -142,6 +167,9 @@ class SandboxSpec:
             first boot; a full disk is ENOSPC inside.
         max_processes: the most processes and threads the sandbox may have at once (a pids
             controller limit): a fork bomb stops there.
+        volume_binds: ``(host directory, mount point)`` pairs: each host directory (a volume's
+            files) is bound read-write at its absolute mount point inside the sandbox at every
+            boot; missing directories on the way are made, a symlink on the way fails the boot.
     """
 
     sandbox_id: str = attrs.field(validator=_check_id)
@@ -155,6 +183,9 @@ class SandboxSpec:
     memory_mb: int = attrs.field(default=512, validator=attrs.validators.ge(16))
     disk_mb: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
     max_processes: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
+    volume_binds: Tuple[Tuple[str, str], ...] = attrs.field(
+        default=(), converter=_binds, validator=_check_binds
+    )
 
 
 def _package_dir() -> str:
@@ -524,6 +555,7 @@ class SandboxRuntime:
             "overlays": list(OVERLAY_DIRS) + real_dirs,
             "symlinks": links,
             "ro_binds": binds,
+            "volume_binds": [list(b) for b in spec.volume_binds],
             "agent_argv": self._agent_argv,
             "agent_env": env,
             "agent_cwd": self._agent_cwd,

@@ -674,6 +674,39 @@ def _ro_binds(cfg: Mapping[str, Any]) -> None:
         _bind(path, target, readonly=True, extra=MS_NOSUID | MS_NODEV)
 
 
+def _volume_binds(cfg: Mapping[str, Any]) -> None:
+    """Bind each volume's host directory read-write at its mount point in the sandbox.
+
+    The mount point is reached one component at a time from the sandbox's root, each opened
+    with ``O_NOFOLLOW``: a missing directory is made (0755, the sandbox's root), a symlink or a
+    file on the way fails the boot, so nothing the sandbox (or another sandbox sharing a
+    volume) planted leads the mount anywhere else. The mount goes onto the opened directory.
+    """
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    for source, target in cfg.get("volume_binds") or ():
+        fd = os.open(cfg["root"], flags)
+        try:
+            for name in [p for p in target.split("/") if p]:
+                try:
+                    nxt = os.open(name, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                    nxt = os.open(name, flags, dir_fd=fd)
+                    os.chown(f"/proc/self/fd/{nxt}", _uid_base, _gid_base)  # the magic link
+                    os.chmod(f"/proc/self/fd/{nxt}", 0o755)
+                except OSError as exc:
+                    raise OSError(
+                        exc.errno,
+                        f"volume mount point {target}: {name} is not a directory (symlinks "
+                        "are not followed)",
+                    ) from None
+                os.close(fd)
+                fd = nxt
+            _mount(source, f"/proc/self/fd/{fd}", None, MS_BIND, None)
+        finally:
+            os.close(fd)
+
+
 def _write_sysctl(proc: str, name: str, value: str) -> None:
     with open(os.path.join(proc, "sys", *name.split(".")), "w", encoding="ascii") as f:
         f.write(value)
@@ -764,6 +797,7 @@ def setup(cfg: Mapping[str, Any]) -> Boot:
     _accounts(cfg)
     _ro_binds(cfg)
     _kernel_fs(cfg)
+    _volume_binds(cfg)
     _pivot_root(root)
     socket.sethostname(cfg["hostname"])
     _loopback_up()

@@ -47,6 +47,7 @@ __all__ = [
     "rootless_message",
     "rootless_missing",
     "root_id_range",
+    "sandbox_id_extents",
     "subid_range",
     "usr_merge_links",
 ]
@@ -235,6 +236,33 @@ def root_id_range() -> Tuple[int, int]:
     if found[0] is not None and found[1] is not None:
         return found[0], found[1]
     return ROOT_MODE_ID_START, ROOT_MODE_ID_START
+
+
+Extent = Tuple[int, int, int]
+
+
+def sandbox_id_extents() -> Tuple[Tuple[Extent, ...], Tuple[Extent, ...]]:
+    """How the uids and the gids sandboxes see map to host ids, for this process's mode:
+    ``(inside, host, count)`` extents as in ``/proc/<pid>/uid_map``.
+
+    Root mode: ids 0-65535 from :func:`root_id_range`. Rootless: 0 is this user (and its
+    group), 1-65535 its first subuid/subgid range (``unshare --map-auto``); an id it lacks is
+    left unmapped.
+    """
+    uid = os.geteuid()
+    if uid == 0:
+        base_uid, base_gid = root_id_range()
+        return ((0, base_uid, ROOTLESS_IDS),), ((0, base_gid, ROOTLESS_IDS),)
+    user = _user_name(uid)
+    out: List[Tuple[Extent, ...]] = []
+    for own, path in ((uid, SUBUID_FILE), (os.getegid(), SUBGID_FILE)):
+        text = _read_text(path)
+        found = subid_range(text, user, uid) if text is not None else None
+        extents: List[Extent] = [(0, own, 1)]
+        if found is not None and found[1] > 0:
+            extents.append((1, found[0], min(found[1], ROOTLESS_IDS - 1)))
+        out.append(tuple(extents))
+    return out[0], out[1]
 
 
 def _user_namespaces_missing() -> Optional[str]:
