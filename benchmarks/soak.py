@@ -409,17 +409,21 @@ def _expect(res: ExecResult, ok: bool) -> str:
     return "ok" if ok else f"wrong {res}"
 
 
-def _fds() -> Tuple[int, int]:
-    """(open file descriptors, of which sockets) of this process."""
-    fds = socks = 0
+def _open_fds() -> Dict[str, str]:
+    """This process's open file descriptors and what each points to."""
+    out = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        fds += 1
-        socks += target.startswith("socket:")
-    return fds, socks
+    return out
+
+
+def _fds() -> Tuple[int, int]:
+    """(open file descriptors, of which sockets) of this process."""
+    targets = list(_open_fds().values())
+    return len(targets), sum(t.startswith("socket:") for t in targets)
 
 
 def _leftovers(p: E2BSandboxProvider, h: SandboxHandle) -> int:
@@ -476,6 +480,7 @@ def soak(emu: Emulator, args: argparse.Namespace) -> int:
     gc.collect()
     threads0 = b.thread_count()
     fds0, socks0 = _fds()
+    before = _open_fds()
     p = E2BSandboxProvider(
         emu.config(template="base"),
         kill_bound=KILL_BOUND,
@@ -520,6 +525,7 @@ def soak(emu: Emulator, args: argparse.Namespace) -> int:
     logging.getLogger("e2b_provider").removeHandler(reboot_log)
     time.sleep(1.0)  # let daemon helpers notice (library threads are kept: constant)
     fds1, socks1 = _fds()
+    new_fds = {fd: t for fd, t in _open_fds().items() if before.get(fd) != t}
     lib_threads = sum(1 for t in threading.enumerate() if t.name.startswith("e2b-provider"))
     threads1 = b.thread_count()
     gc.collect()
@@ -531,7 +537,7 @@ def soak(emu: Emulator, args: argparse.Namespace) -> int:
         f"  threads: {threads1 - threads0 - lib_threads} "
         f"(+ the library's own, constant: {lib_threads} = 1 watchdog + at most 8 workers)"
     )
-    print(f"  file descriptors: {fds1 - fds0} (after gc: {fds2 - fds0})")
+    print(f"  file descriptors: {fds1 - fds0} (after gc: {fds2 - fds0}) {new_fds or ''}")
     print(f"  sockets: {socks1 - socks0} (after gc: {socks2 - socks0})")
     where = {sid: n for sid, n in leftovers.items() if n}
     print(f"  sandbox processes left: {sum(leftovers.values())} {where or ''}")

@@ -257,8 +257,9 @@ def test_many_timers_and_jobs_use_a_constant_number_of_threads() -> None:
     try:
         fired = threading.Semaphore(0)
         handles = [wd.call_later(0.01 + (i % 50) / 1000, fired.release) for i in range(1000)]
-        for h in handles[::2]:
-            h.cancel()
+        # (on a loaded machine a timer may fire before its cancel: count the cancels that won)
+        won = sum(h.cancel() for h in handles[::2])
+        assert won > 0
         gate = threading.Event()
         started = threading.Semaphore(0)
 
@@ -275,9 +276,9 @@ def test_many_timers_and_jobs_use_a_constant_number_of_threads() -> None:
         gate.set()
         for f in futures:
             assert f.result(timeout=5.0) is True
-        for _ in range(500):
+        for _ in range(1000 - won):
             assert fired.acquire(timeout=5.0)
-        assert not fired.acquire(timeout=0.1)  # the cancelled half never fired
+        assert not fired.acquire(timeout=0.1)  # the cancels that won never fired
         assert threading.active_count() - baseline <= 1 + 4
     finally:
         wd.close()
