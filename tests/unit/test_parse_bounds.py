@@ -174,6 +174,16 @@ def test_stderr_of_an_impossible_length_is_named() -> None:
     assert str(ei.value) == "process event data.stderr is not valid base64"
 
 
+@pytest.mark.parametrize("text", [b"-AAA", b"_AAA", b"AA-_", b"-A"])
+def test_url_safe_base64_is_decoded_wherever_it_starts(text: bytes) -> None:
+    # the in-place decoder's own contract: buf[start:end], also from the buffer's first byte
+    from e2b_provider._process import _b64_in_place
+
+    expected = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
+    assert _b64_in_place(bytearray(text), 0, len(text), "data.stdout") == expected
+    assert _b64_in_place(bytearray(b"x" + text), 1, 1 + len(text), "data.stdout") == expected
+
+
 def test_only_the_message_s_own_fields_are_read() -> None:
     # the buffer holds more after the message (the next one): its fields are not this one's
     first = b'{"event":{"data":{"stdout":"YQ==","stderr":"Yg=="}}}'
