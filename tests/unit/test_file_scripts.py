@@ -222,8 +222,11 @@ needs_namespaces = pytest.mark.skipif(
 )
 
 #: Gives the namespace a tmpfs on /opt and a ``sandbox`` user, then runs ``$SETUP``, the
-#: script under test (``/bin/sh "$@"``) and ``$REPORT``.
+#: script under test (``/bin/sh "$@"``) and ``$REPORT``. ``until_ CONDITION`` waits (at most
+#: ~10 s) for a shell condition: what a script leaves to run on (a background job, a kill
+#: signal on its way) settles a moment after it exits.
 _NS_DRIVER = r"""
+until_() { i=0; while ! eval "$1" && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; }
 set -e
 mount -t tmpfs tmpfs /opt
 mount --bind "$PW" /etc/passwd
@@ -279,7 +282,9 @@ def _open_writer(fifo: Path, timeout: float = 30.0) -> int:
 
 _STREAM_REPORT = (
     'stat -c "upload %a %U" /opt/capybara/upload; echo left $(ls -A /opt/capybara/upload); '
-    'stat -c "target %a %U %s" "$T"; cmp -s "$T" "$EXPECT" && echo same'
+    'stat -c "target %a %U %s" "$T"; cmp -s "$T" "$EXPECT" && echo same; '
+    # the FIFO's name is removed by a background job once the FIFO is open
+    'until_ \'[ ! -p "$F" ]\'; if [ -p "$F" ]; then echo "fifo left"; else echo "fifo gone"; fi'
 )
 
 
@@ -297,16 +302,17 @@ def test_stream_write(tmp_path: Path, skills: bool) -> None:
         target = "/opt/skills/a/b/SKILL.md"
         args = S.stream_write_args(target, str(fifo), True, op)
         setup = "chmod 0755 /opt/capybara/upload"
-        want = ["upload 700 root", "left keepdir new", f"target 644 root {len(data)}", "same"]
+        want = ["upload 700 root", "left keepdir new", f"target 644 root {len(data)}", "same",
+                "fifo gone"]  # fmt: skip
     else:
         # a later one: the staging directory is left alone; written as the sandbox user
         target = "/opt/work/x/f.bin"
         args = S.stream_write_args(target, str(fifo), False, op, prepare=False)
         setup = "chmod 0700 /opt/capybara/upload"
         want = ["upload 700 root", "left keepdir new old", f"target 644 sandbox {len(data)}",
-                "same"]  # fmt: skip
+                "same", "fifo gone"]  # fmt: skip
     env = _ns_env(tmp_path, SETUP=f"umask 022; {setup}", REPORT=_STREAM_REPORT, T=target,
-                  EXPECT=str(expect))  # fmt: skip
+                  EXPECT=str(expect), F=str(fifo))  # fmt: skip
     with _ns_popen(args, env) as p:
         try:
             assert p.stdout is not None
@@ -322,7 +328,6 @@ def test_stream_write(tmp_path: Path, skills: bool) -> None:
                 p.kill()
                 p.wait(timeout=10)
     assert out.decode().split("\n")[:-1] == ["rc=0", *want], err
-    assert not fifo.exists()  # its name goes once envd (here: the test) has opened it
 
 
 def test_stream_write_names_the_operation(tmp_path: Path) -> None:
@@ -340,10 +345,14 @@ i=0; while [ "$(pgrep -c -x sleep)" -lt 4 ] && [ $i -lt 1000 ]; do sleep 0.01; i
 mkfifo -m 0600 "$F"
 """
 _CLEANUP_REPORT = r"""
-ps -e -o stat= -o comm= -o args= > /opt/ps
 alive() { awk -v p="$1" '$1 !~ /^Z/ && index($0, p)' /opt/ps | wc -l; }
-sleeps=$(awk '$1 !~ /^Z/ && $2 == "sleep"' /opt/ps | wc -l)
-echo "a=$(alive "op-$A") b=$(alive "op-$B") sleeps=$sleeps"
+left() {
+  ps -e -o stat= -o comm= -o args= > /opt/ps
+  sleeps=$(awk '$1 !~ /^Z/ && $2 == "sleep"' /opt/ps | wc -l)
+  echo "a=$(alive "op-$A") b=$(alive "op-$B") sleeps=$sleeps"
+}
+until_ '[ "$(left)" = "$WANT" ]'  # SIGKILL is on its way to each
+left
 if [ -p "$F" ]; then echo fifo; elif [ -d "$F" ]; then stat -c "dir %a" "$F"; \
 else echo gone; fi
 echo left $(ls -A /opt/capybara/upload)
@@ -371,7 +380,8 @@ def test_fileop_cleanup(tmp_path: Path, which: str, kw: Dict[str, bool], want: L
         args = S.fileop_cleanup_args(op, str(fifo), **{k: v for k, v in kw.items() if k != "fifo"})
     else:
         args = S.fileop_cleanup_args(op)
-    env = _ns_env(tmp_path, SETUP=_CLEANUP_SETUP, REPORT=_CLEANUP_REPORT, A=a, B=b, F=str(fifo))
+    env = _ns_env(tmp_path, SETUP=_CLEANUP_SETUP, REPORT=_CLEANUP_REPORT, A=a, B=b, F=str(fifo),
+                  WANT=want[0])  # fmt: skip
     with _ns_popen(args, env) as p:
         out, err = p.communicate(timeout=60)
     assert out.decode().split("\n")[:-1] == ["rc=0", *want], err
