@@ -125,6 +125,22 @@ def test_template_bad(value: Any) -> None:
         DeploymentConfig(KEY, value)
 
 
+@pytest.mark.parametrize("value", ["a\ud800", "\udfffb", "a\udbff\udc00"])
+def test_template_with_a_lone_surrogate_is_refused(value: str) -> None:
+    # both ends of the surrogate range (and a pair that Python left unjoined)
+    with pytest.raises(ConfigError) as ei:
+        DeploymentConfig(KEY, value)
+    assert str(ei.value) == (
+        "invalid sandbox-e2b deployment config: template: must be valid Unicode text (no lone "
+        f"surrogates): {value!r}"
+    )
+
+
+@pytest.mark.parametrize("value", ["a\ud7ff", "\ue000b", "\U0001f600"])
+def test_template_beside_the_surrogate_range_is_fine(value: str) -> None:
+    assert DeploymentConfig(KEY, value).template == value
+
+
 @pytest.mark.parametrize(
     ("given", "stored"),
     [

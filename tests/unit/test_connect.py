@@ -419,6 +419,22 @@ def test_smallest_message_bound_is_one_byte() -> None:
         assert str(ei.value) == "max_message_bytes and max_json_bytes must be positive"
 
 
+def test_json_bound_is_inclusive_and_may_be_one_byte() -> None:
+    payload = encode_envelope({"x": "y" * 10})[5:]
+    dec = EnvelopeDecoder(max_json_bytes=len(payload))  # exactly the bound: parsed
+    dec.feed(encode_envelope({"x": "y" * 10}))
+    assert list(dec) == [Message({"x": "y" * 10})]
+    with pytest.raises(ProtocolError) as ei:
+        EnvelopeDecoder(max_json_bytes=len(payload) - 1).feed(encode_envelope({"x": "y" * 10}))
+    assert str(ei.value) == (
+        f"a message of {len(payload)} bytes is larger than the {len(payload) - 1} bytes "
+        "accepted for anything but command output"
+    )
+    dec = EnvelopeDecoder(max_json_bytes=1)
+    with pytest.raises(ProtocolError, match="is a int, not an object"):
+        dec.feed(struct.pack(">BI", 0, 1) + b"1")  # one byte of JSON: read as JSON
+
+
 @pytest.mark.parametrize(
     "wire, message",
     [

@@ -167,6 +167,30 @@ def test_base64_of_an_impossible_length_is_a_protocol_error(text: str) -> None:
         event_from_wire(json.loads(payload))  # as the JSON reading says
 
 
+def test_stderr_of_an_impossible_length_is_named() -> None:
+    payload = b'{"event":{"data":{"stdout":"AA==","stderr":"AAAAA"}}}'
+    with pytest.raises(ProtocolError) as ei:
+        parse_output_message(bytearray(payload), 0, len(payload))
+    assert str(ei.value) == "process event data.stderr is not valid base64"
+
+
+@pytest.mark.parametrize("text", [b"-AAA", b"_AAA", b"AA-_", b"-A"])
+def test_url_safe_base64_is_decoded_wherever_it_starts(text: bytes) -> None:
+    # the in-place decoder's own contract: buf[start:end], also from the buffer's first byte
+    from e2b_provider._process import _b64_in_place
+
+    expected = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
+    assert _b64_in_place(bytearray(text), 0, len(text), "data.stdout") == expected
+    assert _b64_in_place(bytearray(b"x" + text), 1, 1 + len(text), "data.stdout") == expected
+
+
+def test_only_the_message_s_own_fields_are_read() -> None:
+    # the buffer holds more after the message (the next one): its fields are not this one's
+    first = b'{"event":{"data":{"stdout":"YQ==","stderr":"Yg=="}}}'
+    buf = bytearray(first + b'{"event":{"data":{"stdout":"eA==","stderr":"eQ=="}}}')
+    assert parse_output_message(buf, 0, len(first)) == DataEvent(b"a", b"b")
+
+
 @pytest.mark.parametrize("text", ["AA=A", "A===", "AAA=A", "AA AA"])
 def test_misplaced_padding_is_not_of_the_shape(text: str) -> None:
     payload = b'{"event":{"data":{"stdout":"' + text.encode() + b'"}}}'

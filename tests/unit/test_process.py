@@ -581,3 +581,14 @@ def test_bad_budget_message() -> None:
 )
 def test_truncated_decode_drops_a_cut_sequence_by_its_lead_byte(cut: bytes, kept: str) -> None:
     assert decode_output(cut, True) == kept
+
+
+def test_live_text_finish_takes_everything_pending() -> None:
+    from e2b_provider._process import LiveText
+
+    live = LiveText()
+    assert live.feed(b"ab\xc3") == "ab"  # the partial character waits
+    assert live.finish(False) == "\ufffd"
+    # nothing is left behind: the next stream fed to it starts from nothing
+    assert live.finish(False) == ""
+    assert live.feed(b"cd") + live.finish(True) == "cd"

@@ -577,3 +577,33 @@ def test_pure_modules_import_no_network_stack(module: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             imported.add(node.module.split(".")[0])
     assert not imported & {"requests", "urllib3", "socket", "http", "ssl"}
+
+
+def _refusal(call: Callable[[], object]) -> str:
+    with pytest.raises(InvalidArgument) as ei:
+        call()
+    return str(ei.value)
+
+
+def test_check_text_says_what_and_why() -> None:
+    assert v.check_text("echo é", "command") == "echo é"
+    assert _refusal(lambda: v.check_text(5, "command")) == (
+        "invalid command: must be a string, not int"
+    )
+    assert _refusal(lambda: v.check_text("a\x00b", "command")) == (
+        "invalid command: contains a NUL character"
+    )
+    # the first lone surrogate is named by index, from both ends of the surrogate range
+    # (a character just above it, U+E000, is fine)
+    for text, index, char in [("ab\ud800", 2, "'\\ud800'"), ("\ue000\udfff\ud800", 1,
+                              "'\\udfff'")]:  # fmt: skip
+        assert _refusal(lambda t=text: v.check_text(t, "command")) == (
+            f"invalid command: not encodable as UTF-8 (a lone surrogate {char} at index "
+            f"{index}, as os.fsdecode() gives for bytes that are not UTF-8); pass text, or "
+            "decode the bytes with errors='replace'"
+        )
+    # the size is in UTF-8 bytes, and the bound itself is allowed
+    assert v.check_text("é" * 5, "command", max_bytes=10) == "é" * 5
+    assert _refusal(lambda: v.check_text("é" * 5 + "x", "command", max_bytes=10)) == (
+        "invalid command: 11 bytes in UTF-8, at most 10"
+    )
