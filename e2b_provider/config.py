@@ -279,9 +279,6 @@ class DeploymentConfig:
         ),
     )
 
-    def __attrs_post_init__(self) -> None:
-        errors.register_secret(self.api_key, owner=self)
-
     @property
     def effective_api_url(self) -> str:
         """The control-plane base URL: :attr:`api_url`, or ``https://api.<domain>``."""
