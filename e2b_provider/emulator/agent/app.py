@@ -41,6 +41,7 @@ from aiohttp import web
 
 from . import files as agent_files
 from . import filesystem as agent_fs
+from . import journal
 from .process import (
     ExitRecord,
     ManagedProcess,
@@ -71,6 +72,7 @@ from .watch import MAX_PENDING, OVERFLOW, Watcher, WatcherRegistry, check_watch_
 __all__ = ["DEFAULT_KEEPALIVE", "Agent", "AgentConfig", "main", "serve"]
 
 log = logging.getLogger("e2b_provider.emulator.agent")
+fs_log = logging.getLogger("e2b_provider.emulator.agent.filesystem")
 
 #: Seconds between keepalive events when the client sends no valid Keepalive-Ping-Interval.
 DEFAULT_KEEPALIVE = 90.0
@@ -477,6 +479,7 @@ class Agent:
                 lambda message: queue.put_nowait(("error", message)),
             )
             started.append(watcher)
+            journal.event(fs_log, "watcher_created", f"Watch of {path} started", path=path)
         except UnsupportedMediaType as exc:
             return unsupported_response(exc)
         except RpcError as err:
@@ -511,10 +514,17 @@ class Agent:
     async def fs_create_watcher(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
         """``CreateWatcher`` → ``{"watcherId"}`` (events kept until ``GetWatcherEvents``)."""
         path = self._watch_target(request, body)
+        recursive = _bool_field(body, "recursive")
         watcher_id = self.watchers.create(
-            path,
-            _bool_field(body, "recursive"),
-            _bool_field(body, "includeEntry", "include_entry"),
+            path, recursive, _bool_field(body, "includeEntry", "include_entry")
+        )
+        journal.event(
+            fs_log,
+            "watcher_created",
+            f"Watcher {watcher_id} created",
+            watcher_id=watcher_id,
+            path=path,
+            recursive=recursive,
         )
         return {"watcherId": watcher_id}
 
@@ -677,10 +687,10 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = _parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(journal.JsonFormatter())
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s agent[%(process)d] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO), handlers=[handler]
     )
     env: Dict[str, str] = {}
     if args.sandbox_id:

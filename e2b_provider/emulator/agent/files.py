@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
 
 from aiohttp import web
 
-from . import gohttp
+from . import gohttp, journal
 from .bodies import BodyError, ByteSource, GzipSource, MultipartReader, multipart_boundary
 from .filesystem import ensure_dirs, read_metadata, validate_metadata, write_metadata_fd
 from .process import _wait_writable
@@ -172,6 +172,7 @@ async def download(
             ) from None
     except _Fail as fail:
         return fail.response()
+    journal.event(log, "file_read", "File read", path=path, username=user.name)
     try:
         headers["Content-Disposition"] = gohttp.format_media_type(
             "inline", {"filename": _go_base(path)}
@@ -365,6 +366,10 @@ async def upload(
             )
     except _Fail as fail:
         return fail.response()
+    for result in results:
+        journal.event(
+            log, "file_processing", "File written", path=result.get("path"), username=name
+        )
     body = go_json(results)
     # envd writes the JSON without a Content-Type, so Go's server sniffs one.
     ctype = gohttp.detect_content_type(body)

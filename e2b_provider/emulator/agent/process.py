@@ -34,6 +34,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
 import attrs
 
 from ..._process import SIGNALS
+from . import journal
 from .rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
 
 __all__ = [
@@ -513,7 +514,15 @@ class ManagedProcess:
         self._reaped = True
         self.exit = info
         self._close_fds()
-        log.info("process %d ended: %s", self.pid, info.status)
+        journal.event(
+            log,
+            "process_end",
+            f"Process with pid {self.pid} ended",
+            pid=self.pid,
+            tag=self.spec.tag,
+            exit_code=info.exit_code,
+            status=info.status,
+        )
         end: Item = ("end", info.end_event())
         for sub in tuple(self._subs):
             await sub.put(end)
@@ -827,7 +836,15 @@ class ProcessManager:
         self._live[proc.pid] = proc
         self._retained.pop(proc.pid, None)
         proc.begin(timeout)
-        log.info("process %d started as %s: %s", proc.pid, user.name, spec.cmd)
+        journal.event(
+            log,
+            "process_start",
+            f"Process with pid {proc.pid} started",
+            pid=proc.pid,
+            tag=spec.tag,
+            command=spec.cmd,
+            username=user.name,
+        )
         return proc, sub
 
     def _retire(self, proc: ManagedProcess) -> None:

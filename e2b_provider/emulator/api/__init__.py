@@ -5,7 +5,8 @@ one aiohttp app and one TCP port. Modules: :mod:`.server` (:class:`~.server.Emul
 dispatch, sandbox lifecycle, admin routes, shutdown), :mod:`.control` (E2B's REST API),
 :mod:`.proxy` (the envd front: edge answers, token check, streaming proxy to each sandbox's
 agent), :mod:`.lifecycle` (the interface control and proxy use to reach the server),
-:mod:`.state` (sandbox records and pure request helpers), :mod:`.faults` (fault injection),
+:mod:`.state` (sandbox records and pure request helpers), :mod:`.metrics` and :mod:`.logs`
+(a sandbox's metrics samples and log entries), :mod:`.faults` (fault injection),
 :mod:`.volumes` (the team's volumes and their control-plane routes), :mod:`.volume_content`
 (the volume content API) and :mod:`.volume_files` (a volume's files, reached safely).
 It drives sandboxes through :mod:`e2b_provider.emulator.runtime` and talks to the agent inside

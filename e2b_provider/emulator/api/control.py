@@ -7,9 +7,9 @@ filter, state filter, paging with ``x-next-token``), get, connect (200 running /
 (full or filesystem-only), legacy resume, timeout, refreshes and delete. It validates requests,
 applies the control-plane faults (``control_error``, ``control_redirect``,
 ``connect_conflict``, ``no_token``) and shapes E2B's answers and error bodies
-(``{code, message[, error_code]}``). List queries are :mod:`.listing`'s, network settings
-:mod:`.network`'s. The lifecycle work itself (booting, freezing, halting,
-destroying sandboxes) is done by the server, reached through
+(``{code, message[, error_code]}``), metrics and logs. List queries are :mod:`.listing`'s,
+network settings :mod:`.network`'s, log entries :mod:`.logs`'. The lifecycle work itself
+(booting, freezing, halting, destroying sandboxes) is done by the server, reached through
 :class:`~.lifecycle.SandboxLifecycle`.
 """
 
@@ -27,6 +27,7 @@ from aiohttp import web
 from .errors import BadRequest
 from .lifecycle import SandboxLifecycle
 from .listing import page, parse_list_query
+from .logs import LogEntry, LogQuery, parse_v1_query, parse_v2_query, select
 from .names import parse_name
 from .network import egress_mode, parse_network_update
 from .routing import (
@@ -45,6 +46,7 @@ from .state import (
     parse_bool,
     parse_create_body,
     parse_metadata_filter,
+    parse_sandbox_path_id,
     parse_timeout,
     sandbox_not_found,
 )
@@ -88,6 +90,10 @@ class ControlPlane:
         r.add_get("/sandboxes/metrics", self._route("metrics", self.metrics_many), allow_head=False)
         r.add_get(
             "/sandboxes/{sid}/metrics", self._route("metrics", self.metrics), allow_head=False
+        )
+        r.add_get("/sandboxes/{sid}/logs", self._route("logs", self.logs_v1), allow_head=False)
+        r.add_get(
+            "/v2/sandboxes/{sid}/logs", self._route("logs", self.logs_v2), allow_head=False
         )
         self._snapshots.add_routes(app, self._route)
         self._volume_routes.add_routes(app, self._route)
@@ -415,3 +421,38 @@ class ControlPlane:
             if rec.state == "running" and latest is not None:
                 out[rec.sandbox_id] = latest.to_json()
         return web.json_response({"sandboxes": out})
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def _log_entries(self, request: web.Request, query: LogQuery) -> List[LogEntry]:
+        """The entries ``query`` selects from the logs of the sandbox the path names: running,
+        paused or recently killed (404 for any other id)."""
+        sid = parse_sandbox_path_id(request.match_info["sid"])
+        rec = self._server.records.get(sid)
+        if rec is not None:
+            output = getattr(rec.runtime, "output", None)
+            lines = [] if output is None else output.lines()
+        else:
+            kept = self._server.killed_logs.lines(sid)
+            if kept is None:
+                raise sandbox_not_found(sid)
+            lines = kept
+        return select(lines, query)
+
+    async def logs_v1(self, request: web.Request) -> web.StreamResponse:
+        """``GET /sandboxes/{id}/logs?start&limit``: ``{logs, logEntries}``, oldest first."""
+        query = parse_v1_query(request.query, int(time.time() * 1000))
+        found = self._log_entries(request, query)
+        return web.json_response(
+            {
+                "logs": [e.line_json() for e in found],
+                "logEntries": [e.entry_json() for e in found],
+            }
+        )
+
+    async def logs_v2(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v2/sandboxes/{id}/logs?cursor&limit&direction&level&search``: ``{logs}``
+        (newest first unless ``direction=forward``)."""
+        query = parse_v2_query(request.query, int(time.time() * 1000))
+        found = self._log_entries(request, query)
+        return web.json_response({"logs": [e.entry_json() for e in found]})

@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Protocol, Tuple
 from aiohttp import web
 
 from .faults import FaultRegistry
+from .logs import KilledLogs
 from .metrics import MetricSample, MetricsHistory
 from .state import CreateRequest, SandboxRecord
 from .templates import TemplateStore
@@ -31,6 +32,7 @@ class SandboxLifecycle(Protocol):
         records: the sandboxes by id (running and paused).
         templates: the team's snapshot templates.
         metrics: the sandboxes' metrics samples.
+        killed_logs: the logs of recently killed sandboxes.
         faults: the armed faults.
         domain: the ``domain`` reported to clients.
         idempotency: ``Idempotency-Key`` → (request fingerprint, future of the answer).
@@ -39,6 +41,7 @@ class SandboxLifecycle(Protocol):
     records: Dict[str, SandboxRecord]
     templates: TemplateStore
     metrics: MetricsHistory
+    killed_logs: KilledLogs
     faults: FaultRegistry
     domain: str
     idempotency: collections.OrderedDict[str, Tuple[str, asyncio.Future[Any]]]

@@ -33,6 +33,7 @@ from aiohttp import web
 from .control import ControlPlane
 from .errors import BadRequest
 from .faults import FaultError, FaultRegistry
+from .logs import KilledLogs
 from .metrics import MetricSample, MetricsHistory
 from .proxy import EnvdProxy, envd_route
 from .routing import api_error
@@ -122,6 +123,7 @@ class EmulatorServer:
         self.records: Dict[str, SandboxRecord] = {}
         self.templates = TemplateStore()
         self.metrics = MetricsHistory()
+        self.killed_logs = KilledLogs()
         self.faults = FaultRegistry()
         self.idempotency: collections.OrderedDict[str, Tuple[str, asyncio.Future[Any]]] = (
             collections.OrderedDict()
@@ -629,6 +631,7 @@ class EmulatorServer:
         self._cut_streams(rec)
         self.faults.forget_sandbox(rec.sandbox_id)
         self.metrics.forget(rec.sandbox_id)
+        self.killed_logs.keep(rec.sandbox_id, rec.runtime)
         async with rec.lock:
             await self.proxy.drop_session(rec.sandbox_id)
             self._graveyard[rec.sandbox_id] = rec.runtime

@@ -8,8 +8,8 @@ isolation check, root mode's id range, rootless mode, overlaid host directories)
 :mod:`.cgroups` (freeze/kill/CPU, memory and process limits), :mod:`.disk` (each sandbox's
 size-limited disk image), :mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc),
 :mod:`.files` (copying a sandbox's files for forks and snapshots), :mod:`.usage` (CPU, memory
-and disk use), :mod:`.errors`. Nothing here imports the host API
-(:mod:`e2b_provider.emulator.api`) or the agent.
+and disk use), :mod:`.output` (a sandbox's output lines, time-stamped), :mod:`.errors`.
+Nothing here imports the host API (:mod:`e2b_provider.emulator.api`) or the agent.
 """
 
 from .boot import AGENT_SOCKET, SandboxRuntime, SandboxSpec, default_agent_argv, python_bind_paths
@@ -27,6 +27,7 @@ from .namespaces import (
     sandbox_id_extents,
     subid_range,
 )
+from .output import SandboxOutput
 from .usage import ResourceUsage
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ROOT_MODE_ID_START",
     "IsolationUnavailable",
     "ResourceUsage",
+    "SandboxOutput",
     "SandboxRuntime",
     "SandboxRuntimeError",
     "SandboxSpec",

@@ -70,6 +70,7 @@ from .namespaces import (
     root_id_range,
     usr_merge_links,
 )
+from .output import SandboxOutput
 from .usage import ResourceUsage, read_usage
 
 __all__ = [
@@ -243,11 +244,12 @@ def _time_namespace() -> List[str]:
     return ["--time", "--boottime", str(-int(time.clock_gettime(time.CLOCK_BOOTTIME)))]
 
 
-def _pump_log(fd: int, path: str) -> None:
+def _pump_log(fd: int, path: str, output: SandboxOutput) -> None:
     """Copy a sandbox's output from the pipe ``fd`` to ``path`` until every writer is gone.
 
     The file is truncated first and rotated to ``<path>.1`` past :data:`_LOG_LIMIT` bytes, so
-    a sandbox that floods its output costs at most twice that on the host.
+    a sandbox that floods its output costs at most twice that on the host. Every line also
+    goes to ``output`` (stamped as it arrives; the sandbox's logs).
     """
     try:
         os.unlink(path + ".1")
@@ -271,9 +273,11 @@ def _pump_log(fd: int, path: str) -> None:
             out.write(data)
             out.flush()
             written += len(data)
+            output.feed(data)
     except OSError as exc:
         log.warning("sandbox log %s: %s", path, exc)
     finally:
+        output.end()
         out.close()
         os.close(fd)
 
@@ -300,6 +304,7 @@ class SandboxRuntime:
 
     Attributes:
         envd_socket: host path of the agent's unix socket (exists once :meth:`boot` returned).
+        output: PID 1's and the agent's output lines of every boot (the sandbox's logs).
         last_boot_seconds: wall time of the last successful :meth:`boot`.
         boot_id: the sandbox's ``/proc/sys/kernel/random/boot_id`` since the last :meth:`boot`.
     """
@@ -315,6 +320,7 @@ class SandboxRuntime:
         self.spec = spec
         self.state_dir = state_dir
         self.envd_socket = os.path.join(state_dir, "e2b", "envd.sock")
+        self.output = SandboxOutput()
         if len(self.envd_socket.encode()) > _SUN_PATH_MAX:
             raise ValueError(f"state_dir too long for a unix socket path: {self.envd_socket!r}")
         argv = list(agent_argv) if agent_argv is not None else default_agent_argv()
@@ -654,7 +660,7 @@ class SandboxRuntime:
                 os.close(fd)
         pump = threading.Thread(
             target=_pump_log,
-            args=(read_end, log_path),
+            args=(read_end, log_path, self.output),
             name=f"e2b-log-{self.spec.sandbox_id}",
             daemon=True,
         )
