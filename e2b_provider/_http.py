@@ -1124,54 +1124,38 @@ class Transport:
         proxies: Dict[str, str] = {}  # filled in before anything can fail to connect
         with map_transport_errors(token, operation, url, proxies):
             proxies.update(self._proxies_for(url))
-            return self._send_prepared(
-                method, url, headers=headers, params=params, json=json, data=data,
-                files=files, timeout=(connect, min(read_timeout, left)),
-                operation=operation, proxies=proxies,
+            prep = requests.PreparedRequest()
+            prep.prepare_method(method)
+            # Encoded here as requests would, but without its per-call type probing.
+            query = (
+                urllib.parse.urlencode([(k, v) for k, v in params.items()]) if params else None
             )
-
-    def _send_prepared(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Optional[Mapping[str, str]],
-        params: Params,
-        json: Any,
-        data: Any,
-        files: Any,
-        timeout: Tuple[float, float],
-        operation: str,
-        proxies: Dict[str, str],
-    ) -> requests.Response:
-        prep = requests.PreparedRequest()
-        prep.prepare_method(method)
-        # Encoded here as requests would, but without its per-call type probing.
-        query = urllib.parse.urlencode([(k, v) for k, v in params.items()]) if params else None
-        prep.prepare_url(url, query)
-        full_url = prep.url or ""
-        if not full_url.lower().startswith(("http://", "https://")):
-            raise requests.exceptions.InvalidSchema("no connection adapter for the URL scheme")
-        if headers:
-            merged = dict(self._headers)
-            merged.update(headers)  # later keys win, also against a different case
-            prep.prepare_headers(merged)
-        else:
-            prep.prepare_headers(self._headers)
-        prep.prepare_body(data, files, json)
-        resp = self._adapter.send(
-            prep,
-            stream=True,
-            timeout=timeout,
-            verify=self._verify,
-            cert=None,
-            proxies=proxies,
-        )
-        if 300 <= resp.status_code < 400:
-            # Never followed; the Location header is not looked at.
-            resp.close()
-            raise _redirect_error(resp.status_code, operation)
-        return resp
+            prep.prepare_url(url, query)
+            full_url = prep.url or ""
+            if not full_url.lower().startswith(("http://", "https://")):
+                raise requests.exceptions.InvalidSchema(
+                    "no connection adapter for the URL scheme"
+                )
+            if headers:
+                merged = dict(self._headers)
+                merged.update(headers)  # later keys win, also against a different case
+                prep.prepare_headers(merged)
+            else:
+                prep.prepare_headers(self._headers)
+            prep.prepare_body(data, files, json)
+            resp = self._adapter.send(
+                prep,
+                stream=True,
+                timeout=(connect, min(read_timeout, left)),
+                verify=self._verify,
+                cert=None,
+                proxies=proxies,
+            )
+            if 300 <= resp.status_code < 400:
+                # Never followed; the Location header is not looked at.
+                resp.close()
+                raise _redirect_error(resp.status_code, operation)
+            return resp
 
     def request(
         self,
