@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_mod
+import functools
 import http.client
 import json as json_mod
 import logging
@@ -704,19 +705,19 @@ class Stream:
         self,
         resp: requests.Response,
         operation: str,
-        slot: Optional[_AbortSlot] = None,
+        slot: _AbortSlot,
         *,
-        timer: Optional[TimerHandle] = None,
-        overrun: str = "",
+        timer: Optional[TimerHandle],
+        overrun: Callable[[], str],
     ) -> None:
         self._resp = resp
         self._raw: Any = resp.raw
         self._operation = operation
         # The connection stays published in the slot until it goes back to the pool, so
         # abort() reaches it exactly as long as this stream owns it.
-        self._slot = slot if slot is not None else _AbortSlot()
+        self._slot = slot
         # The deadline's timer when it bounds the whole body (cancelled on release), and
-        # the message said when it passed.
+        # what makes the message said when it passed.
         self._timer = timer
         self._overrun = overrun
         self.status: int = resp.status_code
@@ -756,7 +757,7 @@ class Stream:
             if self._aborted:
                 raise TransportError(f"E2B {self._operation}: stream aborted")
             if self._slot.expired:  # the deadline's shutdown looks like the body's end
-                raise TransportTimeout(self._overrun)
+                raise TransportTimeout(self._overrun())
             self._eof = True
         return bytes(data)
 
@@ -779,7 +780,7 @@ class Stream:
                 if self._aborted:
                     raise TransportError(f"E2B {self._operation}: stream aborted") from exc
                 if self._slot.expired:
-                    raise TransportTimeout(self._overrun) from exc
+                    raise TransportTimeout(self._overrun()) from exc
                 with map_transport_errors(None, self._operation, self._resp.url or ""):
                     raise
         finally:
@@ -847,7 +848,7 @@ class Stream:
         if len(data) != length:
             self.abort()
             if self._slot.expired:  # cut short by the deadline's shutdown
-                raise TransportTimeout(self._overrun)
+                raise TransportTimeout(self._overrun())
             raise TransportError(
                 f"E2B {self._operation}: the connection ended {length - len(data)} bytes "
                 "before the end of the answer"
@@ -954,6 +955,13 @@ class Stream:
 # --------------------------------------------------------------------------------------
 # transport
 # --------------------------------------------------------------------------------------
+
+
+def _overrun(operation: str, url: str, limit: Deadline, began: float) -> str:
+    """The message of a request (begun at ``began``) that ``limit`` cut short."""
+    total = limit.at - began
+    return (f"E2B {operation} timed out: {safe_url(url)} gave no complete answer "
+            f"within {total:.3g} s")
 
 
 def _positive(value: float, name: str) -> float:
@@ -1091,12 +1099,6 @@ class Transport:
             wd = Watchdog.default()
         return wd.call_later(left, slot.expire)
 
-    @staticmethod
-    def _overrun(operation: str, url: str, limit: Deadline, began: float) -> str:
-        total = limit.at - began
-        return (f"E2B {operation} timed out: {safe_url(url)} gave no complete answer "
-                f"within {total:.3g} s")
-
     def _send(
         self,
         method: str,
@@ -1231,9 +1233,9 @@ class Transport:
                     resp.close()
         except (TransportError, ProtocolError) as exc:
             if slot.expired and not isinstance(exc, TransportTimeout):
-                raise TransportTimeout(self._overrun(operation, url, limit, began)) from exc
+                raise TransportTimeout(_overrun(operation, url, limit, began)) from exc
             if slot.expired:
-                exc.args = (self._overrun(operation, url, limit, began),)
+                exc.args = (_overrun(operation, url, limit, began),)
             raise
         finally:
             if timer is not None:
@@ -1328,7 +1330,8 @@ class Transport:
         limit = self._limit(deadline, read_timeout)
         if limit.expired():
             raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
-        overrun = self._overrun(operation, url, limit, began)
+        # Its message is made only if the deadline passes.
+        overrun = functools.partial(_overrun, operation, url, limit, began)
         slot = _AbortSlot()
         timer = self._arm(slot, limit)
         try:
@@ -1344,7 +1347,7 @@ class Transport:
                 resp.close()
                 if token is not None and token.cancelled:
                     raise Cancelled(token.reason)
-                raise TransportTimeout(overrun)
+                raise TransportTimeout(overrun())
             sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
             if sock is not None:
                 sock.settimeout(read_timeout)  # reads wait as long as asked, not what was left
@@ -1355,6 +1358,6 @@ class Transport:
             if slot.expired and isinstance(exc, TransportError):
                 if isinstance(exc, TransportTimeout):
                     raise
-                raise TransportTimeout(overrun) from exc
+                raise TransportTimeout(overrun()) from exc
             raise
         return Stream(resp, operation, slot, timer=timer, overrun=overrun)
