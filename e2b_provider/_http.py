@@ -515,6 +515,12 @@ def _quickack(sock: Optional[socket.socket]) -> None:
             pass
 
 
+def _answer_sock(raw: Any) -> Optional[socket.socket]:
+    """The socket of the connection an answer (``resp.raw``) is read from, while the answer
+    still holds it (None once urllib3 put the connection back in the pool)."""
+    return getattr(getattr(raw, "connection", None), "sock", None)
+
+
 def _publish(conn: urllib3.connection.HTTPConnection) -> None:
     slot: Optional[_AbortSlot] = getattr(_tls, "slot", None)
     if slot is not None and conn.sock is not None:
@@ -873,8 +879,7 @@ class Stream:
         with self._lock:
             pending = not (self._eof or self._closed or self._aborted or self._reading)
         if pending:
-            conn = getattr(self._raw, "connection", None)
-            sock = getattr(conn, "sock", None)
+            sock = _answer_sock(self._raw)
             try:
                 if sock is not None:
                     # The next request on this connection sets its own timeout again.
@@ -1266,7 +1271,7 @@ class Transport:
                 # this thread, once the body ended), each read waits no longer than the
                 # deadline leaves; the watchdog also shuts the socket down then, so a read
                 # that gets a byte at a time ends too.
-                sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+                sock = _answer_sock(resp.raw)
                 if sock is not None:
                     sock.settimeout(max(min(read_timeout, limit.remaining()), _MIN_WAIT))
                 chunk = resp.raw.read(_READ_CHUNK, decode_content=True)
@@ -1348,7 +1353,7 @@ class Transport:
                 if token is not None and token.cancelled:
                     raise Cancelled(token.reason)
                 raise TransportTimeout(overrun())
-            sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+            sock = _answer_sock(resp.raw)
             if sock is not None:
                 sock.settimeout(read_timeout)  # reads wait as long as asked, not what was left
         except BaseException as exc:
