@@ -761,18 +761,21 @@ class Stream:
             return b""
         if not data:
             if self._aborted:
-                raise TransportError(f"E2B {self._operation}: stream aborted")
+                raise self._aborted_error()
             if self._slot.expired:  # the deadline's shutdown looks like the body's end
                 raise TransportTimeout(self._overrun())
             self._eof = True
         return bytes(data)
+
+    def _aborted_error(self) -> TransportError:
+        return TransportError(f"E2B {self._operation}: stream aborted")
 
     def _guarded(self, read: Callable[[], bytes], what: str) -> Optional[bytes]:
         """``read()`` as the stream's only reader, its errors mapped (None: the stream is
         closed or at its end). An abort that came meanwhile releases the stream here."""
         with self._lock:
             if self._aborted:
-                raise TransportError(f"E2B {self._operation}: stream aborted")
+                raise self._aborted_error()
             if self._closed or self._eof:
                 return None
             if self._reading:
@@ -784,7 +787,7 @@ class Stream:
                 return read()
             except Exception as exc:
                 if self._aborted:
-                    raise TransportError(f"E2B {self._operation}: stream aborted") from exc
+                    raise self._aborted_error() from exc
                 if self._slot.expired:
                     raise TransportTimeout(self._overrun()) from exc
                 with map_transport_errors(None, self._operation, self._resp.url or ""):
@@ -850,7 +853,7 @@ class Stream:
         if data is None:
             return b""
         if self._aborted:
-            raise TransportError(f"E2B {self._operation}: stream aborted")
+            raise self._aborted_error()
         if len(data) != length:
             self.abort()
             if self._slot.expired:  # cut short by the deadline's shutdown
