@@ -1089,13 +1089,23 @@ class Transport:
             self._proxies[key] = proxies
         return proxies
 
-    def _limit(self, deadline: Optional[Deadline], read_timeout: float) -> Deadline:
-        """The request's deadline: the caller's, or connect plus read timeout from now."""
-        if deadline is not None:
-            if not isinstance(deadline, Deadline):
-                raise ConfigError("deadline must be a Deadline")
-            return deadline
-        return Deadline.after(self._connect_timeout + read_timeout)
+    def _limit(
+        self, deadline: Optional[Deadline], read_timeout: float, operation: str
+    ) -> Deadline:
+        """The request's deadline: the caller's, or connect plus read timeout from now.
+
+        Raises:
+            TransportTimeout: it has passed already (nothing is sent).
+        """
+        if deadline is None:
+            limit = Deadline.after(self._connect_timeout + read_timeout)
+        elif not isinstance(deadline, Deadline):
+            raise ConfigError("deadline must be a Deadline")
+        else:
+            limit = deadline
+        if limit.expired():
+            raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
+        return limit
 
     def _arm(self, slot: _AbortSlot, limit: Deadline) -> Optional[TimerHandle]:
         """Have the watchdog shut the request down when ``limit`` passes."""
@@ -1219,9 +1229,7 @@ class Transport:
             TransportError, ConfigError: see :func:`map_transport_errors`.
         """
         began = time.monotonic()
-        limit = self._limit(deadline, read_timeout)
-        if limit.expired():
-            raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
+        limit = self._limit(deadline, read_timeout, operation)
         slot = _AbortSlot()
         timer = self._arm(slot, limit)
         try:
@@ -1335,9 +1343,7 @@ class Transport:
             Cancelled, E2BHttpError (redirect), TransportError, TransportTimeout, ConfigError.
         """
         began = time.monotonic()
-        limit = self._limit(deadline, read_timeout)
-        if limit.expired():
-            raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
+        limit = self._limit(deadline, read_timeout, operation)
         # Its message is made only if the deadline passes.
         overrun = functools.partial(_overrun, operation, url, limit, began)
         slot = _AbortSlot()
