@@ -126,12 +126,13 @@ class HttpResponse:
     Attributes:
         status: the HTTP status code.
         headers: the response headers, keys in lower case (repeated headers joined by ", ").
-        body: the body (at most the ``max_body`` the request allowed).
+        body: the body (at most the ``max_body`` the request allowed); not in the repr,
+            since an answer can carry a secret (a new sandbox's envd access token).
     """
 
     status: int
     headers: Mapping[str, str] = attrs.field(factory=dict, hash=False)
-    body: bytes = b""
+    body: bytes = attrs.field(default=b"", repr=False)
 
     @property
     def ok(self) -> bool:
