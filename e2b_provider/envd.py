@@ -446,8 +446,7 @@ class EnvdClient:
             E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        name = posixpath.basename(_check_path(path)) or "file"
-        self._post_file(path, user, data, token, timeout, raw=False, name=name)
+        self._post_file(path, user, data, token, timeout, raw=False)
 
     def _post_file(
         self,
@@ -458,9 +457,9 @@ class EnvdClient:
         timeout: float,
         *,
         raw: bool,
-        name: str = "file",
     ) -> None:
-        """``POST /files``: one multipart part named ``file``, or (``raw``) the bare bytes."""
+        """``POST /files``: one multipart part named ``file`` (file name = the path's base
+        name), or (``raw``) the bare bytes."""
         _check_path(path)
         _check_user(user)
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -472,6 +471,7 @@ class EnvdClient:
                 "data": data,
             }
         else:
+            name = posixpath.basename(path) or "file"
             body = {
                 "headers": self._headers(),
                 "files": {"file": (name, bytes(data), "application/octet-stream")},
