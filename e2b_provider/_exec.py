@@ -223,7 +223,6 @@ def run_process(
     run = _Run(esc=esc_mod.Escalation(has_killer=has_killer, grace_seconds=grace_seconds))
     budget = OutputBudget(max_output_bytes)
     exit_code: Optional[int] = None
-    saw_end = False
     stream_error: Optional[BaseException] = None
 
     def feed(fn: Callable[[], Sequence[object]]) -> None:
@@ -338,7 +337,6 @@ def run_process(
                                     skipping = True
                             elif isinstance(ev, EndEvent):
                                 exit_code = ev.exit_code
-                                saw_end = True
                                 run.ended = True
                                 with run.lock:
                                     if run.esc.state is esc_mod.State.RUNNING:
@@ -392,7 +390,7 @@ def run_process(
     timed_out = run.esc.timed_out
     cancelled = run.esc.cancelled
     if not (timed_out or cancelled):
-        if not saw_end:
+        if not run.ended:
             if stream_error is not None:
                 raise stream_error
             raise ProtocolError("E2B process stream ended without an exit status")
