@@ -673,7 +673,7 @@ class _Adapter(requests.adapters.HTTPAdapter):
 
 @contextlib.contextmanager
 def _publishing(
-    slot: _AbortSlot, token: Optional[CancelToken], limit: Optional[Deadline] = None
+    slot: _AbortSlot, token: Optional[CancelToken], limit: Deadline
 ) -> Iterator[None]:
     """Publish ``slot`` (and the request's deadline) for this thread's request and wire it
     to ``token`` meanwhile."""
