@@ -1249,10 +1249,11 @@ class Transport:
                     # in the pool (this is then a no-op); before it, this closes it.
                     resp.close()
         except (TransportError, ProtocolError) as exc:
-            if slot.expired and not isinstance(exc, TransportTimeout):
-                raise TransportTimeout(_overrun(operation, url, limit, began)) from exc
             if slot.expired:
-                exc.args = (_overrun(operation, url, limit, began),)
+                message = _overrun(operation, url, limit, began)
+                if not isinstance(exc, TransportTimeout):
+                    raise TransportTimeout(message) from exc
+                exc.args = (message,)
             raise
         finally:
             if timer is not None:
