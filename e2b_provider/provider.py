@@ -192,13 +192,10 @@ class E2BSandboxProvider:
         :meth:`close` running meanwhile is ProviderClosed."""
         try:
             yield
-        except TransportError as exc:
-            closed = self._ctx.closed_error()
+        except E2BProviderError as exc:
+            closed = self._ctx.closed_error() if isinstance(exc, TransportError) else None
             if closed is not None:
                 raise closed from exc
-            reword(exc, doing, lost)
-            raise
-        except E2BProviderError as exc:
             reword(exc, doing, lost)
             raise
 
