@@ -531,7 +531,7 @@ class Files:
         op_id = uuid.uuid4().hex
         bound = max(1.0, deadline.remaining()) + _HELPER_GRACE
         argv = ["/bin/sh", *scripts.hold_args(
-            path, want, scripts.SANDBOX_USER, bound, scripts.LARGE_READ_MIN, op_id)]
+            path, scripts.SANDBOX_USER, bound, scripts.LARGE_READ_MIN, op_id)]
 
         def body(helper: _Helper) -> Optional[FileContent]:
             line = helper.first_line()

@@ -184,11 +184,10 @@ class LeaseCache:
                 return self._lead(sandbox_id, lease_seconds, cancel, flight)
             try:
                 lease = self._follow(flight, cancel)
-            except Cancelled as exc:
+            except Cancelled:
                 if cancel is not None and cancel.cancelled:
                     raise
                 # The leader was cancelled, not us: try again (one of us leads now).
-                del exc
                 continue
             if lease.seconds >= lease_seconds:
                 return lease

@@ -283,9 +283,7 @@ class Lifecycle:
                     "e2b_provider: another reboot of sandbox %s did not finish in time", sid
                 )
                 return
-            with self._lock:
-                last = self._rebooted_at.get(sid, -math.inf)
-            if last >= began:
+            if self.rebooted_since(sid, began):
                 log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
                 return
             with self._lock:

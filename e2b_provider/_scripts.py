@@ -353,19 +353,19 @@ STAT_PROBE_SCRIPT = NOT_THERE + STAT_SCRIPT.replace(
     'if [ ! -e "$1" ]; then exit 3; fi; ', 'if [ ! -e "$1" ]; then gone "$1"; fi; ', 1
 )
 
-#: The fast read's holder (Python, run as root). A forked child drops to user ``argv[3]``
+#: The fast read's holder (Python, run as root). A forked child drops to user ``argv[2]``
 #: for good (its groups, gid, uid), opens ``argv[1]`` and passes the descriptor back over a
 #: socket pair (SCM_RIGHTS), then exits; the holder itself never changes its credentials,
 #: so it stays a plain root process (the sandbox user can neither signal nor trace it, and
 #: root needs no extra capability to open ``/proc/<pid>/fd``). For a regular file larger
-#: than ``argv[5]`` it prints ``hold <pid> <fd> <size>`` and waits (at most ``argv[4]``
+#: than ``argv[4]`` it prints ``hold <pid> <fd> <size>`` and waits (at most ``argv[3]``
 #: seconds, an interval timer) while envd serves ``/proc/<pid>/fd/<fd>``. Exit 3: missing;
 #: 4: a directory; 11: no longer a large regular file (read it the ordinary way); 1: the
 #: user may not open it. It imports only modules built into the interpreter (``_socket``,
 #: ``_signal``, no ``array`` or ``stat``), which halves its start-up time.
 HOLD_PROGRAM = """\
 import errno, os, pwd, sys, _signal, _socket
-path, name, bound, large = sys.argv[1], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+path, name, bound, large = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 _signal.setitimer(_signal.ITIMER_REAL, bound)
 pw = pwd.getpwnam(name)
 a, b = _socket.socketpair()
@@ -503,12 +503,10 @@ def stat_probe_args(path: str) -> List[str]:
     return ["-c", STAT_PROBE_SCRIPT, "capybara-stat", path]
 
 
-def hold_args(
-    path: str, want: int, user: str, bound: float, large: int, op_id: str
-) -> List[str]:
+def hold_args(path: str, user: str, bound: float, large: int, op_id: str) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that run :data:`HOLD_PROGRAM` (its command
     line ends with the operation's marked name)."""
-    return ["-c", HOLD_SCRIPT, HOLD_PROGRAM, path, str(want), user, f"{bound:g}", str(large),
+    return ["-c", HOLD_SCRIPT, HOLD_PROGRAM, path, user, f"{bound:g}", str(large),
             fileop_name(op_id)]
 
 

@@ -472,10 +472,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.command = [*args.command, *tail]
     try:
         return int(args.func(args))
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except InvalidArgument as exc:
+    except (UsageError, InvalidArgument) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except E2BProviderError as exc:

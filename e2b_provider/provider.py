@@ -28,12 +28,7 @@ from ._messages import is_ambiguous, reword
 from ._watchdog import Watchdog
 from .cancel import CancelToken
 from .config import DeploymentConfig
-from .errors import (
-    E2BProviderError,
-    InvalidArgument,
-    TransportError,
-    register_secret,
-)
+from .errors import E2BProviderError, InvalidArgument, TransportError
 from .models import (
     ExecResult,
     FileContent,
@@ -141,7 +136,6 @@ class E2BSandboxProvider:
             reboot=float(reboot_bound),
             keepalive=keepalive_seconds,
         )
-        register_secret(config.api_key, owner=self)
         self._ctx = ctx = ProviderContext(
             config,
             pool_connections=pool_connections,
@@ -192,13 +186,10 @@ class E2BSandboxProvider:
         :meth:`close` running meanwhile is ProviderClosed."""
         try:
             yield
-        except TransportError as exc:
-            closed = self._ctx.closed_error()
+        except E2BProviderError as exc:
+            closed = self._ctx.closed_error() if isinstance(exc, TransportError) else None
             if closed is not None:
                 raise closed from exc
-            reword(exc, doing, lost)
-            raise
-        except E2BProviderError as exc:
             reword(exc, doing, lost)
             raise
 

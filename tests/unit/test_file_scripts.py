@@ -389,7 +389,7 @@ def test_fileop_cleanup(tmp_path: Path, which: str, kw: Dict[str, bool], want: L
 
 def _hold(path: Path, user: str = "root") -> subprocess.Popen[bytes]:
     op = uuid.uuid4().hex
-    argv = ["/bin/sh", *S.hold_args(str(path), 1 << 30, user, 30.0, 1000, op)]
+    argv = ["/bin/sh", *S.hold_args(str(path), user, 30.0, 1000, op)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
