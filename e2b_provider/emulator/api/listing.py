@@ -18,7 +18,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import attrs
 
-from .errors import BadRequest
+from .errors import BadRequest, query_error
 from .names import parse_name
 from .state import parse_metadata_filter
 
@@ -41,10 +41,6 @@ _ORDERS = ("asc", "desc")
 _RFC3339_RE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
 )
-
-
-def _param_error(name: str, reason: str) -> BadRequest:
-    return BadRequest(f'validation error: parameter "{name}" in query has an error: {reason}')
 
 
 def parse_rfc3339_us(text: str) -> Optional[int]:
@@ -126,11 +122,11 @@ def parse_page_request(query: Mapping[str, str], *, order: str = "desc") -> Page
             limit = int(raw)
         except ValueError:
             reason = f"value {raw}: an invalid integer: invalid syntax"
-            raise _param_error("limit", reason) from None
+            raise query_error("limit", reason) from None
         if limit < 1:
-            raise _param_error("limit", "number must be at least 1")
+            raise query_error("limit", "number must be at least 1")
         if limit > 100:
-            raise _param_error("limit", "number must be at most 100")
+            raise query_error("limit", "number must be at most 100")
     token = query.get("nextToken") or None
     if token is not None:
         decode_cursor(token, order)
@@ -169,18 +165,18 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
         states = tuple(raw_states.split(","))
         for s in states:
             if s not in _STATES:
-                raise _param_error(
+                raise query_error(
                     "state", 'value is not one of the allowed values ["running","paused"]'
                 )
     order = query.get("order", "desc")
     if order not in _ORDERS:
-        raise _param_error("order", 'value is not one of the allowed values ["asc","desc"]')
+        raise query_error("order", 'value is not one of the allowed values ["asc","desc"]')
     started_after: Optional[int] = None
     raw_after = query.get("startedAfter")
     if raw_after is not None:
         started_after = parse_rfc3339_us(raw_after)
         if started_after is None:
-            raise _param_error("startedAfter", 'string doesn\'t match the format "date-time"')
+            raise query_error("startedAfter", 'string doesn\'t match the format "date-time"')
     page_req = parse_page_request(query, order=order)
     template: Optional[str] = None
     raw_template = query.get("template")

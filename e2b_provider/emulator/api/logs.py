@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from .errors import BadRequest
+from .errors import query_error
 
 __all__ = [
     "KILLED_KEPT",
@@ -166,10 +166,6 @@ def select(lines: Lines, query: LogQuery) -> List[LogEntry]:
 # -- queries ------------------------------------------------------------------------------
 
 
-def _invalid(name: str, detail: str) -> BadRequest:
-    return BadRequest(f'validation error: parameter "{name}" in query has an error: {detail}')
-
-
 def _int_param(
     query: Mapping[str, str], name: str, default: Optional[int], maximum: int
 ) -> Optional[int]:
@@ -179,11 +175,11 @@ def _int_param(
     try:
         value = int(raw, 10)
     except ValueError:
-        raise _invalid(name, f"value {raw}: an invalid integer: invalid syntax") from None
+        raise query_error(name, f"value {raw}: an invalid integer: invalid syntax") from None
     if value < 0:
-        raise _invalid(name, "number must be at least 0")
+        raise query_error(name, "number must be at least 0")
     if value > maximum:
-        raise _invalid(name, f"number must be at most {maximum}")
+        raise query_error(name, f"number must be at most {maximum}")
     return value
 
 
@@ -191,7 +187,7 @@ def _enum_param(query: Mapping[str, str], name: str, allowed: Sequence[str]) -> 
     raw = query.get(name)
     if raw is not None and raw not in allowed:
         listed = ",".join(f'"{a}"' for a in allowed)
-        raise _invalid(name, f"value is not one of the allowed values [{listed}]")
+        raise query_error(name, f"value is not one of the allowed values [{listed}]")
     return raw
 
 
@@ -222,7 +218,7 @@ def parse_v2_query(query: Mapping[str, str], now_ms: int) -> LogQuery:
     level = _enum_param(query, "level", LEVELS)
     search = query.get("search")
     if search is not None and len(search) > MAX_SEARCH:
-        raise _invalid("search", f"maximum string length is {MAX_SEARCH}")
+        raise query_error("search", f"maximum string length is {MAX_SEARCH}")
     forward = direction == "forward"
     oldest = now_ms - WINDOW_MS
     if cursor is None:
