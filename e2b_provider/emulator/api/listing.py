@@ -18,7 +18,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import attrs
 
-from .errors import BadRequest, query_error
+from .errors import BadRequest, query_enum, query_error, query_int
 from .names import parse_name
 from .state import parse_metadata_filter
 
@@ -115,18 +115,7 @@ def parse_page_request(query: Mapping[str, str], *, order: str = "desc") -> Page
         BadRequest: ``limit`` not an integer between 1 and 100, or a ``nextToken`` this
             server did not make for ``order`` (``Invalid next token``).
     """
-    raw = query.get("limit")
-    limit = 100
-    if raw is not None:
-        try:
-            limit = int(raw)
-        except ValueError:
-            reason = f"value {raw}: an invalid integer: invalid syntax"
-            raise query_error("limit", reason) from None
-        if limit < 1:
-            raise query_error("limit", "number must be at least 1")
-        if limit > 100:
-            raise query_error("limit", "number must be at most 100")
+    limit = query_int(query, "limit", 100, minimum=1, maximum=100)
     token = query.get("nextToken") or None
     if token is not None:
         decode_cursor(token, order)
@@ -168,9 +157,7 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
                 raise query_error(
                     "state", 'value is not one of the allowed values ["running","paused"]'
                 )
-    order = query.get("order", "desc")
-    if order not in _ORDERS:
-        raise query_error("order", 'value is not one of the allowed values ["asc","desc"]')
+    order = query_enum(query, "order", _ORDERS) or "desc"
     started_after: Optional[int] = None
     raw_after = query.get("startedAfter")
     if raw_after is not None:
