@@ -101,10 +101,11 @@ def decode_cursor(token: str, order: str) -> Tuple[int, str]:
 
 @attrs.frozen
 class PageRequest:
-    """``limit`` (1-100), ``nextToken`` and ``order`` of a list request."""
+    """``limit`` (1-100), the decoded ``nextToken`` (time, id) and ``order`` of a list
+    request."""
 
     limit: int
-    next_token: Optional[str]
+    cursor: Optional[Tuple[int, str]]
     order: str
 
 
@@ -116,10 +117,9 @@ def parse_page_request(query: Mapping[str, str], *, order: str = "desc") -> Page
             server did not make for ``order`` (``Invalid next token``).
     """
     limit = query_int(query, "limit", 100, minimum=1, maximum=100)
-    token = query.get("nextToken") or None
-    if token is not None:
-        decode_cursor(token, order)
-    return PageRequest(limit=limit, next_token=token, order=order)
+    token = query.get("nextToken")
+    cursor = decode_cursor(token, order) if token else None
+    return PageRequest(limit=limit, cursor=cursor, order=order)
 
 
 @attrs.frozen
@@ -194,15 +194,11 @@ def page(
     items: Sequence[T], key: Callable[[T], Tuple[int, str]], req: PageRequest
 ) -> Tuple[List[T], Optional[str]]:
     """Order ``items`` by ``key`` (time in microseconds, id) and return one page and the
-    next cursor (None on the last page).
-
-    Raises:
-        BadRequest: a ``nextToken`` this server did not make for this order.
-    """
+    next cursor (None on the last page)."""
     reverse = req.order == "desc"
     ordered = sorted(items, key=key, reverse=reverse)
-    if req.next_token:
-        cursor = decode_cursor(req.next_token, req.order)
+    cursor = req.cursor
+    if cursor is not None:
         if reverse:
             ordered = [i for i in ordered if key(i) < cursor]
         else:
