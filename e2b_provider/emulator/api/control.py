@@ -202,10 +202,7 @@ class ControlPlane:
         Raises:
             BadRequest: 400 for a malformed name, 404 for an unknown template or tag.
         """
-        try:
-            identifier, tag = parse_name(spec.template)
-        except ValueError as exc:
-            raise BadRequest(f"Invalid template ID: {exc}") from None
+        identifier, tag = parse_name(spec.template, "Invalid template ID")
         found = self._server.templates.resolve(identifier, tag)
         return attrs.evolve(
             spec,

@@ -173,10 +173,7 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
                 "Invalid template: tags are not supported here because sandboxes are not "
                 "tag-scoped"
             )
-        try:
-            template, _ = parse_name(raw_template)
-        except ValueError as exc:
-            raise BadRequest(f"Invalid template: {exc}") from None
+        template, _ = parse_name(raw_template, "Invalid template")
     try:
         metadata = parse_metadata_filter(query.get("metadata"))
     except BadRequest:
