@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import attrs
 from aiohttp import web
 
-from .errors import BadRequest
+from .errors import BadRequest, query_error
 from .lifecycle import SandboxLifecycle
 from .listing import page, parse_list_query
 from .logs import LogEntry, LogQuery, parse_v1_query, parse_v2_query, select
@@ -202,10 +202,7 @@ class ControlPlane:
         Raises:
             BadRequest: 400 for a malformed name, 404 for an unknown template or tag.
         """
-        try:
-            identifier, tag = parse_name(spec.template)
-        except ValueError as exc:
-            raise BadRequest(f"Invalid template ID: {exc}") from None
+        identifier, tag = parse_name(spec.template, "Invalid template ID")
         found = self._server.templates.resolve(identifier, tag)
         return attrs.evolve(
             spec,
@@ -383,10 +380,7 @@ class ControlPlane:
                 except ValueError:
                     value = -1
                 if value < 0:
-                    raise BadRequest(
-                        f'validation error: parameter "{name}" in query has an error: '
-                        "number must be at least 0"
-                    )
+                    raise query_error(name, "number must be at least 0")
             bounds.append(value)
         await self._server.sample_metrics(rec)
         start = bounds[0] if bounds[0] is not None else int(rec.started_at)
@@ -398,10 +392,7 @@ class ControlPlane:
         sandbox named (unknown ones left out), ``{"sandboxes": {id: SandboxMetric}}``."""
         raw = request.query.get("sandbox_ids")
         if raw is None:
-            raise BadRequest(
-                'validation error: parameter "sandbox_ids" in query has an error: '
-                "value is required but missing"
-            )
+            raise query_error("sandbox_ids", "value is required but missing")
         ids = [i for i in raw.split(",") if i]
         if len(ids) > MAX_METRICS_SANDBOXES:
             raise BadRequest(

@@ -18,7 +18,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import attrs
 
-from .errors import BadRequest
+from .errors import BadRequest, query_enum, query_error, query_int
 from .names import parse_name
 from .state import parse_metadata_filter
 
@@ -41,10 +41,6 @@ _ORDERS = ("asc", "desc")
 _RFC3339_RE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
 )
-
-
-def _param_error(name: str, reason: str) -> BadRequest:
-    return BadRequest(f'validation error: parameter "{name}" in query has an error: {reason}')
 
 
 def parse_rfc3339_us(text: str) -> Optional[int]:
@@ -105,10 +101,11 @@ def decode_cursor(token: str, order: str) -> Tuple[int, str]:
 
 @attrs.frozen
 class PageRequest:
-    """``limit`` (1-100), ``nextToken`` and ``order`` of a list request."""
+    """``limit`` (1-100), the decoded ``nextToken`` (time, id) and ``order`` of a list
+    request."""
 
     limit: int
-    next_token: Optional[str]
+    cursor: Optional[Tuple[int, str]]
     order: str
 
 
@@ -119,22 +116,10 @@ def parse_page_request(query: Mapping[str, str], *, order: str = "desc") -> Page
         BadRequest: ``limit`` not an integer between 1 and 100, or a ``nextToken`` this
             server did not make for ``order`` (``Invalid next token``).
     """
-    raw = query.get("limit")
-    limit = 100
-    if raw is not None:
-        try:
-            limit = int(raw)
-        except ValueError:
-            reason = f"value {raw}: an invalid integer: invalid syntax"
-            raise _param_error("limit", reason) from None
-        if limit < 1:
-            raise _param_error("limit", "number must be at least 1")
-        if limit > 100:
-            raise _param_error("limit", "number must be at most 100")
-    token = query.get("nextToken") or None
-    if token is not None:
-        decode_cursor(token, order)
-    return PageRequest(limit=limit, next_token=token, order=order)
+    limit = query_int(query, "limit", 100, minimum=1, maximum=100)
+    token = query.get("nextToken")
+    cursor = decode_cursor(token, order) if token else None
+    return PageRequest(limit=limit, cursor=cursor, order=order)
 
 
 @attrs.frozen
@@ -169,18 +154,16 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
         states = tuple(raw_states.split(","))
         for s in states:
             if s not in _STATES:
-                raise _param_error(
+                raise query_error(
                     "state", 'value is not one of the allowed values ["running","paused"]'
                 )
-    order = query.get("order", "desc")
-    if order not in _ORDERS:
-        raise _param_error("order", 'value is not one of the allowed values ["asc","desc"]')
+    order = query_enum(query, "order", _ORDERS) or "desc"
     started_after: Optional[int] = None
     raw_after = query.get("startedAfter")
     if raw_after is not None:
         started_after = parse_rfc3339_us(raw_after)
         if started_after is None:
-            raise _param_error("startedAfter", 'string doesn\'t match the format "date-time"')
+            raise query_error("startedAfter", 'string doesn\'t match the format "date-time"')
     page_req = parse_page_request(query, order=order)
     template: Optional[str] = None
     raw_template = query.get("template")
@@ -190,10 +173,7 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
                 "Invalid template: tags are not supported here because sandboxes are not "
                 "tag-scoped"
             )
-        try:
-            template, _ = parse_name(raw_template)
-        except ValueError as exc:
-            raise BadRequest(f"Invalid template: {exc}") from None
+        template, _ = parse_name(raw_template, "Invalid template")
     try:
         metadata = parse_metadata_filter(query.get("metadata"))
     except BadRequest:
@@ -211,15 +191,11 @@ def page(
     items: Sequence[T], key: Callable[[T], Tuple[int, str]], req: PageRequest
 ) -> Tuple[List[T], Optional[str]]:
     """Order ``items`` by ``key`` (time in microseconds, id) and return one page and the
-    next cursor (None on the last page).
-
-    Raises:
-        BadRequest: a ``nextToken`` this server did not make for this order.
-    """
+    next cursor (None on the last page)."""
     reverse = req.order == "desc"
     ordered = sorted(items, key=key, reverse=reverse)
-    if req.next_token:
-        cursor = decode_cursor(req.next_token, req.order)
+    cursor = req.cursor
+    if cursor is not None:
         if reverse:
             ordered = [i for i in ordered if key(i) < cursor]
         else:

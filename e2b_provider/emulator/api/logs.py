@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from .errors import BadRequest
+from .errors import query_enum, query_error, query_int
 
 __all__ = [
     "KILLED_KEPT",
@@ -166,45 +166,15 @@ def select(lines: Lines, query: LogQuery) -> List[LogEntry]:
 # -- queries ------------------------------------------------------------------------------
 
 
-def _invalid(name: str, detail: str) -> BadRequest:
-    return BadRequest(f'validation error: parameter "{name}" in query has an error: {detail}')
-
-
-def _int_param(
-    query: Mapping[str, str], name: str, default: Optional[int], maximum: int
-) -> Optional[int]:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        raise _invalid(name, f"value {raw}: an invalid integer: invalid syntax") from None
-    if value < 0:
-        raise _invalid(name, "number must be at least 0")
-    if value > maximum:
-        raise _invalid(name, f"number must be at most {maximum}")
-    return value
-
-
-def _enum_param(query: Mapping[str, str], name: str, allowed: Sequence[str]) -> Optional[str]:
-    raw = query.get(name)
-    if raw is not None and raw not in allowed:
-        listed = ",".join(f'"{a}"' for a in allowed)
-        raise _invalid(name, f"value is not one of the allowed values [{listed}]")
-    return raw
-
-
 def parse_v1_query(query: Mapping[str, str], now_ms: int) -> LogQuery:
     """``start`` and ``limit`` of ``GET /sandboxes/{id}/logs``.
 
     Raises:
         BadRequest: 400 for a value that is not a non-negative integer (``limit``: int32).
     """
-    start = _int_param(query, "start", None, _INT64_MAX)
-    limit = _int_param(query, "limit", MAX_LIMIT, _INT32_MAX)
+    start = query_int(query, "start", None, maximum=_INT64_MAX)
+    limit = query_int(query, "limit", MAX_LIMIT, maximum=_INT32_MAX)
     oldest = now_ms - WINDOW_MS
-    assert limit is not None
     return LogQuery(start_ms=max(oldest, start or 0), end_ms=now_ms, limit=limit)
 
 
@@ -216,13 +186,13 @@ def parse_v2_query(query: Mapping[str, str], now_ms: int) -> LogQuery:
         BadRequest: 400 for a negative or non-integer ``cursor``/``limit``, a ``limit`` above
             1000, an unknown ``direction`` or ``level``, or a ``search`` longer than 256.
     """
-    cursor = _int_param(query, "cursor", None, _INT64_MAX)
-    limit = _int_param(query, "limit", MAX_LIMIT, MAX_LIMIT)
-    direction = _enum_param(query, "direction", ("forward", "backward")) or "backward"
-    level = _enum_param(query, "level", LEVELS)
+    cursor = query_int(query, "cursor", None, maximum=_INT64_MAX)
+    limit = query_int(query, "limit", MAX_LIMIT, maximum=MAX_LIMIT)
+    direction = query_enum(query, "direction", ("forward", "backward")) or "backward"
+    level = query_enum(query, "level", LEVELS)
     search = query.get("search")
     if search is not None and len(search) > MAX_SEARCH:
-        raise _invalid("search", f"maximum string length is {MAX_SEARCH}")
+        raise query_error("search", f"maximum string length is {MAX_SEARCH}")
     forward = direction == "forward"
     oldest = now_ms - WINDOW_MS
     if cursor is None:
@@ -232,7 +202,6 @@ def parse_v2_query(query: Mapping[str, str], now_ms: int) -> LogQuery:
     else:
         start, end = cursor - WINDOW_MS, cursor
     start, end = max(start, oldest), max(end, oldest)
-    assert limit is not None
     return LogQuery(
         start_ms=min(start, end),
         end_ms=end,

@@ -13,6 +13,8 @@ import secrets
 import string
 from typing import Optional, Tuple
 
+from .errors import BadRequest
+
 __all__ = [
     "DEFAULT_TAG",
     "TEAM_SLUG",
@@ -39,7 +41,7 @@ def _clean(value: str, what: str, pattern: re.Pattern[str]) -> str:
     return cleaned
 
 
-def parse_name(raw: str) -> Tuple[str, Optional[str]]:
+def parse_name(raw: str, refusal: str) -> Tuple[str, Optional[str]]:
     """Parse ``[namespace/]alias[:tag]`` into the cleaned identifier and tag.
 
     Returns:
@@ -47,9 +49,17 @@ def parse_name(raw: str) -> Tuple[str, Optional[str]]:
         None when absent or ``default``.
 
     Raises:
-        ValueError: a part with a character outside its alphabet (the message names it, as
-            E2B's does: ``invalid template ID: …``, ``invalid tag: …``, ``invalid namespace: …``).
+        BadRequest: 400 ``<refusal>: …`` for a part with a character outside its alphabet
+            (naming it, as E2B does: ``invalid template ID: …``, ``invalid tag: …``,
+            ``invalid namespace: …``).
     """
+    try:
+        return _parse_name(raw)
+    except ValueError as exc:
+        raise BadRequest(f"{refusal}: {exc}") from None
+
+
+def _parse_name(raw: str) -> Tuple[str, Optional[str]]:
     text = raw.strip()
     ident_part, sep, tag_part = text.partition(":")
     tag: Optional[str] = None

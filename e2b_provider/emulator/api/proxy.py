@@ -34,9 +34,10 @@ from aiohttp import web
 
 from .faults import Fault, TrailerCut, bad_frame
 from .lifecycle import SandboxLifecycle
+from .routing import api_error
 from .state import ENVD_PORT, SandboxRecord
 
-__all__ = ["EnvdProxy", "envd_route", "json_error"]
+__all__ = ["EnvdProxy", "envd_route"]
 
 log = logging.getLogger("e2b_provider.emulator.proxy")
 
@@ -72,14 +73,11 @@ _UNAUTHORIZED = (
 )
 
 
-def json_error(status: int, body: Dict[str, Any]) -> web.Response:
-    """A JSON answer with the given status (no caching, explicit charset)."""
-    return web.json_response(body, status=status, content_type="application/json")
-
-
 def _edge_502(sandbox_id: str, message: str) -> web.Response:
     """The 502 E2B's edge answers itself for a sandbox it cannot reach."""
-    return json_error(502, {"sandboxId": sandbox_id, "message": message, "code": 502})
+    return web.json_response(
+        {"sandboxId": sandbox_id, "message": message, "code": 502}, status=502
+    )
 
 
 def _traffic_token_refusal(request: web.BaseRequest, rec: SandboxRecord) -> Optional[web.Response]:
@@ -99,7 +97,7 @@ def _traffic_token_refusal(request: web.BaseRequest, rec: SandboxRecord) -> Opti
         "message": f"Sandbox is secured with traffic access token. {message}",
         "code": 403,
     }
-    return json_error(403, body)
+    return web.json_response(body, status=403)
 
 
 def envd_route(request: web.BaseRequest) -> Optional[Tuple[str, int]]:
@@ -257,7 +255,7 @@ class EnvdProxy:
                     status = int(error.params["status"])
                     entry["status"] = status
                     entry["fault"] = "envd_error"
-                    return json_error(status, {"code": status, "message": "Bad gateway"})
+                    return api_error(status, "Bad gateway")
                 if port != ENVD_PORT:
                     refused = _traffic_token_refusal(request, rec)
                     if refused is not None:
@@ -271,7 +269,7 @@ class EnvdProxy:
                     if denied is not None:
                         entry["status"] = 401
                         entry["token"] = "refused"
-                        return json_error(401, {"code": 401, "message": denied})
+                        return api_error(401, denied)
                 elif not (request.method == "GET" and request.path == "/health"):
                     token = request.headers.get("X-Access-Token")
                     entry["token"] = "missing" if token is None else "present"
@@ -282,7 +280,7 @@ class EnvdProxy:
                         entry["status"] = 401
                         if token is not None:
                             entry["token"] = "invalid"
-                        return json_error(401, {"code": 401, "message": _UNAUTHORIZED})
+                        return api_error(401, _UNAUTHORIZED)
                 if task is not None:
                     rec.streams.add(task)
                 if not server.faults.is_unresponsive(sandbox_id):

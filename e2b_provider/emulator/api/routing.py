@@ -1,4 +1,4 @@
-"""HTTP helpers shared by the control plane's handlers.
+"""HTTP helpers shared by the control plane's handlers (and the envd front's error answers).
 
 This module owns E2B's error answer (``{code, message[, error_code]}``), reading a JSON request
 body the way E2B's validator does, finding the sandbox a path names, and marking a request log

@@ -26,7 +26,7 @@ import importlib
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from aiohttp import web
 
@@ -36,7 +36,7 @@ from .faults import FaultError, FaultRegistry
 from .logs import KilledLogs
 from .metrics import MetricSample, MetricsHistory
 from .proxy import EnvdProxy, envd_route
-from .routing import api_error
+from .routing import Handler, api_error
 from .state import (
     DEFAULT_DOMAIN,
     CreateRequest,
@@ -47,7 +47,7 @@ from .state import (
     sandbox_not_found,
 )
 from .templates import TemplateStore
-from .volume_content import VolumeContentRoutes
+from .volume_content import VolumeContentRoutes, content_error
 from .volume_files import IdMap
 from .volumes import VolumeStore, mounted_volume_ids
 
@@ -80,8 +80,6 @@ _LOGGED_HEADERS = (
     "User-Agent",
 )
 _SECRET_QUERY_KEYS = frozenset({"signature", "signature_expiration", "access_token"})
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _create_failed(exc: BaseException) -> BadRequest:
@@ -243,17 +241,12 @@ class EmulatorServer:
             if request.match_info.http_exception is not None:
                 status = request.match_info.http_exception.status
                 entry["status"] = status
-                return web.json_response(
-                    {"code": "invalid_request", "message": "no matching operation was found"},
-                    status=status,
-                )
+                return content_error(status, "invalid_request", "no matching operation was found")
             try:
                 resp = await handler(request)
             except Exception:
                 log.exception("volume content handler failed")
-                resp = web.json_response(
-                    {"code": "internal_error", "message": "internal server error"}, status=500
-                )
+                resp = content_error(500, "internal_error", "internal server error")
             entry["status"] = resp.status
             return resp
         entry = self.log_request(request, kind="admin" if is_admin else "control")
@@ -272,8 +265,7 @@ class EmulatorServer:
         if "sid" in match_info:
             entry["sandbox_id"] = match_info["sid"]
         if match_info.http_exception is not None:
-            exc = match_info.http_exception
-            status = 404 if exc.status == 404 else exc.status
+            status = match_info.http_exception.status
             entry["status"] = status
             message = (
                 "validation error: no matching operation was found"

@@ -51,10 +51,7 @@ def _parse_team_name(raw: str, what: str) -> Tuple[str, Optional[str]]:
     Raises:
         BadRequest: 400 for a malformed name or another team's namespace.
     """
-    try:
-        identifier, tag = parse_name(raw)
-    except ValueError as exc:
-        raise BadRequest(f"{what}: {exc}") from None
+    identifier, tag = parse_name(raw, what)
     namespace, _ = split_namespace(identifier)
     if namespace is not None and namespace != TEAM_SLUG:
         raise BadRequest(f"namespace '{namespace}' must match your team '{TEAM_SLUG}'")
@@ -159,10 +156,7 @@ class SnapshotRoutes:
         raw = request.match_info["tid"]
         if raw == "tags":  # E2B's DELETE /templates/tags (template build tags): not emulated
             raise BadRequest("validation error: no matching operation was found", status=404)
-        try:
-            identifier, _ = parse_name(raw)
-        except ValueError as exc:
-            raise BadRequest(f"Invalid template ID: {exc}") from None
+        identifier, _ = parse_name(raw, "Invalid template ID")
         templates = self._server.templates
         if templates.is_base(identifier):
             raise BadRequest(f"you don't have access to template '{identifier}'", status=403)

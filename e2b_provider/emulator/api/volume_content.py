@@ -25,7 +25,7 @@ from .routing import Handler, json_body
 from .volume_files import VolumeError, VolumeRoot
 from .volumes import VolumeStore
 
-__all__ = ["VolumeContentRoutes"]
+__all__ = ["VolumeContentRoutes", "content_error"]
 
 T = TypeVar("T")
 #: Bytes per read and per write of a file transfer.
@@ -34,7 +34,8 @@ _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
+def content_error(status: int, code: str, message: str) -> web.Response:
+    """The content API's error answer: ``{"code": <E2B's error code>, "message": …}``."""
     return web.json_response({"code": code, "message": message}, status=status)
 
 
@@ -120,12 +121,12 @@ class VolumeContentRoutes:
             token = auth[7:] if auth[:7].lower() == "bearer " else None
             rec = self._store.check_token(request.match_info["vid"], token)
             if rec is None:
-                return _error(401, "unauthorized", "invalid or missing volume token")
+                return content_error(401, "unauthorized", "invalid or missing volume token")
             try:
                 resp: web.StreamResponse = await handler(request, self._store.content_root(rec))
                 return resp
             except VolumeError as exc:
-                return _error(exc.status, exc.code, exc.message)
+                return content_error(exc.status, exc.code, exc.message)
 
         return serve
 

@@ -65,12 +65,16 @@ def _not_found(path: str) -> VolumeError:
     return VolumeError(404, "path_not_found", f"path '{path}' not found")
 
 
+def _already_exists(what: str, path: str) -> VolumeError:
+    return VolumeError(409, "path_already_exists", f"{what}: path '{path}' already exists")
+
+
 def _os_error(exc: OSError, what: str, path: str) -> VolumeError:
     """E2B's answer for an ``OSError`` of ``what`` on ``path``."""
     if exc.errno == errno.ENOENT:
         return _not_found(path)
     if exc.errno == errno.EEXIST:
-        return VolumeError(409, "path_already_exists", f"{what}: path '{path}' already exists")
+        return _already_exists(what, path)
     if exc.errno == errno.ENOTDIR:
         return VolumeError(
             400,
@@ -441,7 +445,7 @@ class VolumeRoot:
             if not res.name:
                 if force:
                     return self._stat_entry(res)
-                raise _os_error(OSError(errno.EEXIST, ""), "failed to create directory", path)
+                raise _already_exists("failed to create directory", path)
             mode = mode if mode is not None else DEFAULT_DIR_MODE
             try:
                 self._mkdir_at(res.parent, res.name, mode, *owner, exist_ok=force)
@@ -449,7 +453,7 @@ class VolumeRoot:
                 raise _os_error(exc, "failed to create directory", path) from None
             entry = self._stat_entry(res)
             if entry["type"] != "directory":
-                raise _os_error(OSError(errno.EEXIST, ""), "failed to create directory", path)
+                raise _already_exists("failed to create directory", path)
             return entry
         finally:
             res.close()
@@ -466,8 +470,7 @@ class VolumeRoot:
         """Open ``path`` to write a new file: ``(descriptor, volume path)``. Without ``force``
         an existing file is 409; with it the file is truncated and missing parents made."""
         path = clean_path(path)
-        owner = _owner(uid, gid)
-        res = self._resolve(path, follow=True, create_parents=owner if force else None)
+        res = self._resolve(path, follow=True, create_parents=_owner(uid, gid) if force else None)
         try:
             if not res.name:
                 raise VolumeError(400, "invalid_request", "cannot write to the volume's root")
