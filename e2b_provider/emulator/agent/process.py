@@ -558,12 +558,15 @@ class ManagedProcess:
             os.close(self._pty_master)
             self._pty_master = None
             self._outputs = []
+        if self._stdin_lock.locked():  # a write is under way: it closes stdin when done
+            self._stdin_close_pending = True
+        else:
+            self._drop_stdin()
+
+    def _drop_stdin(self) -> None:
         if self._stdin is not None:
-            if self._stdin_lock.locked():
-                self._stdin_close_pending = True
-            else:
-                self._stdin.close()
-                self._stdin = None
+            self._stdin.close()
+            self._stdin = None
 
     # ---- output ----------------------------------------------------------------------
 
@@ -638,9 +641,8 @@ class ManagedProcess:
                     )
                 await self._write_fd(stream.fileno(), data, "stdin", "|1", timeout)
             finally:
-                if self._stdin_close_pending and self._stdin is not None:
-                    self._stdin.close()
-                    self._stdin = None
+                if self._stdin_close_pending:
+                    self._drop_stdin()
 
     async def _write_fd(
         self, fd: int, data: bytes, what: str, name: str, timeout: Optional[float]
@@ -680,9 +682,7 @@ class ManagedProcess:
                 "instead",
             )
         async with self._stdin_lock:
-            if self._stdin is not None:
-                self._stdin.close()
-                self._stdin = None
+            self._drop_stdin()
 
     def resize(self, cols: int, rows: int) -> None:
         """Resize the PTY.
