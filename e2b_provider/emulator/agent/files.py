@@ -37,7 +37,13 @@ from aiohttp import web
 
 from . import gohttp, journal
 from .bodies import BodyError, ByteSource, GzipSource, MultipartReader, multipart_boundary
-from .filesystem import ensure_dirs, read_metadata, validate_metadata, write_metadata_fd
+from .filesystem import (
+    ensure_dirs,
+    go_base,
+    read_metadata,
+    validate_metadata,
+    write_metadata_fd,
+)
 from .process import _wait_writable
 from .rpc import RpcError, UserInfo, errno_text, expand_and_resolve, lookup_user
 
@@ -114,14 +120,6 @@ def _lookup(name: str) -> UserInfo:
     return info
 
 
-def _go_base(path: str) -> str:
-    """Go's ``filepath.Base``."""
-    if not path:
-        return "."
-    stripped = path.rstrip("/")
-    return posixpath.basename(stripped) if stripped else "/"
-
-
 # ---- download -------------------------------------------------------------------------
 
 
@@ -175,7 +173,7 @@ async def download(
     journal.event(log, "file_read", "File read", path=path, username=user.name)
     try:
         headers["Content-Disposition"] = gohttp.format_media_type(
-            "inline", {"filename": _go_base(path)}
+            "inline", {"filename": go_base(path)}
         )
         if coding == gohttp.ENCODING_GZIP:
             return await _send_gzip(request, fd, raw_path, headers)
@@ -503,7 +501,7 @@ class _Writer:
             self._metadata(fd, path)
         finally:
             os.close(fd)
-        entry: Dict[str, Any] = {"path": path, "name": _go_base(path), "type": "file"}
+        entry: Dict[str, Any] = {"path": path, "name": go_base(path), "type": "file"}
         persisted = read_metadata(path)
         if persisted:
             entry["metadata"] = persisted

@@ -36,6 +36,7 @@ __all__ = [
     "rfc3339",
     "stat_path",
     "eval_symlinks",
+    "go_base",
     "validate_metadata",
     "write_metadata_fd",
 ]
@@ -205,7 +206,10 @@ def write_metadata_fd(fd: int, meta: Mapping[str, str]) -> None:
         os.setxattr(fd, METADATA_PREFIX + key, value.encode("ascii"))
 
 
-def _base_name(path: str) -> str:
+def go_base(path: str) -> str:
+    """Go's ``filepath.Base``: the last element, trailing slashes ignored (``/``, ``.``)."""
+    if not path:
+        return "."
     stripped = path.rstrip("/")
     return posixpath.basename(stripped) if stripped else "/"
 
@@ -294,7 +298,7 @@ def entry_info(path: str) -> Dict[str, Any]:
         OSError: ``lstat`` failed.
     """
     lst = os.lstat(path)
-    entry: Dict[str, Any] = {"name": _base_name(path)}
+    entry: Dict[str, Any] = {"name": go_base(path)}
     target: Optional[str] = None
     ftype: Optional[str]
     if stat.S_ISLNK(lst.st_mode):

@@ -395,7 +395,7 @@ class ManagedProcess:
                 if stream is not None:
                     os.set_blocking(stream.fileno(), False)
                     self._outputs.append((stream.fileno(), key, STD_CHUNK))
-        self._stdin = popen.stdin if pty_master is None else None
+        self._stdin = popen.stdin  # None for a PTY process (its stdin is the PTY)
         if self._stdin is not None:
             os.set_blocking(self._stdin.fileno(), False)
         self._stdin_lock = asyncio.Lock()
@@ -558,12 +558,15 @@ class ManagedProcess:
             os.close(self._pty_master)
             self._pty_master = None
             self._outputs = []
+        if self._stdin_lock.locked():  # a write is under way: it closes stdin when done
+            self._stdin_close_pending = True
+        else:
+            self._drop_stdin()
+
+    def _drop_stdin(self) -> None:
         if self._stdin is not None:
-            if self._stdin_lock.locked():
-                self._stdin_close_pending = True
-            else:
-                self._stdin.close()
-                self._stdin = None
+            self._stdin.close()
+            self._stdin = None
 
     # ---- output ----------------------------------------------------------------------
 
@@ -638,9 +641,8 @@ class ManagedProcess:
                     )
                 await self._write_fd(stream.fileno(), data, "stdin", "|1", timeout)
             finally:
-                if self._stdin_close_pending and self._stdin is not None:
-                    self._stdin.close()
-                    self._stdin = None
+                if self._stdin_close_pending:
+                    self._drop_stdin()
 
     async def _write_fd(
         self, fd: int, data: bytes, what: str, name: str, timeout: Optional[float]
@@ -680,9 +682,7 @@ class ManagedProcess:
                 "instead",
             )
         async with self._stdin_lock:
-            if self._stdin is not None:
-                self._stdin.close()
-                self._stdin = None
+            self._drop_stdin()
 
     def resize(self, cols: int, rows: int) -> None:
         """Resize the PTY.
@@ -797,30 +797,21 @@ class ProcessManager:
                 _set_winsize(slave, cols, rows)
                 if os.geteuid() == 0:
                     os.fchown(slave, user.uid, -1)
-                popen = subprocess.Popen(
-                    argv,
+                kwargs.update(
                     stdin=slave,
                     stdout=slave,
                     stderr=slave,
-                    cwd=cwd,
-                    env=env,
-                    close_fds=True,
                     start_new_session=True,
                     preexec_fn=_set_controlling_tty,
-                    **kwargs,
                 )
             else:
-                popen = subprocess.Popen(
-                    argv,
+                kwargs.update(
                     stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    cwd=cwd,
-                    env=env,
-                    close_fds=True,
                     bufsize=0,
-                    **kwargs,
                 )
+            popen = subprocess.Popen(argv, cwd=cwd, env=env, close_fds=True, **kwargs)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if master is not None:
                 os.close(master)

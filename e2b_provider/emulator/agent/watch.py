@@ -171,11 +171,6 @@ class InotifyHub:
             del self._subs[wd]
             _libc.inotify_rm_watch(self._fd, wd)  # EINVAL when the kernel dropped it already
 
-    @property
-    def watch_count(self) -> int:
-        """Kernel watches held (for tests)."""
-        return len(self._subs)
-
     def _on_readable(self) -> None:
         while True:
             try:
@@ -549,11 +544,6 @@ class WatcherRegistry:
         if polled.watcher is not None:
             polled.watcher.close()
         del self._polled[watcher_id]
-
-    @property
-    def polled_count(self) -> int:
-        """Polling watchers alive."""
-        return len(self._polled)
 
     def close(self) -> None:
         """Remove every watcher and close the inotify instance."""

@@ -454,9 +454,10 @@ class SandboxRuntime:
         cg = self._cgroups
         dirs = ([cg.control] if cg.control else []) + list(cg.extra)
         pids = self.host_pids() if self.running else []
-        [image] = self.storage_paths()[:1]
+        paths = self.storage_paths()
+        image = paths[0]
         if not image.endswith("disk.img"):
-            return read_usage(dirs, pids, self.storage_paths()[:2])
+            return read_usage(dirs, pids, paths[:2])
         usage = read_usage(dirs, pids, [])
         used, source = None, "image"
         init_pid = self.init_pid
