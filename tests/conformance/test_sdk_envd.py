@@ -21,10 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator, List, TypeVar
 
 import pytest
 import requests
-
-e2b = pytest.importorskip("e2b")
-
-from e2b import (  # noqa: E402
+from e2b import (
     AsyncSandbox,
     CommandExitException,
     FilesystemEvent,
@@ -37,7 +34,7 @@ from e2b import (  # noqa: E402
     SandboxException,
 )
 
-from e2b_provider.emulator import Emulator  # noqa: E402
+from e2b_provider.emulator import Emulator
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
