@@ -28,6 +28,12 @@ from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_en
 
 Body = Union[bytes, Iterable[bytes], None]
 
+#: ``pytestmark`` of the agent's test modules
+ROOT_ON_LINUX = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0,
+    reason="the agent tests run the agent as root on Linux",
+)
+
 # ---- client helpers -----------------------------------------------------------------
 
 
