@@ -21,10 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator, List, TypeVar
 
 import pytest
 import requests
-
-e2b = pytest.importorskip("e2b")
-
-from e2b import (  # noqa: E402
+from e2b import (
     AsyncSandbox,
     CommandExitException,
     FilesystemEvent,
@@ -36,8 +33,9 @@ from e2b import (  # noqa: E402
     Sandbox,
     SandboxException,
 )
+from waiting import wait_until
 
-from e2b_provider.emulator import Emulator  # noqa: E402
+from e2b_provider.emulator import Emulator
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
@@ -65,13 +63,6 @@ def run_async(sandbox: Sandbox, body: Callable[[AsyncSandbox], Awaitable[T]]) ->
         return await body(await AsyncSandbox.connect(sandbox.sandbox_id))
 
     return asyncio.run(asyncio.wait_for(main(), 120))
-
-
-def wait_for(pred: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 async def await_for(pred: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
@@ -274,12 +265,12 @@ def test_watch_dir_sync(emulator: Emulator, envd_sandbox: Sandbox) -> None:
             ("a.txt", FilesystemEventType.RENAME),
             ("c.txt", FilesystemEventType.CREATE),
         ]
-        wait_for(lambda: seen(*want), "watch events")
+        wait_until(lambda: seen(*want), 15, "watch events")
         create = next(e for e in got if e.name == "a.txt")
         assert create.entry is not None and create.entry.path == f"{d}/a.txt"
         # a new directory is watched once its creation is reported
         sb.files.make_dir(f"{d}/sub")
-        wait_for(lambda: seen(("sub", FilesystemEventType.CREATE)), "the new directory")
+        wait_until(lambda: seen(("sub", FilesystemEventType.CREATE)), 15, "the new directory")
         sb.files.write(f"{d}/sub/b", "2")
         sb.files.remove(f"{d}/sub/b")
         want = [
@@ -287,7 +278,7 @@ def test_watch_dir_sync(emulator: Emulator, envd_sandbox: Sandbox) -> None:
             ("sub/b", FilesystemEventType.WRITE),
             ("sub/b", FilesystemEventType.REMOVE),
         ]
-        wait_for(lambda: seen(*want), "events in the new directory")
+        wait_until(lambda: seen(*want), 15, "events in the new directory")
         assert all(e.entry is None for e in got if e.type == FilesystemEventType.REMOVE)
         assert watched(emulator, sb, f"{d}/sub") == 1
     finally:

@@ -10,16 +10,13 @@ import asyncio
 from typing import Any, List
 
 import pytest
-
-e2b = pytest.importorskip("e2b")
-
-from e2b import Sandbox  # noqa: E402
-from e2b.api.client.api.sandboxes import (  # noqa: E402
+from e2b import Sandbox
+from e2b.api.client.api.sandboxes import (
     get_sandboxes_sandbox_id_logs,
     get_v_2_sandboxes_sandbox_id_logs,
 )
-from e2b.api.client.client import AuthenticatedClient  # noqa: E402
-from e2b.api.client.models import (  # noqa: E402
+from e2b.api.client.client import AuthenticatedClient
+from e2b.api.client.models import (
     Error,
     LogLevel,
     LogsDirection,
@@ -27,9 +24,9 @@ from e2b.api.client.models import (  # noqa: E402
     SandboxLogs,
     SandboxLogsV2Response,
 )
-from waiting import wait_until  # noqa: E402
+from waiting import wait_until
 
-from e2b_provider.emulator import Emulator  # noqa: E402
+from e2b_provider.emulator import Emulator
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 

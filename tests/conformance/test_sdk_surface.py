@@ -13,10 +13,7 @@ from typing import Any, Awaitable, List, TypeVar
 
 import pytest
 import requests
-
-e2b = pytest.importorskip("e2b")
-
-from e2b import (  # noqa: E402
+from e2b import (
     ALL_TRAFFIC,
     AsyncSandbox,
     AsyncTemplate,
@@ -27,7 +24,7 @@ from e2b import (  # noqa: E402
     Template,
 )
 
-from e2b_provider.emulator import Emulator  # noqa: E402
+from e2b_provider.emulator import Emulator
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 

@@ -14,10 +14,7 @@ from typing import Awaitable, TypeVar
 
 import pytest
 import requests
-
-e2b = pytest.importorskip("e2b")
-
-from e2b import (  # noqa: E402
+from e2b import (
     AsyncSandbox,
     AsyncVolume,
     AuthenticationException,
@@ -30,7 +27,7 @@ from e2b import (  # noqa: E402
     VolumePathNotFoundException,
 )
 
-from e2b_provider.emulator import Emulator  # noqa: E402
+from e2b_provider.emulator import Emulator
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 

@@ -19,13 +19,20 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import pytest
+import waiting
 
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
 
 Body = Union[bytes, Iterable[bytes], None]
+
+#: ``pytestmark`` of the agent's test modules
+ROOT_ON_LINUX = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0,
+    reason="the agent tests run the agent as root on Linux",
+)
 
 # ---- client helpers -----------------------------------------------------------------
 
@@ -187,12 +194,9 @@ def list_pids(sock: str) -> List[int]:
     return [p["pid"] for p in body.get("processes", [])]
 
 
-def wait_until(pred: Any, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+def wait_until(pred: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
+    """:func:`waiting.wait_until` with the agent tests' 5 s bound."""
+    waiting.wait_until(pred, timeout, what)
 
 
 def multipart(parts: List[Tuple[str, str, bytes]]) -> Tuple[bytes, str]:

@@ -35,6 +35,7 @@ from e2b_provider.emulator.agent.process import DEFAULT_PATH, exit_info_from_sta
 from e2b_provider.emulator.agent.rpc import basic_username
 
 from .agent_client import (
+    ROOT_ON_LINUX,
     Agent,
     Stream,
     UnixConnection,
@@ -56,10 +57,7 @@ from .agent_client import (
     workdir_fixture,
 )
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.geteuid() != 0,
-    reason="the agent tests run the agent as root on Linux",
-)
+pytestmark = ROOT_ON_LINUX
 
 NOBODY = pwd.getpwnam("nobody")
 

@@ -20,7 +20,6 @@ import os
 import pwd
 import re
 import subprocess
-import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 from urllib.parse import quote
@@ -32,6 +31,7 @@ from e2b_provider.emulator.agent import gohttp
 from e2b_provider.emulator.agent.watch import MAX_PENDING
 
 from .agent_client import (
+    ROOT_ON_LINUX,
     Agent,
     Stream,
     UnixConnection,
@@ -46,10 +46,7 @@ from .agent_client import (
     workdir_fixture,
 )
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.geteuid() != 0,
-    reason="the agent tests run the agent as root on Linux",
-)
+pytestmark = ROOT_ON_LINUX
 
 NOBODY = pwd.getpwnam("nobody")
 OCTET = {"Content-Type": "application/octet-stream"}

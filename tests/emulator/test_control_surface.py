@@ -15,10 +15,11 @@ from urllib.parse import quote, urlencode
 
 import pytest
 import requests
+from waiting import wait_until
 
 from e2b_provider.emulator import Emulator
 
-from .test_server import detail, run, wait_for
+from .test_server import detail, run
 
 pytestmark = pytest.mark.integration
 
@@ -244,7 +245,7 @@ def test_metrics_from_the_sandbox(emu: Emulator, api: requests.Session, make_san
         latest = api.get(url, timeout=30).json()[-1]
         return bool(latest["diskUsed"] >= first["diskUsed"] + 8 * MIB)
 
-    wait_for(grown, 30, "the disk use to count an 8 MiB file")
+    wait_until(grown, 30, "the disk use to count an 8 MiB file")
     samples = api.get(url, timeout=30).json()
     assert len(samples) >= 2 and samples == sorted(samples, key=lambda s: s["timestamp"])
     assert api.get(url, params={"end": 0}, timeout=30).json() == []

@@ -19,11 +19,12 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 import requests
+from waiting import wait_until
 
 from e2b_provider.emulator import Emulator
 from e2b_provider.emulator.runtime import disk, linux
 
-from .test_server import detail, envd_headers, run, wait_for
+from .test_server import detail, envd_headers, run
 
 Make = Callable[..., Dict[str, Any]]
 
@@ -152,7 +153,7 @@ def test_fork_bomb_is_contained(small: Emulator, small_sandbox: Dict[str, Any]) 
         watcher.join(10)
     # every process of the sandbox, unshare included, stayed within the limit (64 + 1)
     assert 0 < seen[0] <= SMALL["max_processes"] + 1
-    wait_for(
+    wait_until(
         lambda: run(small, sb, "pgrep -c -u user || true", user="root")[0].strip() == "0",
         30,
         "the bomb to be gone",
@@ -251,7 +252,7 @@ def test_cold_boot_is_a_boot(
     # an auto-pause without memory, then a resume: a new boot again
     auto = make_sandbox(timeout=2, autoPause=True, autoPauseMemory=False)
     before = _boot_id(emu, auto)
-    wait_for(
+    wait_until(
         lambda: detail(api, emu, auto["sandboxID"]).get("pauseMode") == "filesystem",
         20,
         "auto-pause",

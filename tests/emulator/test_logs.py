@@ -14,12 +14,13 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 import requests
+from waiting import wait_until
 
 from e2b_provider.emulator import Emulator
 from e2b_provider.emulator.api.logs import parse_line
 from e2b_provider.emulator.runtime import SandboxOutput
 
-from .test_server import envd_headers, read_events, run, wait_for
+from .test_server import envd_headers, read_events, run
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +101,7 @@ def test_logs_of_a_sandbox_filters_cursor_direction_limit(
             _events(entries, "file_read")
         )
 
-    wait_for(settled, 10, "the agent's process and file lines")
+    wait_until(settled, 10, "the agent's process and file lines")
     forward = _entries(api, emu, sid, direction="forward")
     backward = _entries(api, emu, sid)  # backward is the default
     assert backward == forward[::-1]
@@ -225,13 +226,13 @@ def test_logs_across_pause_and_after_kill_404_for_unknown(
         entries = _entries(api, emu, sid, search="e2b-init: agent started")
         return len(entries)
 
-    wait_for(lambda: boots() == 1, 10, "the first boot's lines")
+    wait_until(lambda: boots() == 1, 10, "the first boot's lines")
     r = api.post(f"{emu.api_url}/sandboxes/{sid}/pause", json={"memory": False}, timeout=60)
     assert r.status_code == 204, r.text
     assert boots() == 1  # a paused sandbox still has its logs
     r = api.post(f"{emu.api_url}/v2/sandboxes/{sid}/connect", json={"timeout": 60}, timeout=60)
     assert r.status_code == 201, r.text
-    wait_for(lambda: boots() == 2, 10, "the second boot's lines")
+    wait_until(lambda: boots() == 2, 10, "the second boot's lines")
     before = _entries(api, emu, sid, direction="forward")
 
     assert api.delete(f"{emu.api_url}/sandboxes/{sid}", timeout=60).status_code == 204

@@ -25,7 +25,7 @@ from urllib.parse import quote, urlencode
 import pytest
 import requests
 import urllib3
-from waiting import last_request
+from waiting import last_request, wait_until
 
 from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.emulator import Emulator, EmulatorError, EmulatorUnavailable
@@ -125,19 +125,11 @@ def detail(api: requests.Session, emu: Emulator, sid: str) -> Dict[str, Any]:
     return out
 
 
-def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def wait_for_file(
     emu: Emulator, sb: Dict[str, Any], path: str, content: str, what: str, timeout: float = 10
 ) -> None:
     """Wait until the sandbox's file ``path`` holds exactly ``content``."""
-    wait_for(lambda: run(emu, sb, f"cat {path} 2>/dev/null || true")[0] == content, timeout, what)
+    wait_until(lambda: run(emu, sb, f"cat {path} 2>/dev/null || true")[0] == content, timeout, what)
 
 
 def proc_start_time(pid: int) -> Optional[str]:
@@ -391,7 +383,7 @@ def test_expiry_auto_pauses(emu: Emulator, api: requests.Session, make_sandbox: 
     assert detail(api, emu, full["sandboxID"])["lifecycle"]["onTimeout"] == "pause"
     run(emu, fs, "echo survives > ~/f")
     # pauseMode appears once the pause has finished (state is "paused" already while pausing)
-    wait_for(
+    wait_until(
         lambda: (
             "pauseMode" in detail(api, emu, full["sandboxID"])
             and "pauseMode" in detail(api, emu, fs["sandboxID"])
@@ -414,8 +406,8 @@ def test_expiry_kills_without_auto_pause(emu: Emulator, api: requests.Session) -
     sid = r.json()["sandboxID"]
     pids = {p: proc_start_time(p) for p in emu.sandbox_pids(sid)}
     assert pids
-    wait_for(lambda: api.get(f"{emu.api_url}/sandboxes/{sid}").status_code == 404, 15, "expiry")
-    wait_for(lambda: not alive(pids), 10, "sandbox processes to end")
+    wait_until(lambda: api.get(f"{emu.api_url}/sandboxes/{sid}").status_code == 404, 15, "expiry")
+    wait_until(lambda: not alive(pids), 10, "sandbox processes to end")
     assert emu.sandbox_pids(sid) == []
 
 
@@ -707,7 +699,7 @@ def test_fault_stream_stall(emu: Emulator, make_sandbox: Make) -> None:
         done.set()
 
     threading.Thread(target=reader, daemon=True).start()
-    wait_for(
+    wait_until(
         lambda: any(e["seq"] > mark and e.get("stalled") for e in emu.requests(sandbox_id=sid)),
         10,
         "the emulator to stall the stream",
@@ -814,7 +806,7 @@ def test_faults_are_per_sandbox(emu: Emulator, api: requests.Session, make_sandb
         entries = emu.requests(sandbox_id=a["sandboxID"], path="/process.Process/Start")
         return entries[-1] if entries else {}
 
-    wait_for(lambda: bool(start_entry().get("stalled")), 10, "A's Start stream to stall")
+    wait_until(lambda: bool(start_entry().get("stalled")), 10, "A's Start stream to stall")
     emu.envd_unresponsive(b["sandboxID"])
     emu.stream_cut(after_bytes=1, sandbox_id=b["sandboxID"])  # goes with B
     emu.envd_unresponsive(c["sandboxID"])
@@ -982,7 +974,7 @@ def test_emulator_death_leaves_no_sandbox_process() -> None:
         assert len(emu.list_sandboxes()) == 2
         assert pids and not [p for p in pids if pids[p] is None]
         emu.kill()  # SIGKILL: the emulator cannot clean up
-        wait_for(lambda: not alive(pids), 10, "sandbox processes to die with the emulator")
+        wait_until(lambda: not alive(pids), 10, "sandbox processes to die with the emulator")
     assert not emu.running
 
 
@@ -1064,7 +1056,7 @@ def test_handle_owner_death_stops_the_emulator(how: str) -> None:
         assert started is not None
         child.send_signal(getattr(signal, how))
         child.wait(timeout=60)
-        wait_for(lambda: proc_start_time(emu_pid) != started, 30, "the emulator to exit")
+        wait_until(lambda: proc_start_time(emu_pid) != started, 30, "the emulator to exit")
         assert not os.path.exists(state_dir)  # removed by the handle or by the emulator
     finally:
         _close(child)
@@ -1120,8 +1112,8 @@ def test_emulator_survives_an_interrupt_of_its_starters_group() -> None:
         assert _line(child) == "interrupted"
         assert json.loads(_line(child)) == {"after": "alive\n"}
         assert child.wait(timeout=60) == 0
-        wait_for(lambda: not alive(started), 30, "the emulator and its sandbox to exit")
-        wait_for(lambda: not os.path.exists(info["state_dir"]), 30, "the state dir removal")
+        wait_until(lambda: not alive(started), 30, "the emulator and its sandbox to exit")
+        wait_until(lambda: not os.path.exists(info["state_dir"]), 30, "the state dir removal")
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)

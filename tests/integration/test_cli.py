@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,6 +49,25 @@ def run(env: Dict[str, str], *args: str, timeout: float = 120.0) -> subprocess.C
         timeout=timeout,
         preexec_fn=_default_sigint,
     )
+
+
+@contextlib.contextmanager
+def started(env: Dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
+    """The command line running in the background with piped output; killed if still running."""
+    child = subprocess.Popen(
+        [*CLI, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 @pytest.fixture
@@ -110,30 +130,13 @@ def test_exec_exit_codes_timeout_and_missing_sandbox(env: Dict[str, str], named:
 def test_exec_streams_output_live(env: Dict[str, str], named: str, provider) -> None:  # type: ignore[no-untyped-def]
     h = provider.list_sandboxes(named)[0].handle
     provider.exec(h, "rm -f /tmp/cli-go", timeout=30.0)
-    child = subprocess.Popen(
-        [
-            *CLI,
-            "exec",
-            named,
-            "--",
-            "echo first; while [ ! -e /tmp/cli-go ]; do sleep 0.05; done; echo second",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
-    try:
+    command = "echo first; while [ ! -e /tmp/cli-go ]; do sleep 0.05; done; echo second"
+    with started(env, "exec", named, "--", command) as child:
         assert child.stdout is not None
         assert child.stdout.readline() == "first\n"  # shown while the command still runs
         provider.write_file(h, "/tmp/cli-go", b"")
         out, err = child.communicate(timeout=60)
         assert (child.returncode, out) == (0, "second\n"), err
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 def test_ctrl_c_kills_the_remote_command_and_exits_130(
@@ -141,23 +144,11 @@ def test_ctrl_c_kills_the_remote_command_and_exits_130(
 ) -> None:  # type: ignore[no-untyped-def]
     h = provider.list_sandboxes(named)[0].handle
     marker = str(time.monotonic_ns())[-6:]
-    child = subprocess.Popen(
-        [*CLI, "exec", named, "--", f"echo started; sleep 9{marker}"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
-    try:
+    with started(env, "exec", named, "--", f"echo started; sleep 9{marker}") as child:
         assert child.stdout is not None
         assert child.stdout.readline() == "started\n"
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert child.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     left = provider.exec(h, f"pgrep -f '[s]leep 9{marker}' || true", timeout=30.0)
@@ -189,15 +180,7 @@ def test_every_command_has_help() -> None:
 
 
 def test_emulator_command_prints_exports_and_stops_on_ctrl_c(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    child = subprocess.Popen(
-        [*CLI, "emulator"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
+    with started({**os.environ, "PYTHONUNBUFFERED": "1"}, "emulator") as child:
         assert child.stdout is not None
         lines = [child.stdout.readline().strip() for _ in range(5)]
         exports = dict(line.removeprefix("export ").split("=", 1) for line in lines)
@@ -222,10 +205,6 @@ def test_emulator_command_prints_exports_and_stops_on_ctrl_c(tmp_path) -> None: 
         api = exports["E2B_API_URL"].rstrip("/")
         assert r.returncode == 1 and f"connection to {api}/v2/sandboxes failed: connection " \
             "refused" in r.stderr, r.stderr
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 def test_python_dash_m_and_console_script_agree() -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import pytest
+from waiting import wait_until
 
 from e2b_provider import (
     Cancelled,
@@ -47,13 +47,6 @@ def root(p: E2BSandboxProvider, h: SandboxHandle, cmd: str) -> str:
     )
     assert r.exit_code == 0, r
     return r.stdout.decode()
-
-
-def wait_for(check: Callable[[], bool], what: str, bound: float = 30.0) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +195,7 @@ def _cancel_when_started(
     """Cancel ``token`` once a file operation's process runs in the sandbox."""
 
     def watch() -> None:
-        wait_for(lambda: root(p, h, MARKED) != "", "a file op")
+        wait_until(lambda: root(p, h, MARKED) != "", 30, "a file op")
         token.cancel("test")
 
     t = threading.Thread(target=watch, daemon=True)
@@ -251,7 +244,7 @@ def test_kill_all_reaps_a_stuck_write(
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    wait_for(lambda: root(p, box, LEFTOVERS) != "", "the stuck write")
+    wait_until(lambda: root(p, box, LEFTOVERS) != "", 30, "the stuck write")
     p.kill_all(box)
     t.join(60)
     assert not t.is_alive()

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List, Tuple
 
 import pytest
 
-from e2b_provider import E2BSandboxProvider, InvalidArgument, SandboxHandle
+from e2b_provider import E2BSandboxProvider, ExecResult, InvalidArgument, SandboxHandle
 
 pytestmark = pytest.mark.integration
+
+
+def exec_collecting(
+    provider: E2BSandboxProvider, sandbox: SandboxHandle, command: str, **kwargs: Any
+) -> Tuple[ExecResult, List[str], List[str]]:
+    """Run ``command`` with callbacks that collect the stdout and stderr pieces shown."""
+    out: List[str] = []
+    err: List[str] = []
+    r = provider.exec(
+        sandbox, command, timeout=30.0, on_stdout=out.append, on_stderr=err.append, **kwargs
+    )
+    return r, out, err
 
 
 def test_pieces_add_up_to_the_result(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
-    out: List[str] = []
-    err: List[str] = []
-    r = shared_provider.exec(
+    r, out, err = exec_collecting(
+        shared_provider,
         sandbox,
         "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.1; done; printf 'é€😀'",
-        timeout=30.0,
-        on_stdout=out.append,
-        on_stderr=err.append,
     )
     assert r.exit_code == 0
     assert "".join(out) == r.stdout == "out1\nout2\nout3\né€😀"
@@ -55,16 +63,9 @@ def test_output_arrives_while_the_command_runs(
 def test_only_output_inside_the_cap_is_shown(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
-    out: List[str] = []
-    err: List[str] = []
     # 5 bytes fit; the euro sign (3 bytes) is cut after its first byte and dropped
-    r = shared_provider.exec(
-        sandbox,
-        "printf 'abcd€zz'; printf 'late' >&2",
-        timeout=30.0,
-        max_output_bytes=5,
-        on_stdout=out.append,
-        on_stderr=err.append,
+    r, out, err = exec_collecting(
+        shared_provider, sandbox, "printf 'abcd€zz'; printf 'late' >&2", max_output_bytes=5
     )
     assert r.truncated
     assert "".join(out) == r.stdout == "abcd"

@@ -39,6 +39,30 @@ class Connector:
             raise self.error
         return target(n)
 
+    def hold(
+        self, *, first_only: bool = False, then: Optional[BaseException] = None
+    ) -> Tuple[threading.Event, threading.Event]:
+        """Make connects (only the first with ``first_only``) wait, bounded, for ``release``.
+
+        Returns ``(entered, release)``: ``entered`` is set when a connect starts waiting; a
+        released connect raises ``then`` if given.
+        """
+        entered = threading.Event()
+        release = threading.Event()
+        first = [True]
+
+        def hook() -> None:
+            if first_only and not first[0]:
+                return
+            first[0] = False
+            entered.set()
+            assert release.wait(10)
+            if then is not None:
+                raise then
+
+        self.hook = hook
+        return entered, release
+
 
 class Submitted:
     """Collects background jobs so a test runs them when it wants."""
@@ -176,14 +200,7 @@ def test_renewal_that_finds_the_sandbox_gone_forgets_it(
 def test_concurrent_callers_on_a_cold_sandbox_share_one_connect(
     cache: LeaseCache, connector: Connector
 ) -> None:
-    release = threading.Event()
-    entered = threading.Event()
-
-    def slow() -> None:
-        entered.set()
-        assert release.wait(10)
-
-    connector.hook = slow
+    entered, release = connector.hold()
     results: List[Target] = []
     threads = [
         threading.Thread(target=lambda: results.append(cache.get(SID, need=1, lease_seconds=60)))
@@ -200,14 +217,7 @@ def test_concurrent_callers_on_a_cold_sandbox_share_one_connect(
 
 
 def test_followers_get_the_leaders_error(cache: LeaseCache, connector: Connector) -> None:
-    release = threading.Event()
-    entered = threading.Event()
-
-    def slow() -> None:
-        entered.set()
-        assert release.wait(10)
-
-    connector.hook = slow
+    entered, release = connector.hold()
     connector.error = SandboxGoneError("gone")
     errors: List[BaseException] = []
 
@@ -265,14 +275,7 @@ def test_a_cancelled_leader_does_not_cancel_its_followers(
 
 
 def test_a_follower_can_cancel_its_wait(cache: LeaseCache, connector: Connector) -> None:
-    release = threading.Event()
-    entered = threading.Event()
-
-    def slow() -> None:
-        entered.set()
-        assert release.wait(10)
-
-    connector.hook = slow
+    entered, release = connector.hold()
     lt = threading.Thread(target=lambda: cache.get(SID, need=1, lease_seconds=60))
     lt.start()
     assert entered.wait(10)
@@ -287,18 +290,7 @@ def test_a_follower_can_cancel_its_wait(cache: LeaseCache, connector: Connector)
 def test_keyboard_interrupt_in_the_leader_is_not_raised_in_followers(
     cache: LeaseCache, connector: Connector
 ) -> None:
-    entered = threading.Event()
-    release = threading.Event()
-    first = [True]
-
-    def hook() -> None:
-        if first[0]:
-            first[0] = False
-            entered.set()
-            assert release.wait(10)
-            raise KeyboardInterrupt
-
-    connector.hook = hook
+    entered, release = connector.hold(first_only=True, then=KeyboardInterrupt())
     out: List[object] = []
 
     def leader() -> None:
@@ -332,17 +324,7 @@ def test_stale_target_is_refreshed_once_for_many_callers(
 def test_shared_answer_with_a_shorter_lease_is_not_enough(
     cache: LeaseCache, connector: Connector
 ) -> None:
-    release = threading.Event()
-    entered = threading.Event()
-    first = [True]
-
-    def hook() -> None:
-        if first[0]:
-            first[0] = False
-            entered.set()
-            assert release.wait(10)
-
-    connector.hook = hook
+    entered, release = connector.hold(first_only=True)
     lt = threading.Thread(target=lambda: cache.get(SID, need=1, lease_seconds=60))
     lt.start()
     assert entered.wait(10)
