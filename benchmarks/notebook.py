@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import queue
 import sys
@@ -150,7 +151,7 @@ def interrupt_round(k: Kernel, who: str) -> Tuple[float, bool, str]:
 def live_round(k: Kernel, who: str, lines: int) -> List[float]:
     cmd = f"for i in $(seq {lines}); do date +%s.%N; sleep 0.2; done"
     out = k.run(LIVE[who].format(cmd=cmd))
-    lags = eval(out.strip().splitlines()[-1])  # a list of floats printed by repr()
+    lags = ast.literal_eval(out.strip().splitlines()[-1])  # floats printed by repr()
     return [float(x) for x in lags]
 
 
