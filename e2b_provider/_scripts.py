@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import shlex
 import uuid
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
@@ -48,9 +49,13 @@ __all__ = [
     "METADATA_NAME",
     "MISSING_TOOL_EXIT",
     "NOT_THERE",
+    "NOT_REGULAR_EXIT",
     "NO_ENTRY_EXIT",
+    "PART_PREFIX",
     "READ_PROBE_SCRIPT",
     "READ_SCRIPT",
+    "REFUSED_EXIT",
+    "ROOT_PARTS_DIR",
     "ROOT_USER",
     "SANDBOX_USER",
     "SKILLS_WRITE_SCRIPT",
@@ -59,6 +64,7 @@ __all__ = [
     "STREAM_WRITE_SCRIPT",
     "TAG_PATTERN",
     "UPLOAD_DIR",
+    "USER_PARTS_PREFIX",
     "USER_WRITE_SCRIPT",
     "check_tag",
     "control_path",
@@ -308,19 +314,148 @@ MISSING_TOOL_EXIT = 97
 #: Exit status of the read probe when the read should take the fast path.
 LARGE_READ_EXIT = 10
 
-#: As the sandbox user: creates ``$1``'s directory and writes the base64 content ``$2`` to
-#: ``$1`` (the reference's :data:`USER_WRITE_SCRIPT`, with the bytes in the request).
+#: Exit status of a root write (under ``/skills``) refused because of where it would write:
+#: a symbolic link, something that is not a regular file, or a directory on the way that
+#: is not root's or that others may write. One line on standard error names the path and
+#: why (``/skills/a.md is a symbolic link``).
+REFUSED_EXIT = 80
+#: Exit status of the read probe for a FIFO, a character or block device or a socket
+#: (reading one may block or never end); standard error says which it is.
+NOT_REGULAR_EXIT = 6
+#: Every write goes to ``<target's directory>/.capybara-part-<pid>-<hex op id>`` (``pid``:
+#: the writing shell's) and is renamed over the target only when complete.
+PART_PREFIX = ".capybara-part-"
+#: While a temporary file exists, a symbolic link ``<pid>-<hex op id>`` to its absolute path
+#: stands in the writing user's registry ``/tmp/.capybara-parts-<user name>`` (0700, the
+#: user's; the Python file agent keeps the same layout), so that a clean-up can remove what
+#: a killed writer left.
+USER_PARTS_PREFIX = "/tmp/.capybara-parts-"
+#: Root's registry of temporary files (root-only, in the staging directory).
+ROOT_PARTS_DIR = UPLOAD_DIR + "/parts"
+
+# The write scripts below are put together from these pieces (shell text; each ends "; ").
+
+#: Shell function ``no MESSAGE [STATUS]``: says MESSAGE on standard error after the script's
+#: name (which users never read) and exits with STATUS (1 if none).
+_NO = 'no() { echo "$0: $1" >&2; exit "${2:-1}"; }; '
+#: Shell function ``ty PATH``: ``k`` becomes what PATH, not a regular file, is, in words.
+#: Builtins only.
+_KIND = (
+    'ty() { if [ -p "$1" ]; then k="a FIFO"; elif [ -c "$1" ]; then k="a character device"; '
+    'elif [ -b "$1" ]; then k="a block device"; elif [ -S "$1" ]; then k="a socket"; '
+    'else k="a special file"; fi; }; '
+)
+#: ``o``: the operation's id, the hex digits that end ``$0`` (:func:`fileop_name`); 0 when
+#: ``$0`` is not a marked name.
+_OP_ID = 'o=${0##*-}; case $o in ""|*[!0-9a-f]*) o=0;; esac; '
+#: As the user, for the path ``$1``: ``t`` is the file to replace (a symbolic link at ``$1``
+#: is followed), refused (exit 1) if it is a directory, not a regular file or not writable
+#: by the user; ``m`` is set when it exists (its mode is kept); ``p`` is the temporary file
+#: beside it; its directory is made if missing and must be writable; a file of another
+#: user's in a sticky directory such as ``/tmp`` is refused too (the rename could not
+#: replace it; ``[ -O / ]``: root, who may, is the owner of ``/``).
+_USER_TARGET = (
+    't=$1; if [ -L "$t" ]; then t=$(readlink -f -- "$t") || '
+    'no "cannot create $1: its symbolic link cannot be followed (a loop, or a missing '
+    'directory)"; fi; case $t in /*) ;; *) t=${PWD%/}/$t;; esac; m=; '
+    'if [ -d "$t" ] || [ "${t%/}" != "$t" ]; then no "cannot create $1: Is a directory"; '
+    'elif [ -e "$t" ]; then if [ ! -f "$t" ]; then ty "$t"; '
+    'no "cannot write $1: it is $k, not a regular file"; fi; '
+    '[ -w "$t" ] || no "cannot create $1: Permission denied"; m=1; fi; '
+    "d=${t%/*}; p=$d/" + PART_PREFIX + "$$-$o; d=${d:-/}; "
+    '[ -d "$d" ] || mkdir -p -- "$d" || exit; [ -w "$d" ] && [ -x "$d" ] || '
+    'if [ -n "$m" ]; then no "cannot replace $1: its directory $d is not writable: '
+    'Permission denied"; else no "cannot create $1: Permission denied"; fi; '
+    'if [ -n "$m" ] && [ -k "$d" ] && [ ! -O "$t" ] && [ ! -O "$d" ] && [ ! -O / ]; then '
+    'no "cannot replace $1: it belongs to another user in a sticky directory ($d), where '
+    'only its owner may replace it: Permission denied"; fi; '
+    'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
+    "r=" + USER_PARTS_PREFIX + "$u; "
+)
+#: As root, for the path ``$t``: refuses (exit :data:`REFUSED_EXIT`) unless every existing
+#: directory from ``/`` down to its parent is a real directory (no symbolic link) owned by
+#: root that neither group nor others may write, and the target, if it exists, is a
+#: regular file; then makes the missing directories (0755, in a directory that passed).
+#: One ``stat`` for all the components: it prints one word per existing one, in order, up
+#: to the first missing one (every later one is missing too: a directory that passed is
+#: closed to everyone but root). Nothing the check passed can change afterwards. (``%f`` is
+#: the raw mode in hex; 61440 is ``S_IFMT``, 32768 a regular file, 40960 a symbolic link,
+#: 16384 a directory; 18 is 0o022, group or other write.)
+_ROOT_CHECK = (
+    'nr() { no "$1" ' + str(REFUSED_EXIT) + '; }; '
+    'rc() { case $t in /*) ;; *) nr "$t is not an absolute path";; esac; '
+    'case $t/ in */./*|*/../*) nr "$t has a . or .. component";; esac; '
+    'case $t in */) nr "$t names a directory";; esac; '
+    'a=$t; set -- "$t"; while [ -n "$a" ]; do a=${a%/*}; set -- "${a:-/}" "$@"; done; k=; '
+    'for x in $(stat -c %f:%u -- "$@" 2>/dev/null); do k=1; n=$1; shift; y=$((0x${x%:*})); '
+    'case $#:$((y & 61440)) in 0:32768) ;; *:40960) nr "$n is a symbolic link";; '
+    '0:16384) nr "$n is a directory";; 0:*) nr "$n is not a regular file";; '
+    '*:16384) [ "${x#*:}" = 0 ] || nr "$n is not owned by root"; '
+    '[ $((y & 18)) = 0 ] || nr "$n is writable by other users";; '
+    '*) nr "$n is not a directory";; esac; done; [ -n "$k" ] || no "cannot examine $t"; '
+    '[ $# -le 1 ] || mkdir -p -- "${t%/*}" || exit; }; '
+    'p=${t%/*}/' + PART_PREFIX + "$$-$o; r=" + ROOT_PARTS_DIR + "; "
+)
+#: Registers the temporary file ``$p`` as ``$r/<pid>-<op id>`` (``e``; empty when the
+#: registry is not a directory of the user's own: the write goes on unregistered; ``MKREG``
+#: makes a missing one), and sets the traps that remove the temporary file (once ``c`` says
+#: it was created) and the registry entry whenever the script ends.
+_REGISTER = (
+    "e=$r/$$-$o; c=; trap '[ -z \"$c$e\" ] || rm -f -- ${c:+\"$p\"} ${e:+\"$e\"}' EXIT; "
+    "trap 'exit 143' HUP INT TERM; { [ -d \"$r\" ] || MKREG; } 2>/dev/null; "
+    '[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] && ln -s -T -- "$p" "$e" 2>/dev/null || e=; '
+)
+_USER_REGISTER = _REGISTER.replace("MKREG", 'mkdir -m 0700 -- "$r"')
+_ROOT_REGISTER = _REGISTER.replace("MKREG", 'mkdir -p -m 0700 -- ' + UPLOAD_DIR + ' "$r"')
+#: An overwrite as the user keeps the old file's mode (a new file has ``0666 & ~umask``).
+_USER_MODE = '[ -z "$m" ] || chmod --reference="$t" -- "$p" || exit; '
+_ROOT_MODE = 'chmod 0644 -- "$p" || exit; '
+
+
+def _put(fill: str, mode: str, size: str = "") -> str:
+    """Shell text that writes what ``fill`` prints to the new temporary file ``$p``
+    (noclobber: it never opens a file that exists), checks (``size``: the shell word of the
+    expected size) that exactly that many bytes arrived, gives it its ``mode`` and renames
+    it over ``$t``; the traps remove whatever is left on any failure."""
+    check = ""
+    if size:
+        check = (
+            'n=$(stat -c %s -- "$p") || exit; [ "$n" = "' + size + '" ] || '
+            'no "the upload was incomplete ($n of ' + size + ' bytes arrived); $t was left '
+            'unchanged"; '
+        )
+    return (
+        'set -C; { c=1; ' + fill + '; } > "$p" || exit; ' + check + mode
+        + 'mv -f -T -- "$p" "$t" || exit; c=; exit 0'
+    )
+
+
+_BASE64_FILL = 'printf %s "$2" | base64 -d'
+
+#: As the sandbox user: writes the base64 content ``$2`` to ``$1`` (the reference's
+#: :data:`USER_WRITE_SCRIPT`, with the bytes in the request), atomically: to a temporary
+#: file beside the target (registered, see :data:`USER_PARTS_PREFIX`), renamed over it when
+#: complete; an overwrite keeps the old mode; missing directories are made. A symbolic
+#: link at ``$1`` is followed; a directory, a FIFO, device or socket, or a file the user
+#: may not write is refused (exit 1, the reason on standard error). Exit
+#: :data:`MISSING_TOOL_EXIT` without ``base64``. Starts ``base64``, ``ln``, ``mv``, ``rm``
+#: (plus ``chmod`` for an overwrite, ``mkdir`` for a missing directory or registry,
+#: ``readlink`` for a symbolic link, ``id`` when ``$USER`` is unset).
 INLINE_USER_WRITE_SCRIPT = (
     f"command -v base64 >/dev/null 2>&1 || exit {MISSING_TOOL_EXIT}; "
-    'set -e; mkdir -p -- "$(dirname -- "$1")"; printf %s "$2" | base64 -d > "$1"'
+    + _NO + _KIND + _OP_ID + _USER_TARGET + _USER_REGISTER + _put(_BASE64_FILL, _USER_MODE)
 )
 
 #: As root: writes the base64 content ``$2`` to ``$1`` (under ``/skills``) with mode 0644
-#: (the reference's :data:`SKILLS_WRITE_SCRIPT`, with the bytes in the request).
+#: (the reference's :data:`SKILLS_WRITE_SCRIPT`, with the bytes in the request), only where
+#: the sandbox user can interfere with nothing (see :data:`REFUSED_EXIT`), atomically as
+#: :data:`INLINE_USER_WRITE_SCRIPT` (registered in :data:`ROOT_PARTS_DIR`). Starts
+#: ``stat``, ``base64``, ``ln``, ``chmod``, ``mv``, ``rm`` (plus ``mkdir`` for missing
+#: directories or registry).
 INLINE_SKILLS_WRITE_SCRIPT = (
-    f"command -v base64 >/dev/null 2>&1 || exit {MISSING_TOOL_EXIT}; "
-    'umask 022; mkdir -p -- "$(dirname -- "$1")" && printf %s "$2" | base64 -d > "$1" && '
-    'chmod 0644 "$1"'
+    f"command -v base64 >/dev/null 2>&1 || exit {MISSING_TOOL_EXIT}; umask 022; "
+    + _NO + _OP_ID + "t=$1; " + _ROOT_CHECK + "rc; " + _ROOT_REGISTER
+    + _put(_BASE64_FILL, _ROOT_MODE)
 )
 
 #: Exit status of the read and stat probes when a directory on the way to the path is
@@ -339,10 +474,13 @@ NOT_THERE = (
 #: bytes (when ``$2`` is larger too) exits :data:`LARGE_READ_EXIT` instead of printing, a
 #: path behind a directory the user may not enter exits :data:`NO_ENTRY_EXIT` (see
 #: :data:`NOT_THERE`), and ``head`` runs as a child (not ``exec``), so the marked shell stays
-#: its parent.
+#: its parent. A FIFO, a device or a socket exits :data:`NOT_REGULAR_EXIT` at once (what it
+#: is on standard error), never opened: ``head`` could block on it or never end.
 READ_PROBE_SCRIPT = (
-    NOT_THERE + 'if [ ! -e "$1" ]; then gone "$1"; fi; if [ -d "$1" ]; then exit 4; fi; '
-    'if [ -f "$1" ] && [ "$2" -gt "$3" ]; then s=$(stat -L -c %s -- "$1" 2>/dev/null) && '
+    NOT_THERE + _KIND + 'if [ ! -e "$1" ]; then gone "$1"; fi; if [ -d "$1" ]; then exit 4; fi; '
+    'if [ ! -f "$1" ]; then ty "$1"; echo "$0: cannot read $1: it is $k, not a regular file" '
+    f'>&2; exit {NOT_REGULAR_EXIT}; fi; '
+    'if [ "$2" -gt "$3" ]; then s=$(stat -L -c %s -- "$1" 2>/dev/null) && '
     f'[ "$s" -gt "$3" ] && exit {LARGE_READ_EXIT}; fi; '
     'head -c "$2" -- "$1"'
 )
@@ -431,26 +569,31 @@ BIG_PIPE = (
 #: (0700, owned by root; a symlink is refused) and sweeps stale leftovers of operations
 #: that were killed — when ``$4`` is 1 (the provider's first large write to the sandbox),
 #: or when the directory is missing, a symlink or not root's — then creates the FIFO
-#: ``$2`` (0600) in it, says ``ready``, and — exactly as :data:`USER_WRITE_SCRIPT` (``$3``
-#: = 0) or :data:`SKILLS_WRITE_SCRIPT` (``$3`` = 1) — writes what arrives through the FIFO
-#: to ``$1``: envd's ``POST /files`` into the FIFO streams straight into the file, with no
-#: staged copy at rest. The FIFO's name is removed as soon as envd has opened it (the pipe
-#: lives on); a script stopped before that leaves it to the clean-up. A cut upload is told
-#: by the ``POST``'s own answer, so the script does not check the size. The user's part
-#: replaces the script (``exec``): the top process, ``timeout``, still carries the
-#: operation's marked name, so the clean-up finds all of it.
+#: ``$2`` (0600) in it, says ``ready``, and writes what arrives through the FIFO to ``$1``
+#: as :data:`INLINE_USER_WRITE_SCRIPT` does (as ``sandbox``, ``$3`` = 0) or as
+#: :data:`INLINE_SKILLS_WRITE_SCRIPT` does (as root, ``$3`` = 1; a refused path exits
+#: :data:`REFUSED_EXIT` before ``ready``): envd's ``POST /files`` into the FIFO streams
+#: straight into a temporary file beside the target, renamed over it only once exactly
+#: ``$5`` bytes arrived (a cut or cancelled upload leaves the target as it was). The FIFO's
+#: name is removed as soon as envd has opened it (the pipe lives on); a script stopped
+#: before that leaves it to the clean-up. The user's part replaces the script (``exec``):
+#: the top process, ``timeout``, still carries the operation's marked name (and so does
+#: the user's shell, whose ``$0`` it is), so the clean-up finds all of it.
 STREAM_WRITE_SCRIPT = (
-    "d=" + UPLOAD_DIR + '; f=$2; '
-    'if [ "$4" = 1 ] || [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
+    "d=" + UPLOAD_DIR + "; f=$2; " + _NO + _OP_ID
+    + 'if [ "$4" = 1 ] || [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
     'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '
-    'find "$d" -mindepth 1 -maxdepth 1 -mmin +10 -exec rm -rf -- {} + 2>/dev/null; fi; '
-    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; p=${1%/*}; p=${p:-/}; '
-    'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
-    'if [ "$3" = 1 ]; then umask 022; { [ -d "$p" ] || mkdir -p -- "$p"; } && '
-    'cat > "$1" && chmod 0644 "$1"; exit; fi; '
+    'find "$d" -mindepth 1 -maxdepth 1 ! -name parts -mmin +10 -exec rm -rf -- {} + '
+    "2>/dev/null; fi; "
+    'if [ "$3" = 1 ]; then umask 022; t=$1; ' + _ROOT_CHECK + "rc; fi; "
+    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
+    'exec 3< "$f" 0<&3; ' + BIG_PIPE + " <&3 & exec 3<&-; "
+    'if [ "$3" = 1 ]; then ' + _ROOT_REGISTER + _put("cat", _ROOT_MODE, "$5") + "; fi; "
     "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c "
-    "'[ -d \"$2\" ] || mkdir -p -- \"$2\" || exit 1; exec cat > \"$1\"' "
-    'capybara-write "$1" "$p"'
+    + shlex.quote(
+        _NO + _KIND + _OP_ID + _USER_TARGET + _USER_REGISTER + _put("cat", _USER_MODE, "$2")
+    )
+    + ' "$0" "$1" "$5"'
 )
 
 #: As root: stops file operation ``$1`` (the process whose command line carries
@@ -459,17 +602,32 @@ STREAM_WRITE_SCRIPT = (
 #: every file operation) and removes its FIFO ``$2`` if given, after opening it once so
 #: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 the FIFO
 #: is replaced by an empty directory, so that an upload still on its way is refused (400)
-#: instead of written to a new file (later writes sweep such directories). With no ``$1``,
-#: every FIFO and file in the staging directory is removed too. Exit 0.
+#: instead of written to a new file. Then removes the operation's temporary files: every
+#: entry ``<pid>-$1`` of every registry (``/tmp/.capybara-parts-*``, :data:`ROOT_PARTS_DIR`;
+#: one that is a symbolic link is skipped) and the file it names — only if that file's name
+#: is exactly ``.capybara-part-<pid>-$1`` (``rm`` removes a symbolic link, never what it
+#: points to). With no ``$1`` (after every file operation was killed): every entry whose
+#: writer is no longer alive (or was just killed) and its file the same way, and every
+#: FIFO, file and empty directory in the staging directory (but its ``parts``). Exit 0.
 FILEOP_CLEANUP_SCRIPT = (
     't() { kill -STOP "$1" 2>/dev/null; echo "$1"; for c in $(pgrep -P "$1"); do t "$c"; '
-    'done; }; m=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
-    'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; '
-    'for p in $q; do kill -9 "$p" 2>/dev/null; done; '
+    'done; }; al() { x=; { read -r x < "/proc/$1/stat"; } 2>/dev/null || return 1; '
+    'x=${x##*") "}; case $x in [ZX]*) return 1;; esac; }; '
+    'm=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
+    'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; z=; '
+    'for p in $q; do kill -9 "$p" 2>/dev/null; z="$z $p"; done; '
     'if [ -n "$f" ]; then if [ -p "$f" ]; then exec 3<>"$f"; fi; rm -f -- "$f"; '
     'if [ "$3" = 1 ]; then mkdir -m 0700 -- "$f" 2>/dev/null; fi; exec 3>&-; fi; '
-    'if [ -z "$1" ]; then find ' + UPLOAD_DIR + ' -mindepth 1 -maxdepth 1 ! -type d '
-    '-exec rm -f -- {} + 2>/dev/null; fi; exit 0'
+    "o=$1; set --; for r in " + USER_PARTS_PREFIX + "* " + ROOT_PARTS_DIR + "; do "
+    '[ -d "$r" ] && [ ! -L "$r" ] || continue; '
+    'for e in "$r"/[0-9]*-${o:-[0-9a-f]*}; do [ -L "$e" ] || continue; n=${e##*/}; '
+    "w=${n%%-*}; case $w in *[!0-9]*) continue;; esac; "
+    'case ${n#*-} in ""|*[!0-9a-f]*) continue;; esac; if [ -z "$o" ]; then '
+    'case "$z " in *" $w "*) ;; *) al "$w" && continue;; esac; fi; l=$(readlink -- "$e"); '
+    'case $l in /*) [ "${l##*/}" != "' + PART_PREFIX + '$n" ] || set -- "$@" "$l";; esac; '
+    'set -- "$@" "$e"; done; done; [ $# -eq 0 ] || rm -f -- "$@" 2>/dev/null; '
+    'if [ -z "$o" ]; then find ' + UPLOAD_DIR + " -mindepth 1 -maxdepth 1 ! -name parts "
+    "\\( ! -type d -o -empty \\) -delete 2>/dev/null; fi; exit 0"
 )
 
 
@@ -483,6 +641,12 @@ def fileop_name(op_id: str) -> str:
 def inline_write_args(path: str, data: bytes, skills: bool) -> List[str]:
     """The args for cmd ``/bin/sh`` that write ``data`` (at most :data:`INLINE_WRITE_MAX`
     bytes, base64 in the request) to ``path``; run as ``sandbox``, or as root if ``skills``.
+
+    Its ``$0`` (``capybara-write``) is to be replaced by the operation's marked name
+    (:func:`fileop_name`): the temporary file and its registry entry carry that id, so the
+    clean-up of the operation finds them. Exit 1: refused or failed (the reason on standard
+    error); :data:`REFUSED_EXIT`: a root write refused because of its path;
+    :data:`MISSING_TOOL_EXIT`: no ``base64``.
     """
     if len(data) > INLINE_WRITE_MAX:
         raise InvalidArgument(f"inline writes carry at most {INLINE_WRITE_MAX} bytes")
@@ -492,7 +656,9 @@ def inline_write_args(path: str, data: bytes, skills: bool) -> List[str]:
 
 def read_probe_args(path: str, want: int, large: int) -> List[str]:
     """The args for cmd ``/bin/sh`` (as ``sandbox``) that print the first ``want`` bytes of
-    ``path``, or exit :data:`LARGE_READ_EXIT` for a regular file larger than ``large``."""
+    ``path``, or exit :data:`LARGE_READ_EXIT` for a regular file larger than ``large`` (3:
+    missing; 4: a directory; :data:`NO_ENTRY_EXIT`; :data:`NOT_REGULAR_EXIT`: a FIFO, a
+    device or a socket)."""
     if isinstance(want, bool) or not isinstance(want, int) or want < 0:
         raise InvalidArgument("want must be a non-negative integer")
     return ["-c", READ_PROBE_SCRIPT, "capybara-read", path, str(want), str(large)]
@@ -511,17 +677,26 @@ def hold_args(path: str, user: str, bound: float, large: int, op_id: str) -> Lis
 
 
 def stream_write_args(
-    path: str, fifo: str, skills: bool, op_id: str, prepare: bool = True
+    path: str, fifo: str, skills: bool, op_id: str, prepare: bool = True, *, size: int
 ) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that run :data:`STREAM_WRITE_SCRIPT`
-    (``prepare``: make the staging directory root-only and sweep it first in any case)."""
+    (``prepare``: make the staging directory root-only and sweep it first in any case;
+    ``size``: the bytes the upload carries, all of which must arrive).
+
+    Raises:
+        InvalidArgument: ``size`` is not a non-negative integer.
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidArgument("size must be a non-negative integer")
     return ["-c", STREAM_WRITE_SCRIPT, fileop_name(op_id), path, fifo,
-            "1" if skills else "0", "1" if prepare else "0"]
+            "1" if skills else "0", "1" if prepare else "0", str(size)]
 
 
 def fileop_cleanup_args(op_id: str, fifo: str = "", block: bool = False) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that stop file operation ``op_id`` (all of
-    them for ``""``) and remove its FIFO (``block``: leave a directory in its place)."""
+    them for ``""``), remove its FIFO (``block``: leave a directory in its place) and its
+    registered temporary files (for ``""``: those of every writer no longer alive, and every
+    FIFO, file and empty directory staged); see :data:`FILEOP_CLEANUP_SCRIPT`."""
     if op_id:
         fileop_name(op_id)  # checks it
     return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo, "1" if block else "0"]

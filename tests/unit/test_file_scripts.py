@@ -12,12 +12,16 @@ import errno
 import os
 import re
 import select
+import shlex
 import shutil
+import socket
+import stat
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Dict, List
+from typing import IO, Dict, Iterator, List
 
 import pytest
 
@@ -30,6 +34,29 @@ def sh(args: List[str]) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["/bin/sh", *args], capture_output=True, timeout=30, check=False)
 
 
+@pytest.fixture(autouse=True)
+def own_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """User writes run here register their temporary files in a registry of this test's
+    own (``$USER``); it must be empty again once the test is over."""
+    name = f"capytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("USER", name)
+    registry = Path(S.USER_PARTS_PREFIX + name)
+    yield registry
+    if registry.is_dir() and not registry.is_symlink():
+        left = sorted(os.listdir(registry))
+        shutil.rmtree(registry)
+        assert left == [], f"registry entries left behind: {left}"
+
+
+def marked(args: List[str], op: str = "") -> List[str]:
+    """``args`` with ``$0`` set to a file operation's marked name, as ``Files._run`` does."""
+    return [args[0], args[1], S.fileop_name(op or uuid.uuid4().hex), *args[3:]]
+
+
+def parts_in(directory: Path) -> List[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith(S.PART_PREFIX))
+
+
 def test_inline_write_creates_parents_and_writes_every_byte(tmp_path: Path) -> None:
     data = bytes(range(256)) * 256  # 64 KiB: the largest inline write
     assert len(data) == S.INLINE_WRITE_MAX
@@ -39,17 +66,6 @@ def test_inline_write_creates_parents_and_writes_every_byte(tmp_path: Path) -> N
     assert target.read_bytes() == data
     assert sh(S.inline_write_args(str(target), b"", skills=False)).returncode == 0
     assert target.read_bytes() == b""
-
-
-def test_inline_skills_write_is_mode_0644(tmp_path: Path) -> None:
-    target = tmp_path / "skills" / "x" / "SKILL.md"
-    old = os.umask(0o077)
-    try:
-        assert sh(S.inline_write_args(str(target), b"# s\n", skills=True)).returncode == 0
-    finally:
-        os.umask(old)
-    assert target.read_bytes() == b"# s\n"
-    assert target.stat().st_mode & 0o777 == 0o644
 
 
 def test_inline_write_refuses_too_much_before_io() -> None:
@@ -125,18 +141,17 @@ def test_a_path_behind_a_closed_directory_is_not_missing(tmp_path: Path, probe: 
         closed.chmod(0o700)
 
 
-def test_inline_write_as_the_user_keeps_the_umask_and_skills_are_0644(tmp_path: Path) -> None:
-    # the user's write leaves modes to the user's umask (as the reference's USER_WRITE_SCRIPT);
-    # only a /skills write is made 0644 for everyone
-    user, skills = tmp_path / "u" / "f", tmp_path / "s" / "f"
+def test_inline_write_as_the_user_keeps_the_umask(tmp_path: Path) -> None:
+    # a new file's mode is left to the user's umask (as the reference's USER_WRITE_SCRIPT);
+    # only a /skills write is made 0644 for everyone (test_skills_write_*)
+    user = tmp_path / "u" / "f"
     old = os.umask(0o077)
     try:
-        assert sh(S.inline_write_args(str(user), b"u", skills=False)).returncode == 0
-        assert sh(S.inline_write_args(str(skills), b"s", skills=True)).returncode == 0
+        assert sh(marked(S.inline_write_args(str(user), b"u", skills=False))).returncode == 0
     finally:
         os.umask(old)
     assert (user.read_bytes(), user.stat().st_mode & 0o777) == (b"u", 0o600)
-    assert (skills.read_bytes(), skills.stat().st_mode & 0o777) == (b"s", 0o644)
+    assert parts_in(user.parent) == []
 
 
 def test_read_probe_checks_want_before_io(tmp_path: Path) -> None:
@@ -221,7 +236,8 @@ needs_namespaces = pytest.mark.skipif(
     not _can_unshare(), reason="needs root and `unshare -p -f -m --mount-proc`"
 )
 
-#: Gives the namespace a tmpfs on /opt and a ``sandbox`` user, then runs ``$SETUP``, the
+#: Gives the namespace a tmpfs on /opt (root's, 0755), a private /tmp (the test's own
+#: directory ``$H`` still in its place) and a ``sandbox`` user, then runs ``$SETUP``, the
 #: script under test (``/bin/sh "$@"``) and ``$REPORT``. ``until_ CONDITION`` waits (at most
 #: ~10 s) for a shell condition: what a script leaves to run on (a background job, a kill
 #: signal on its way) settles a moment after it exits.
@@ -229,8 +245,16 @@ _NS_DRIVER = r"""
 until_() { i=0; while ! eval "$1" && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; }
 set -e
 mount -t tmpfs tmpfs /opt
+chmod 0755 /opt
 mount --bind "$PW" /etc/passwd
 mount --bind "$GR" /etc/group
+mkdir /opt/.host
+mount --bind "$H" /opt/.host
+mount -t tmpfs tmpfs /tmp
+mkdir -p "$H"
+mount --bind /opt/.host "$H"
+umount /opt/.host
+rmdir /opt/.host
 mkdir -p /opt/work /opt/capybara/upload/keepdir
 chown sandbox: /opt/work
 touch -d '20 minutes ago' /opt/capybara/upload/old
@@ -247,7 +271,8 @@ def _ns_env(tmp_path: Path, **more: str) -> Dict[str, str]:
     pw, gr = tmp_path / "passwd", tmp_path / "group"
     pw.write_text(Path("/etc/passwd").read_text() + "sandbox:x:1500:1500::/opt/work:/bin/sh\n")
     gr.write_text(Path("/etc/group").read_text() + "sandbox:x:1500:\n")
-    env = dict(os.environ, PW=str(pw), GR=str(gr), SETUP=":", REPORT=":")
+    env = dict(os.environ, PW=str(pw), GR=str(gr), H=str(tmp_path), SETUP=":", REPORT=":",
+               PART=S.PART_PREFIX, PARTS=S.USER_PARTS_PREFIX, ROOT_PARTS=S.ROOT_PARTS_DIR)
     env.update(more)
     return env
 
@@ -280,11 +305,17 @@ def _open_writer(fifo: Path, timeout: float = 30.0) -> int:
         return fd
 
 
+#: Prints ``leftovers`` and every temporary file and registry entry left in the namespace.
+_LEFTOVERS = (
+    'echo leftovers $(find /opt /tmp \\( -name "$PART*" -o -path "$PARTS*/*" '
+    '-o -path "$ROOT_PARTS/*" \\) -print 2>/dev/null | sort)'
+)
 _STREAM_REPORT = (
     'stat -c "upload %a %U" /opt/capybara/upload; echo left $(ls -A /opt/capybara/upload); '
     'stat -c "target %a %U %s" "$T"; cmp -s "$T" "$EXPECT" && echo same; '
     # the FIFO's name is removed by a background job once the FIFO is open
-    'until_ \'[ ! -p "$F" ]\'; if [ -p "$F" ]; then echo "fifo left"; else echo "fifo gone"; fi'
+    'until_ \'[ ! -p "$F" ]\'; if [ -p "$F" ]; then echo "fifo left"; else echo "fifo gone"; fi; '
+    + _LEFTOVERS
 )
 
 
@@ -300,17 +331,17 @@ def test_stream_write(tmp_path: Path, skills: bool) -> None:
         # the first large write (prepare, the default): the staging directory becomes
         # root-only and stale leftovers are swept; written as root, mode 0644
         target = "/opt/skills/a/b/SKILL.md"
-        args = S.stream_write_args(target, str(fifo), True, op)
+        args = S.stream_write_args(target, str(fifo), True, op, size=len(data))
         setup = "chmod 0755 /opt/capybara/upload"
-        want = ["upload 700 root", "left keepdir new", f"target 644 root {len(data)}", "same",
-                "fifo gone"]  # fmt: skip
+        want = ["upload 700 root", "left keepdir new parts", f"target 644 root {len(data)}",
+                "same", "fifo gone", "leftovers"]  # fmt: skip
     else:
         # a later one: the staging directory is left alone; written as the sandbox user
         target = "/opt/work/x/f.bin"
-        args = S.stream_write_args(target, str(fifo), False, op, prepare=False)
+        args = S.stream_write_args(target, str(fifo), False, op, prepare=False, size=len(data))
         setup = "chmod 0700 /opt/capybara/upload"
         want = ["upload 700 root", "left keepdir new old", f"target 644 sandbox {len(data)}",
-                "same", "fifo gone"]  # fmt: skip
+                "same", "fifo gone", "leftovers"]  # fmt: skip
     env = _ns_env(tmp_path, SETUP=f"umask 022; {setup}", REPORT=_STREAM_REPORT, T=target,
                   EXPECT=str(expect), F=str(fifo))  # fmt: skip
     with _ns_popen(args, env) as p:
@@ -333,8 +364,13 @@ def test_stream_write(tmp_path: Path, skills: bool) -> None:
 def test_stream_write_names_the_operation(tmp_path: Path) -> None:
     # its $0 is the marked name the clean-up finds the operation by
     op = uuid.uuid4().hex
-    args = S.stream_write_args("/opt/work/f", str(tmp_path / "fifo"), False, op)
+    args = S.stream_write_args("/opt/work/f", str(tmp_path / "fifo"), False, op, size=7)
     assert args[:2] == ["-c", S.STREAM_WRITE_SCRIPT] and args[2] == S.fileop_name(op)
+    assert args[-1] == "7"  # the bytes that must arrive
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(InvalidArgument) as ei:
+            S.stream_write_args("/opt/work/f", "/x", False, op, size=bad)  # type: ignore[arg-type]
+        assert str(ei.value) == "size must be a non-negative integer"
 
 
 #: Two marked file operations, each a shell with two children, then the clean-up.
@@ -343,6 +379,7 @@ start() { bash -c 'exec -a "$0" sh -c "sleep 300 & sleep 300 & wait"' "capybara-
 start "$A"; start "$B"
 i=0; while [ "$(pgrep -c -x sleep)" -lt 4 ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
 mkfifo -m 0600 "$F"
+mkdir -p /opt/capybara/upload/full/x
 """
 _CLEANUP_REPORT = r"""
 alive() { awk -v p="$1" '$1 !~ /^Z/ && index($0, p)' /opt/ps | wc -l; }
@@ -364,12 +401,13 @@ echo left $(ls -A /opt/capybara/upload)
     ("which", "kw", "want"),
     [
         # one operation and its FIFO: the FIFO goes, the other operation stays
-        ("a", {"fifo": True}, ["a=0 b=1 sleeps=2", "gone", "left keepdir new old"]),
+        ("a", {"fifo": True}, ["a=0 b=1 sleeps=2", "gone", "left full keepdir new old"]),
         # ... blocked: a root-only directory takes the FIFO's place
         ("a", {"fifo": True, "block": True},
-         ["a=0 b=1 sleeps=2", "dir 700", "left keepdir new old"]),
-        # all of them, and every file (not directory) staged
-        ("", {}, ["a=0 b=0 sleeps=0", "fifo", "left keepdir"]),
+         ["a=0 b=1 sleeps=2", "dir 700", "left full keepdir new old"]),
+        # all of them, and every file and empty directory staged (a directory left in a
+        # FIFO's place by an earlier clean-up); a directory that holds something stays
+        ("", {}, ["a=0 b=0 sleeps=0", "fifo", "left full"]),
     ],
 )  # fmt: skip
 def test_fileop_cleanup(tmp_path: Path, which: str, kw: Dict[str, bool], want: List[str]) -> None:
@@ -426,3 +464,451 @@ def test_hold_passes_the_open_file_to_the_holder(tmp_path: Path) -> None:
         with _hold(path, user) as r:
             out, err = r.communicate(timeout=30)
         assert (r.returncode, out) == (code, b""), (path, err)
+
+
+# -- atomic writes as the user ---------------------------------------------------------------
+
+
+def test_user_write_keeps_the_mode_and_follows_a_symlink(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"old")
+    f.chmod(0o640)
+    assert sh(marked(S.inline_write_args(str(f), b"new", skills=False))).returncode == 0
+    assert (f.read_bytes(), f.stat().st_mode & 0o777) == (b"new", 0o640)
+    # a symbolic link at the path: the file it names is replaced, the link stays
+    link, far = tmp_path / "link", tmp_path / "d" / "far"
+    far.parent.mkdir()
+    far.write_bytes(b"far")
+    far.chmod(0o604)
+    link.symlink_to(far)
+    assert sh(marked(S.inline_write_args(str(link), b"via", skills=False))).returncode == 0
+    assert link.is_symlink() and os.readlink(link) == str(far)
+    assert (far.read_bytes(), far.stat().st_mode & 0o777) == (b"via", 0o604)
+    # a dangling one into a directory that exists: its target is created
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(far.parent / "new")
+    assert sh(marked(S.inline_write_args(str(dangling), b"n", skills=False))).returncode == 0
+    assert (far.parent / "new").read_bytes() == b"n" and dangling.is_symlink()
+    assert parts_in(tmp_path) == parts_in(far.parent) == []
+
+
+def test_user_write_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    fifo, sock = tmp_path / "fifo", tmp_path / "sock"
+    os.mkfifo(fifo)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock))
+    (tmp_path / "to-fifo").symlink_to(fifo)
+    cases = [
+        (str(tmp_path), f"it is a directory (cannot create {tmp_path})"),
+        (f"{tmp_path}/new-dir/", f"it is a directory (cannot create {tmp_path}/new-dir/)"),
+        (str(fifo), f"cannot write {fifo}: it is a FIFO, not a regular file"),
+        (f"{tmp_path}/to-fifo",
+         f"cannot write {tmp_path}/to-fifo: it is a FIFO, not a regular file"),
+        (str(sock), f"cannot write {sock}: it is a socket, not a regular file"),
+    ]  # fmt: skip
+    try:
+        for path, reason in cases:
+            r = sh(marked(S.inline_write_args(path, b"x", skills=False)))
+            got = messages.script_reason(r.stderr.decode(), r.returncode)
+            assert (r.returncode, got) == (1, reason), r
+    finally:
+        listener.close()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "new-dir").exists()
+    assert parts_in(tmp_path) == []
+
+
+def test_writers_racing_for_one_path_leave_one_whole_file(tmp_path: Path) -> None:
+    # every reader, at every moment, sees one writer's whole content (or the old one)
+    f = tmp_path / "f"
+    old, a, b = b"o" * 50000, b"a" * S.INLINE_WRITE_MAX, b"b" * 40000
+    f.write_bytes(old)
+    seen = set()
+    stop = False
+
+    def read_all() -> None:
+        while not stop:
+            seen.add(f.read_bytes())
+
+    reader = threading.Thread(target=read_all)
+    reader.start()
+    try:
+        for _ in range(25):
+            procs = [
+                subprocess.Popen(["/bin/sh", *marked(S.inline_write_args(str(f), data, False))],
+                                 stderr=subprocess.PIPE)
+                for data in (a, b)
+            ]  # fmt: skip
+            for p in procs:
+                _, err = p.communicate(timeout=30)
+                assert p.returncode == 0, err
+            assert f.read_bytes() in (a, b)
+    finally:
+        stop = True
+        reader.join(timeout=30)
+    assert seen <= {old, a, b} and len(seen) >= 2
+    assert parts_in(tmp_path) == []
+
+
+def test_a_failed_write_leaves_the_old_file_and_nothing_else(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"old")
+    args = marked(S.inline_write_args(str(f), b"new", skills=False))
+    args[-1] = "not base64!"  # base64 fails half-way: the temporary file is dropped
+    r = sh(args)
+    assert r.returncode != 0 and f.read_bytes() == b"old"
+    assert parts_in(tmp_path) == []
+
+
+def test_a_temporary_name_that_exists_is_never_opened(tmp_path: Path) -> None:
+    # noclobber: whatever stands at the temporary name (here a symbolic link planted with
+    # the pid the writing shell has) is left alone, and the write fails instead of writing
+    # through it
+    op = uuid.uuid4().hex
+    f, victim = tmp_path / "f", tmp_path / "victim"
+    f.write_bytes(b"old")
+    victim.write_bytes(b"victim")
+    plant = 'ln -s "$V" "$D/.capybara-part-$$-$O"; exec /bin/sh "$@"'  # exec: same pid
+    args = ["/bin/sh", "-c", plant, "x",
+            *marked(S.inline_write_args(str(f), b"new", skills=False), op)]  # fmt: skip
+    env = dict(os.environ, V=str(victim), D=str(tmp_path), O=op)
+    r = subprocess.run(args, capture_output=True, timeout=30, env=env)
+    assert r.returncode != 0 and b"File exists" in r.stderr, r
+    assert (f.read_bytes(), victim.read_bytes()) == (b"old", b"victim")
+    [planted] = parts_in(tmp_path)
+    assert os.readlink(tmp_path / planted) == str(victim)
+
+
+# -- reads of what is not a regular file -----------------------------------------------------
+
+
+def test_read_probe_of_a_fifo_device_or_socket_ends_at_once(tmp_path: Path) -> None:
+    fifo, sock = tmp_path / "fifo", tmp_path / "sock"
+    os.mkfifo(fifo)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock))
+    try:
+        for path, kind in [(fifo, "a FIFO"), (Path("/dev/null"), "a character device"),
+                           (sock, "a socket")]:  # fmt: skip
+            began = time.monotonic()
+            r = subprocess.run(["/bin/sh", *S.read_probe_args(str(path), 100, 100)],
+                               capture_output=True, timeout=10)  # fmt: skip
+            assert time.monotonic() - began < 5
+            assert (r.returncode, r.stdout) == (S.NOT_REGULAR_EXIT, b""), r
+            reason = messages.script_reason(r.stderr.decode(), r.returncode)
+            assert reason == f"cannot read {path}: it is {kind}, not a regular file"
+            # stat keeps saying "file" (with its size), as the reference's STAT_SCRIPT does
+            r = sh(S.stat_probe_args(str(path)))
+            assert (r.returncode, r.stdout) == (0, b"0 file\n"), r
+    finally:
+        listener.close()
+
+
+# -- in namespaces: user writes as ``sandbox``, root writes, cut and killed writes -------------
+
+
+def _quiet_lines(text: str) -> List[str]:
+    return text.split("\n")[:-1]
+
+
+def _ns_check(tmp_path: Path, script: str, want: List[str], **env: str) -> None:
+    """Run the shell text ``script`` (as root) in the namespace: it prints ``want`` (then
+    the driver says ``rc=0``, and ``$REPORT`` may say more)."""
+    with _ns_popen(["-c", script], _ns_env(tmp_path, **env)) as p:
+        out, err = p.communicate(timeout=120)
+    assert _quiet_lines(out.decode()) == want, err.decode()
+
+
+#: Shell function ``w COMMAND...``: runs COMMAND and prints ``rc=<status> <what it said>``
+#: (without the script's name), on one line.
+_SAY = r"""
+w() { o=$("$@" 2>&1 </dev/null); s=$?; echo "rc=$s ${o#capybara-*: }"; }
+"""
+
+
+def _cmd(*argv: str) -> str:
+    """``w`` with ``argv`` quoted for the shell."""
+    return "w " + " ".join(shlex.quote(a) for a in argv)
+
+
+@needs_namespaces
+def test_user_write_as_sandbox_refuses_what_it_may_not_write(tmp_path: Path) -> None:
+    def write(path: str) -> str:
+        args = marked(S.inline_write_args(path, b"pwned\n", skills=False))
+        return _cmd("runuser", "-u", "sandbox", "--", "/bin/sh", *args)
+
+    setup = (
+        "echo root > /opt/work/ro; chmod 0644 /opt/work/ro; "
+        "mkdir /opt/closed; echo mine > /opt/closed/f; chown sandbox: /opt/closed/f; "
+        "ln -s /etc/passwd /opt/work/pw; chown -h sandbox: /opt/work/pw; "
+        "echo mine > /opt/work/own; chown sandbox: /opt/work/own; chmod 0600 /opt/work/own; "
+        "sha256sum /etc/passwd > /opt/pw.sum; echo shared > /tmp/shared; chmod 0666 /tmp/shared; "
+        "echo mine > /tmp/mine; chown sandbox: /tmp/mine"
+    )
+    script = "\n".join([
+        _SAY,
+        write("/opt/work/ro"), write("/opt/closed/f"), write("/opt/work/pw"),
+        write("/opt/work/own"), write("/opt/work/new/dir/f"), write("/tmp/shared"),
+        write("/tmp/mine"),
+        "cat /opt/work/ro /opt/closed/f /opt/work/own /tmp/shared /tmp/mine",
+        'stat -c "%n %a %U" /opt/work/own /opt/work/new /opt/work/new/dir/f',
+        "sha256sum -c --quiet /opt/pw.sum && echo passwd untouched",
+        _LEFTOVERS,
+    ])  # fmt: skip
+    _ns_check(tmp_path, script, SETUP=setup, want=[
+        "rc=1 cannot create /opt/work/ro: Permission denied",
+        "rc=1 cannot replace /opt/closed/f: its directory /opt/closed is not writable: "
+        "Permission denied",
+        "rc=1 cannot create /opt/work/pw: Permission denied",
+        "rc=0 ", "rc=0 ",
+        "rc=1 cannot replace /tmp/shared: it belongs to another user in a sticky directory "
+        "(/tmp), where only its owner may replace it: Permission denied",
+        "rc=0 ",
+        "root", "mine", "pwned", "shared", "pwned",
+        "/opt/work/own 600 sandbox", "/opt/work/new 755 sandbox",
+        "/opt/work/new/dir/f 644 sandbox",
+        "passwd untouched",
+        "leftovers",
+        "rc=0",
+    ])  # fmt: skip
+
+
+#: Copies of /etc/shadow and /root in the namespace (the real ones are never at risk),
+#: and a record of what /etc/passwd, /etc/shadow and /root hold.
+_PROTECT = r"""
+{ cat /etc/shadow 2>/dev/null || echo 'root:*:1::::::'; } > /opt/shadow
+mount --bind /opt/shadow /etc/shadow
+mount -t tmpfs -o mode=0700 tmpfs /root
+echo "ssh-ed25519 AAAA root" > /root/authorized_keys
+chmod 0600 /root/authorized_keys
+fp() { stat -c "%n %a %U %s" /etc/passwd /etc/shadow /root /root/authorized_keys
+       cat /etc/passwd /etc/shadow /root/authorized_keys | sha256sum; ls -A /root; }
+fp > /opt/fp.before
+"""
+_UNTOUCHED = "fp > /opt/fp.after; cmp /opt/fp.before /opt/fp.after >&2 && echo untouched"
+
+
+@needs_namespaces
+@pytest.mark.parametrize("how", ["inline", "stream"])
+def test_skills_writes_refuse_planted_links(tmp_path: Path, how: str) -> None:
+    # /opt/skills stands for /skills (its parents, / and /opt, are root's and closed)
+    def write(path: str) -> str:
+        if how == "inline":
+            args = marked(S.inline_write_args(path, b"pwned\n", skills=True))
+        else:  # refused before it says "ready": no upload ever comes
+            args = S.stream_write_args(path, "/opt/capybara/upload/fifo", True,
+                                       uuid.uuid4().hex, size=6)  # fmt: skip
+        return _cmd("/bin/sh", *args)
+
+    planted = ("/opt/skills/a.md", "/opt/skills/b.md", "/opt/skills/r/authorized_keys")
+    script = "\n".join([
+        _SAY,
+        # the sandbox user owns /skills and planted links in it
+        "mkdir /opt/skills; ln -s /etc/passwd /opt/skills/a.md; ln -s /etc/shadow "
+        "/opt/skills/b.md; ln -s /root /opt/skills/r; chown -h -R sandbox: /opt/skills",
+        *[write(p) for p in planted],
+        # root's, but anyone (or the group) may write it
+        "chown -h -R root: /opt/skills; chmod 0777 /opt/skills",
+        *[write(p) for p in planted],
+        "chgrp sandbox /opt/skills; chmod 0775 /opt/skills",
+        write("/opt/skills/a.md"),
+        # root's and closed, but the links are still there
+        "chgrp root /opt/skills; chmod 0755 /opt/skills",
+        *[write(p) for p in planted],
+        # a directory on the way that the user owns, even a missing one below it
+        "mkdir /opt/skills/sub; chown sandbox: /opt/skills/sub",
+        write("/opt/skills/sub/x.md"), write("/opt/skills/sub/new/x.md"),
+        # /skills itself a link; a way out with ..; not a regular file
+        "ln -s /etc /opt/skills2", write("/opt/skills2/passwd"),
+        write("/opt/skills/../../etc/passwd"), write("opt/skills/x"),
+        "mkdir /opt/skills/dir; mkfifo /opt/skills/fifo",
+        write("/opt/skills/dir"), write("/opt/skills/fifo"), write("/opt/skills/"),
+        "ls -A /opt/skills /opt/skills/sub | tr '\\n' ' '; echo",
+        _LEFTOVERS,
+    ])  # fmt: skip
+    _ns_check(tmp_path, script, SETUP=_PROTECT, REPORT=_UNTOUCHED, want=[
+        *["rc=80 /opt/skills is not owned by root"] * 3,
+        *["rc=80 /opt/skills is writable by other users"] * 4,
+        "rc=80 /opt/skills/a.md is a symbolic link",
+        "rc=80 /opt/skills/b.md is a symbolic link",
+        "rc=80 /opt/skills/r is a symbolic link",
+        "rc=80 /opt/skills/sub is not owned by root",
+        "rc=80 /opt/skills/sub is not owned by root",
+        "rc=80 /opt/skills2 is a symbolic link",
+        "rc=80 /opt/skills/../../etc/passwd has a . or .. component",
+        "rc=80 opt/skills/x is not an absolute path",
+        "rc=80 /opt/skills/dir is a directory",
+        "rc=80 /opt/skills/fifo is not a regular file",
+        "rc=80 /opt/skills/ names a directory",
+        "/opt/skills: a.md b.md dir fifo r sub  /opt/skills/sub: ",
+        "leftovers",
+        "rc=0",
+        "untouched",
+    ])
+
+
+@needs_namespaces
+def test_skills_write_makes_parents_and_replaces_as_root_0644(tmp_path: Path) -> None:
+    def write(path: str, data: bytes) -> str:
+        return _cmd("/bin/sh", *marked(S.inline_write_args(path, data, skills=True)))
+
+    script = "\n".join([
+        _SAY, "umask 077",  # the modes are 0755 and 0644 whatever the umask
+        write("/opt/skills/x/SKILL.md", b"# x\n"),
+        # a file the user had there (root's directory, the user's file): replaced whole
+        "echo old > /opt/skills/x/other.md; chown sandbox: /opt/skills/x/other.md; "
+        "chmod 0600 /opt/skills/x/other.md",
+        write("/opt/skills/x/other.md", b"new\n"),
+        "cat /opt/skills/x/SKILL.md /opt/skills/x/other.md",
+        'stat -c "%n %a %U" /opt/skills /opt/skills/x /opt/skills/x/SKILL.md '
+        "/opt/skills/x/other.md",
+        'stat -c "%n %a %U" /opt/capybara/upload/parts',
+        _LEFTOVERS,
+    ])  # fmt: skip
+    _ns_check(tmp_path, script, want=[
+        "rc=0 ", "rc=0 ", "# x", "new",
+        "/opt/skills 755 root", "/opt/skills/x 755 root", "/opt/skills/x/SKILL.md 644 root",
+        "/opt/skills/x/other.md 644 root",
+        "/opt/capybara/upload/parts 700 root",
+        "leftovers",
+        "rc=0",
+    ])  # fmt: skip
+
+
+@needs_namespaces
+@pytest.mark.parametrize("skills", [True, False])
+def test_a_cut_stream_write_leaves_the_old_file(tmp_path: Path, skills: bool) -> None:
+    # the upload stops half-way (the POST was cut or cancelled: envd closes the FIFO):
+    # the temporary file is dropped, never renamed into place
+    data = os.urandom(300000)
+    fifo = tmp_path / "fifo"
+    target = "/opt/skills/f" if skills else "/opt/work/f"
+    setup = (
+        "mkdir -p /opt/skills; echo old > /opt/skills/f; echo old > /opt/work/f; "
+        "chown sandbox: /opt/work/f"
+    )
+    report = 'cat "$T"; ' + _LEFTOVERS
+    args = S.stream_write_args(target, str(fifo), skills, uuid.uuid4().hex, size=len(data))
+    env = _ns_env(tmp_path, SETUP=setup, REPORT=report, T=target)
+    with _ns_popen(args, env) as p:
+        try:
+            assert p.stdout is not None
+            assert _first_line(p.stdout) == b"ready\n", p.stderr
+            fd = _open_writer(fifo)
+            try:
+                os.write(fd, data[: len(data) // 2])
+            finally:
+                os.close(fd)
+            out, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert _quiet_lines(out.decode()) == ["rc=1", "old", "leftovers"], err
+    reason = messages.script_reason(err.decode(), 1)
+    assert reason == (f"the upload was incomplete (150000 of 300000 bytes arrived); {target} "
+                      "was left unchanged")  # fmt: skip
+
+
+#: Starts the streamed write ``$W0 ... $W7`` in the background and waits until ``$HALF``
+#: bytes of it are in its temporary file.
+_HALF_WRITTEN = r"""
+mkdir -p /opt/work/d; echo old > /opt/work/d/f; chown -R sandbox: /opt/work/d
+/bin/sh "$W0" "$W1" "$W2" "$W3" "$W4" "$W5" "$W6" "$W7" > /opt/writer.out 2>&1 &
+half() { [ "$(cat /opt/work/d/.capybara-part-* 2>/dev/null | wc -c)" -ge "$HALF" ]; }
+until_ half
+half
+ls -A /tmp/.capybara-parts-sandbox | sed 's/^[0-9]*-/entry <pid>-/'
+"""
+
+
+@needs_namespaces
+@pytest.mark.parametrize("how", ["cleanup", "sigkill"])
+def test_a_killed_writer_leaves_the_old_file_and_the_cleanup_its_part(
+    tmp_path: Path, how: str
+) -> None:
+    # the writer dies half-way: killed with its operation by the clean-up of that
+    # operation, or SIGKILLed alone (then the sweep of all operations finds its part by its
+    # writer's pid, which is no longer alive)
+    data = os.urandom(200000)
+    fifo = tmp_path / "fifo"
+    op = uuid.uuid4().hex
+    args = S.stream_write_args("/opt/work/d/f", str(fifo), False, op, size=len(data))
+    if how == "cleanup":
+        cleanup, kill = S.fileop_cleanup_args(op, str(fifo)), ":"
+    else:
+        cleanup = S.fileop_cleanup_args("")
+        kill = (f'pkill -9 -u sandbox -f "{S.fileop_name(op)}"; '
+                'until_ "! pgrep -u sandbox sh >/dev/null"')
+    env = _ns_env(
+        tmp_path, SETUP=_HALF_WRITTEN + kill, HALF=str(len(data) // 2),
+        REPORT="cat /opt/work/d/f; ls -A /opt/work/d; " + _LEFTOVERS,
+        **{f"W{i}": a for i, a in enumerate(args)},
+    )  # fmt: skip
+    with _ns_popen(cleanup, env) as p:
+        fd = _open_writer(fifo)
+        try:
+            os.write(fd, data[: len(data) // 2])  # and no more: the writer waits for the rest
+            out, err = p.communicate(timeout=60)
+        finally:
+            os.close(fd)
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert _quiet_lines(out.decode()) == [f"entry <pid>-{op}", "rc=0", "old", "f", "leftovers"], err
+
+
+#: Registries as a hostile sandbox user may leave them (``$OP``: the operation cleaned up;
+#: ``$X``: another one; pids 9000x: writers long gone; ``$L``: a writer still alive).
+_HOSTILE_REGISTRIES = r"""
+echo victim > /opt/victim; echo precious > /opt/precious
+runuser -u sandbox -- /bin/sh -c '
+R=/tmp/.capybara-parts-sandbox; W=/opt/work; P=.capybara-part-
+mkdir -m 0700 $R
+echo x > $W/${P}90001-$OP; ln -s $W/${P}90001-$OP $R/90001-$OP
+ln -s /opt/victim $R/90002-$OP
+echo x > $W/${P}999-$OP; ln -s $W/${P}999-$OP $R/90003-$OP
+ln -s /opt/precious $W/${P}90004-$OP; ln -s $W/${P}90004-$OP $R/90004-$OP
+echo x > $W/${P}90005-$X; ln -s $W/${P}90005-$X $R/90005-$X
+ln -s work/${P}90006-$OP $R/90006-$OP
+mkdir $R/90007-$OP
+ln -s $W/${P}90010-$OP "$R/90010-$OP-x"
+mkdir /opt/work/evil; echo x > $W/${P}90008-$OP; ln -s $W/${P}90008-$OP $W/evil/90008-$OP
+ln -s /opt/work/evil /tmp/.capybara-parts-evil
+'
+mkdir -m 0700 /opt/capybara/upload/parts; mkdir /opt/sk
+echo x > /opt/sk/.capybara-part-90009-$OP
+ln -s /opt/sk/.capybara-part-90009-$OP /opt/capybara/upload/parts/90009-$OP
+sleep 300 & L=$!
+echo x > /opt/work/.capybara-part-$L-$X
+ln -s /opt/work/.capybara-part-$L-$X /tmp/.capybara-parts-sandbox/$L-$X
+"""
+_HOSTILE_REPORT = r"""
+cat /opt/victim /opt/precious
+find /opt/work /opt/sk /tmp/.capybara-parts-sandbox /opt/capybara/upload/parts -mindepth 1 \
+  | sed "s/$OP/OP/; s/$X/X/; s/$L-/LIVE-/" | sort
+"""
+
+
+@needs_namespaces
+@pytest.mark.parametrize("which", ["op", "all"])
+def test_cleanup_removes_only_registered_parts(tmp_path: Path, which: str) -> None:
+    # only a file named exactly .capybara-part-<pid>-<hex> after its registry entry goes;
+    # a symbolic link there is removed, never what it points to; a registry that is a
+    # symbolic link is not read; for all operations, only writers no longer alive
+    op, x = uuid.uuid4().hex, uuid.uuid4().hex
+    args = S.fileop_cleanup_args(op if which == "op" else "")
+    env = _ns_env(tmp_path, SETUP=_HOSTILE_REGISTRIES, REPORT=_HOSTILE_REPORT, OP=op, X=x)
+    with _ns_popen(args, env) as p:
+        out, err = p.communicate(timeout=60)
+    other = (["/opt/work/.capybara-part-90005-X", "/tmp/.capybara-parts-sandbox/90005-X"]
+             if which == "op" else [])  # fmt: skip
+    assert _quiet_lines(out.decode()) == ["rc=0", "victim", "precious", *sorted([
+        "/opt/work/.capybara-part-90008-OP",  # named by a registry that is a link: kept
+        "/opt/work/.capybara-part-999-OP",  # not the name its entry gives: kept
+        "/opt/work/.capybara-part-LIVE-X",  # its writer is alive
+        *other,  # another operation's (the sweep of all: a writer long gone)
+        "/opt/work/evil", "/opt/work/evil/90008-OP",
+        "/tmp/.capybara-parts-sandbox/90007-OP",  # not a symbolic link
+        "/tmp/.capybara-parts-sandbox/90010-OP-x",  # not <pid>-<hex>
+        "/tmp/.capybara-parts-sandbox/LIVE-X",
+    ])], err  # fmt: skip
