@@ -53,8 +53,8 @@ _WORDED = "_e2b_worded"
 #: "E2B <request>( failed)?: " / "E2B <request> timed out" at the start of a message built
 #: by the HTTP layer or the envd/control clients: the request is ours, not the caller's.
 _OPERATION_PREFIX = re.compile(
-    r"^E2B (?:(?:GET|POST|PUT|PATCH|DELETE) \S+|process start|process signal|file upload|"
-    r"file download|health check|request|stream)(?: failed)?(?::\s*|\s+(?=timed out))"
+    r"^E2B (?:(?:GET|POST|PUT|PATCH|DELETE) \S+|process start|process signal|process input|"
+    r"file upload|file download|health check|request|stream)(?: failed)?(?::\s*|\s+(?=timed out))"
 )
 #: Programs and internal names a sandbox script's messages start with.
 _SCRIPT_PREFIX = re.compile(

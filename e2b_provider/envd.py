@@ -17,7 +17,7 @@ import base64
 import collections
 import posixpath
 import urllib.parse
-from typing import Any, Callable, Deque, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ._connect import EndStream, EnvelopeDecoder, Parsed, encode_envelope
 from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
@@ -251,11 +251,13 @@ class EnvdClient:
         keepalive_seconds: int = KEEPALIVE_SECONDS,
         token: Optional[CancelToken] = None,
         tag: Optional[str] = None,
+        stdin: bool = False,
     ) -> ProcessStream:
         """Start a process and return its event stream: ``POST /process.Process/Start``.
 
-        The request sends ``stdin: false`` (the process reads ``/dev/null``), asks envd for
-        a keepalive every ``keepalive_seconds`` and reads with a timeout of
+        Unless ``stdin`` is True the request sends ``stdin: false`` (the process reads
+        ``/dev/null``); with it, the process reads a pipe fed by :meth:`send_input`. It
+        asks envd for a keepalive every ``keepalive_seconds`` and reads with a timeout of
         ``2 * keepalive_seconds + 10`` seconds, so a silent peer ends in
         :class:`~e2b_provider.errors.TransportTimeout`; the opening (until envd's answer
         headers) takes at most :data:`START_OPEN_SECONDS` in total. Closing the stream does
@@ -272,6 +274,7 @@ class EnvdClient:
             token: guards only the opening of the stream (until envd answers); once
                 returned, stop the stream with :meth:`ProcessStream.abort`.
             tag: a label envd keeps with the process (see :meth:`signal_tag`).
+            stdin: give the process a standard input pipe (fed by :meth:`send_input`).
 
         Returns:
             The event stream.
@@ -302,7 +305,7 @@ class EnvdClient:
             if not isinstance(cwd, str):
                 raise InvalidArgument("cwd must be a string")
             process["cwd"] = cwd
-        request: Dict[str, Any] = {"process": process, "stdin": False}
+        request: Dict[str, Any] = {"process": process, "stdin": bool(stdin)}
         if tag is not None:
             if not isinstance(tag, str) or not tag:
                 raise InvalidArgument("tag must be a non-empty string")
@@ -343,6 +346,79 @@ class EnvdClient:
             stream.close()
             raise
         return ProcessStream(stream)
+
+    def send_input(
+        self,
+        pid: int,
+        data: bytes,
+        *,
+        token: Optional[CancelToken] = None,
+        timeout: float = 30.0,
+    ) -> None:
+        """Write ``data`` to the standard input of process ``pid`` (started with ``stdin``):
+        ``POST /process.Process/SendInput``. envd writes one request's bytes in one piece,
+        never interleaved with another request's.
+
+        Raises:
+            NotFound: no such process (it ended, or never had that pid).
+            E2BHttpError: any other error answer (e.g. stdin not enabled or closed).
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidArgument("pid must be a positive int")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("data must be bytes")
+        op = "process input"
+        resp = self._transport.request(
+            "POST",
+            self._base + "/process.Process/SendInput",
+            headers=self._headers(
+                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+            ),
+            json={
+                "process": {"pid": pid},
+                "input": {"stdin": base64.b64encode(bytes(data)).decode("ascii")},
+            },
+            token=token,
+            **_within(timeout),
+            operation=op,
+            max_body=ERROR_BODY_BYTES,
+        )
+        if not resp.ok:
+            raise error_from_response(resp, op)
+
+    def close_stdin(
+        self,
+        pid: int,
+        *,
+        token: Optional[CancelToken] = None,
+        timeout: float = 15.0,
+    ) -> None:
+        """Close the standard input of process ``pid`` (it reads end of file):
+        ``POST /process.Process/CloseStdin``.
+
+        Raises:
+            NotFound: no such process.
+            E2BHttpError: any other error answer.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise InvalidArgument("pid must be a positive int")
+        op = "process input"
+        resp = self._transport.request(
+            "POST",
+            self._base + "/process.Process/CloseStdin",
+            headers=self._headers(
+                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+            ),
+            json={"process": {"pid": pid}},
+            token=token,
+            **_within(timeout),
+            operation=op,
+            max_body=ERROR_BODY_BYTES,
+        )
+        if not resp.ok:
+            raise error_from_response(resp, op)
 
     def send_signal(
         self,
@@ -556,6 +632,42 @@ class EnvdClient:
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         self._post_file(path, user, data, token, timeout, raw=True)
+
+    def upload_stream(
+        self,
+        path: str,
+        body: Iterable[bytes],
+        *,
+        user: str,
+        token: Optional[CancelToken] = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """Write a file from pieces of bytes sent as they come (chunked transfer encoding):
+        ``POST /files?path=<path>&username=<user>``, ``application/octet-stream``.
+
+        An exception raised by ``body`` ends the request (the connection is dropped, so envd
+        sees a cut upload) and propagates.
+
+        Raises:
+            E2BHttpError: a non-2xx answer.
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        op = "file upload"
+        resp = self._transport.request(
+            "POST",
+            self._base + "/files",
+            params={"path": path, "username": user},
+            headers=self._headers({"Content-Type": "application/octet-stream"}),
+            data=iter(body),
+            token=token,
+            operation=op,
+            max_body=ERROR_BODY_BYTES,
+            **_within(timeout),
+        )
+        if not resp.ok:
+            raise error_from_response(resp, op)
 
     def download_head(
         self,
