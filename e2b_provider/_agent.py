@@ -1,0 +1,595 @@
+"""The file agent: one request server per sandbox, run by this provider as ``sandbox``.
+
+This module owns :class:`FileAgents`, the provider's sessions with the file agent
+(:mod:`e2b_provider.sandbox_side.file_agent`): a ``python3`` process the provider starts in a
+sandbox, as the ``sandbox`` user, that answers file requests (stat, read, atomic write,
+batches, listings) without starting a program per request. A request travels as one
+``process.Process/SendInput`` (one round trip); its answer comes back on the agent's
+output stream, which the provider holds open from the ``Start`` that launched it. So a warm
+file call costs what the SDK's ``/files`` call costs, while every access is checked with the
+sandbox user's own credentials (envd's ``/files`` reads and writes as root).
+
+Threads: none of its own. Whichever caller is waiting reads the stream for everybody
+("leader"); the others wait for their answer or their turn. A leader's cancel, deadline or
+Ctrl-C shuts the stream down, which ends the session: the callers still waiting start a
+new agent and send their request again (every request is idempotent: a write writes the
+same bytes). The same happens when the agent exits (it does after
+:data:`AGENT_IDLE_SECONDS` without a request) or the stream breaks (a pause cuts it).
+
+A sandbox that cannot run the agent (no ``python3``) is remembered for
+:data:`UNAVAILABLE_SECONDS`; the callers then take the per-operation scripts instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import attrs
+
+from . import _scripts as scripts
+from ._agent_protocol import AGENT_VERSION, Frame, FrameDecoder, encode_request
+from ._context import ProviderContext
+from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent, exit_code_of
+from .cancel import CancelReason, CancelToken, Deadline
+from .envd import ProcessStream
+from .errors import (
+    Cancelled,
+    E2BHttpError,
+    E2BProviderError,
+    NotFound,
+    OperationTimeout,
+    ProtocolError,
+)
+from .models import Target
+from .sandbox_side import source
+
+__all__ = [
+    "AGENT_IDLE_SECONDS",
+    "AGENT_READY_SECONDS",
+    "AGENT_TAG_PREFIX",
+    "MAX_INLINE_FILE",
+    "MAX_PAYLOAD",
+    "AgentAnswer",
+    "AgentLost",
+    "AgentUnavailable",
+    "FileAgents",
+]
+
+log = logging.getLogger("e2b_provider")
+
+#: The agent exits after this many seconds without a request.
+AGENT_IDLE_SECONDS = 300
+#: How long an agent may take to say it is ready.
+AGENT_READY_SECONDS = 30.0
+#: How long a sandbox that could not run the agent is left to the scripts.
+UNAVAILABLE_SECONDS = 300.0
+#: envd tag of an agent process: this prefix, then 32 hex digits.
+AGENT_TAG_PREFIX = "capybara-files-"
+#: The largest payload one request carries (a batch larger than this is split).
+MAX_PAYLOAD = 1 << 20
+#: The largest file sent inside a request: a larger one goes through envd's ``/files``,
+#: which moves bulk bytes faster than a request's JSON (base64) body, at one more round
+#: trip.
+MAX_INLINE_FILE = 256 << 10
+#: Sandboxes whose sessions or unavailability are remembered at most.
+_MAX_REMEMBERED = 1024
+#: Slice of every wait, so Ctrl-C and cancels stay responsive.
+_SLICE_S = 0.25
+#: Standard error kept from an agent, for messages.
+_STDERR_KEPT = 4096
+#: Exit statuses that say the sandbox has no usable ``python3`` (not found, not runnable).
+_NO_PYTHON = (126, 127)
+#: How long a session's goodbye (closing the agent's input) may take.
+_GOODBYE_S = 5.0
+
+
+class AgentUnavailable(Exception):
+    """The sandbox cannot run the file agent (no ``python3``, say); use the scripts."""
+
+
+class AgentLost(Exception):
+    """The session ended under a call (the agent exited, the stream broke or was shut
+    down); the call may be sent again to a new agent."""
+
+
+@attrs.frozen
+class AgentAnswer:
+    """A whole answer: the frames before the last (``parts``) and the last one."""
+
+    answer: Dict[str, Any]
+    data: bytes
+    parts: Tuple[Frame, ...] = ()
+
+
+class _Call:
+    __slots__ = ("done", "frames", "id")
+
+    def __init__(self, rid: int) -> None:
+        self.id = rid
+        self.frames: List[Frame] = []
+        self.done = False
+
+
+class AgentSession:
+    """One running agent and the stream its answers come on.
+
+    Args:
+        ctx: the provider's shared state.
+        sid: the sandbox.
+        stream: the agent's ``Start`` stream, read up to its ready frame.
+        events: that stream's event iterator (the same one that was read so far).
+        decoder: the frame decoder that read the ready frame.
+        pid: the agent's process id.
+        tag: its envd tag.
+    """
+
+    def __init__(
+        self,
+        ctx: ProviderContext,
+        sid: str,
+        stream: ProcessStream,
+        events: Iterator[ProcessEvent],
+        decoder: FrameDecoder,
+        pid: int,
+        tag: str,
+    ) -> None:
+        self._ctx = ctx
+        self.sid = sid
+        self.pid = pid
+        self.tag = tag
+        self._stream = stream
+        self._events = events
+        self._decoder = decoder
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._reader = threading.Lock()
+        self._calls: Dict[int, _Call] = {}
+        self._next = 1
+        self._ended: Optional[str] = None
+        self._stderr = bytearray()
+
+    @property
+    def ended(self) -> bool:
+        """True once the session is over (a new agent is needed)."""
+        return self._ended is not None
+
+    def call(
+        self,
+        op: str,
+        fields: Dict[str, Any],
+        payload: bytes,
+        *,
+        deadline: Deadline,
+        cancel: Optional[CancelToken],
+    ) -> AgentAnswer:
+        """Send one request and wait for its whole answer.
+
+        Raises:
+            AgentLost: the session ended first (send it again to a new agent).
+            Cancelled: ``cancel`` fired.
+            OperationTimeout: ``deadline`` passed.
+            E2BProviderError: sending failed (transport, envd).
+        """
+        with self._lock:
+            if self._ended is not None:
+                raise AgentLost(self._ended)
+            rid = self._next
+            self._next += 1
+            call = _Call(rid)
+            self._calls[rid] = call
+        try:
+            self._send(encode_request(rid, op, fields, payload), deadline, cancel)
+            return self._await(call, deadline, cancel)
+        finally:
+            with self._lock:
+                self._calls.pop(rid, None)
+
+    def _send(self, data: bytes, deadline: Deadline, cancel: Optional[CancelToken]) -> None:
+        ctx = self._ctx
+        left = deadline.remaining()
+        if left <= 0:
+            raise OperationTimeout("it did not finish within its bound")
+
+        def send(target: Target) -> None:
+            ctx.envd(target).send_input(
+                self.pid, data, token=cancel, timeout=max(0.5, min(30.0, deadline.remaining()))
+            )
+
+        try:
+            ctx.on_target(self.sid, cancel, send, need=min(left, 120.0))
+        except E2BHttpError as exc:
+            if not _agent_gone(exc):
+                raise
+            self.end(f"the file agent is gone ({exc})")
+            raise AgentLost("the file agent is gone") from exc
+
+    def _await(
+        self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken]
+    ) -> AgentAnswer:
+        while True:
+            with self._lock:
+                if call.done:
+                    *parts, last = call.frames
+                    return AgentAnswer(last.answer, last.data, tuple(parts))
+                if self._ended is not None:
+                    raise AgentLost(self._ended)
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled(cancel.reason)
+            left = deadline.remaining()
+            if left <= 0:
+                raise OperationTimeout("the file agent did not answer within the bound")
+            if self._reader.acquire(blocking=False):
+                try:
+                    self._lead(call, deadline, cancel)
+                finally:
+                    self._reader.release()
+                    with self._changed:
+                        self._changed.notify_all()
+            else:
+                with self._changed:
+                    if not call.done and self._ended is None:
+                        self._changed.wait(min(_SLICE_S, left))
+
+    def _lead(self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken]) -> None:
+        """Read the stream for everybody until ``call`` is answered or the session ends.
+        A cancel or the deadline shuts the stream down (ending the session)."""
+        stream = self._stream
+
+        def stop(_reason: object = None) -> None:
+            stream.abort()
+
+        unlink = cancel.on_cancel(stop) if cancel is not None else None
+        timer = self._ctx.watchdog.call_later(max(0.0, deadline.remaining()), stop)
+        try:
+            while True:
+                with self._lock:
+                    if call.done or self._ended is not None:
+                        return
+                try:
+                    ev = next(self._events)
+                except StopIteration:
+                    self.end("the file agent's stream ended")
+                    return
+                except E2BProviderError as exc:
+                    self.end(f"the file agent's stream broke ({exc})")
+                    return
+                except BaseException:
+                    self.end("interrupted while the file agent's stream was read")
+                    raise
+                self._take(ev)
+        finally:
+            if unlink is not None:
+                unlink()
+            timer.cancel()
+
+    def _take(self, ev: ProcessEvent) -> None:
+        if isinstance(ev, DataEvent):
+            if ev.stderr and len(self._stderr) < _STDERR_KEPT:
+                self._stderr += ev.stderr[: _STDERR_KEPT - len(self._stderr)]
+            if not ev.stdout:
+                return
+            try:
+                frames = self._decoder.feed(ev.stdout)
+            except ProtocolError as exc:
+                self.end(str(exc))
+                return
+            if not frames:
+                return
+            with self._changed:
+                for f in frames:
+                    c = self._calls.get(f.id)
+                    if c is None or c.done:
+                        continue  # a call that gave up, or a stray frame
+                    c.frames.append(f)
+                    c.done = f.last
+                self._changed.notify_all()
+        elif isinstance(ev, EndEvent):
+            why = "the file agent exited"
+            if self._stderr:
+                why += ": " + self._stderr.decode("utf-8", "replace").strip()[-300:]
+            self.end(why)
+
+    def end(self, why: str) -> None:
+        """End the session: every waiting call gets :class:`AgentLost`; the stream is
+        shut down (the agent itself idles out, or is told to exit by :meth:`goodbye`)."""
+        with self._changed:
+            if self._ended is not None:
+                return
+            self._ended = why
+            self._changed.notify_all()
+        log.debug("e2b_provider: file agent session in sandbox %s ended: %s", self.sid, why)
+        self._stream.abort()
+        self._stream.close()
+
+    def goodbye(self) -> None:
+        """Close the agent's standard input, so it exits once its work is done
+        (best effort, bounded)."""
+        ctx = self._ctx
+        try:
+            lease = ctx.leases.lease(self.sid)
+            if lease is not None:
+                ctx.envd(lease.target).close_stdin(self.pid, timeout=_GOODBYE_S)
+        except E2BProviderError as exc:
+            log.debug("e2b_provider: could not close a file agent's input: %s", exc)
+
+
+def _agent_gone(exc: E2BHttpError) -> bool:
+    """Whether envd's refusal of an input says the agent is gone: no such process (404),
+    or its standard input is closed or broken (envd: 500 "error writing to stdin ...")."""
+    if isinstance(exc, NotFound):
+        return True
+    text = exc.message.lower()
+    return exc.status == 500 and "stdin" in text and (
+        "broken pipe" in text or "closed" in text or "not enabled" in text
+    )
+
+
+class FileAgents:
+    """The provider's file agents, one per sandbox (started on demand).
+
+    Args:
+        ctx: the provider's shared state.
+    """
+
+    def __init__(self, ctx: ProviderContext) -> None:
+        self._ctx = ctx
+        self._lock = threading.Lock()
+        self._sessions: collections.OrderedDict[str, AgentSession] = collections.OrderedDict()
+        self._starting: Dict[str, concurrent.futures.Future[AgentSession]] = {}
+        self._unavailable: collections.OrderedDict[str, Tuple[float, str]] = (
+            collections.OrderedDict()
+        )
+        self._pid = os.getpid()
+        ctx.on_fork(self._after_fork)
+
+    def _after_fork(self) -> None:
+        # The parent's streams are the parent's: drop them unread, never shut them down
+        # (their sockets are shared with the parent).
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._sessions.clear()
+            self._starting.clear()
+
+    def unavailable(self, sid: str) -> Optional[str]:
+        """Why the sandbox cannot run the agent, if it was found so lately."""
+        with self._lock:
+            seen = self._unavailable.get(sid)
+            if seen is None:
+                return None
+            if time.monotonic() - seen[0] > UNAVAILABLE_SECONDS:
+                del self._unavailable[sid]
+                return None
+            return seen[1]
+
+    def ready(self, sid: str) -> Optional[AgentSession]:
+        """The sandbox's running session, or None; with none, one is started in the
+        background (unless the sandbox cannot run it), for the calls that follow."""
+        with self._lock:
+            s = self._sessions.get(sid)
+            if s is not None and not s.ended:
+                return s
+            if sid in self._starting:
+                return None
+        if self.unavailable(sid) is None:
+            self._start(sid, background=True)
+        return None
+
+    def call(
+        self,
+        sid: str,
+        op: str,
+        fields: Dict[str, Any],
+        payload: bytes = b"",
+        *,
+        deadline: Deadline,
+        cancel: Optional[CancelToken],
+    ) -> AgentAnswer:
+        """One request to the sandbox's agent (started now if needed), sent again once to a
+        new agent if the session ended under it.
+
+        Raises:
+            AgentUnavailable: the sandbox cannot run the agent.
+            Cancelled, OperationTimeout, E2BProviderError.
+        """
+        for attempt in (1, 2):
+            session = self._session(sid, deadline, cancel)
+            try:
+                return session.call(op, fields, payload, deadline=deadline, cancel=cancel)
+            except AgentLost as exc:
+                self._drop(sid, session)
+                if attempt == 2:
+                    raise ProtocolError(f"the file agent's session ended twice: {exc}") from exc
+                log.info("e2b_provider: file agent session in sandbox %s ended (%s); "
+                         "starting another", sid, exc)
+        raise AssertionError("unreachable")
+
+    def forget(self, sid: str) -> None:
+        """Drop the sandbox's session (it was destroyed, paused or rebooted)."""
+        self._after_fork()
+        with self._lock:
+            s = self._sessions.pop(sid, None)
+            self._unavailable.pop(sid, None)
+        if s is not None:
+            s.end("the sandbox was stopped")
+
+    def close(self) -> None:
+        """End every session (the agents exit on their own once idle)."""
+        self._after_fork()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for s in sessions:
+            s.end("the provider was closed")
+
+    def sessions(self) -> List[AgentSession]:
+        """The running sessions (for tests and diagnostics)."""
+        with self._lock:
+            return [s for s in self._sessions.values() if not s.ended]
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _drop(self, sid: str, session: AgentSession) -> None:
+        with self._lock:
+            if self._sessions.get(sid) is session:
+                del self._sessions[sid]
+        session.end("replaced")
+        try:
+            self._ctx.watchdog.submit(session.goodbye)
+        except RuntimeError:
+            pass
+
+    def _session(
+        self, sid: str, deadline: Deadline, cancel: Optional[CancelToken]
+    ) -> AgentSession:
+        why = self.unavailable(sid)
+        if why is not None:
+            raise AgentUnavailable(why)
+        fut = self._start(sid, background=False)
+        while True:
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled(cancel.reason)
+            left = deadline.remaining()
+            if left <= 0:
+                raise OperationTimeout("the file agent did not start within the bound")
+            try:
+                return fut.result(timeout=min(_SLICE_S, left))
+            except concurrent.futures.TimeoutError:
+                continue
+
+    def _start(self, sid: str, *, background: bool) -> concurrent.futures.Future[AgentSession]:
+        """The future of the sandbox's session: a running one, one being started, or a new
+        start (on the worker pool when ``background``, else on this thread)."""
+        with self._lock:
+            s = self._sessions.get(sid)
+            if s is not None and not s.ended:
+                done: concurrent.futures.Future[AgentSession] = concurrent.futures.Future()
+                done.set_result(s)
+                return done
+            fut = self._starting.get(sid)
+            if fut is not None:
+                return fut
+            fut = concurrent.futures.Future()
+            self._starting[sid] = fut
+        if background:
+            try:
+                self._ctx.watchdog.submit(self._launch, sid, fut)
+            except RuntimeError:  # no pool (closing)
+                with self._lock:
+                    self._starting.pop(sid, None)
+                fut.set_exception(AgentUnavailable("the provider is closing"))
+        else:
+            self._launch(sid, fut)
+        return fut
+
+    def _launch(self, sid: str, fut: concurrent.futures.Future[AgentSession]) -> None:
+        try:
+            session = self._ctx.on_target(
+                sid, None, lambda t: self._boot(sid, t), need=AGENT_READY_SECONDS
+            )
+        except AgentUnavailable as exc:
+            with self._lock:
+                self._unavailable[sid] = (time.monotonic(), str(exc))
+                while len(self._unavailable) > _MAX_REMEMBERED:
+                    self._unavailable.popitem(last=False)
+                self._starting.pop(sid, None)
+            log.info("e2b_provider: sandbox %s cannot run the file agent (%s); using the "
+                     "slower per-call scripts", sid, exc)
+            fut.set_exception(exc)
+            return
+        except BaseException as exc:
+            with self._lock:
+                self._starting.pop(sid, None)
+            fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        with self._lock:
+            self._starting.pop(sid, None)
+            old = self._sessions.pop(sid, None)
+            self._sessions[sid] = session
+            while len(self._sessions) > _MAX_REMEMBERED:
+                _, gone = self._sessions.popitem(last=False)
+                gone.end("too many sessions")
+        if old is not None:
+            old.end("replaced")
+        fut.set_result(session)
+
+    def _boot(self, sid: str, target: Target) -> AgentSession:
+        """Start the agent in ``target`` and read its stream up to the ready frame."""
+        ctx = self._ctx
+        tag = AGENT_TAG_PREFIX + uuid.uuid4().hex
+        guard = CancelToken()
+
+        def expire() -> None:
+            guard.cancel(CancelReason("deadline", "agent start"))
+
+        timer = ctx.watchdog.call_later(AGENT_READY_SECONDS, expire)
+        stream: Optional[ProcessStream] = None
+        try:
+            stream = ctx.envd(target).start(
+                user=scripts.SANDBOX_USER,
+                cmd="python3",
+                args=["-I", "-S", "-X", "utf8", "-c", source("file_agent"), "serve",
+                      str(AGENT_IDLE_SECONDS), tag],
+                cwd="/",
+                keepalive_seconds=ctx.bounds.keepalive,
+                token=guard,
+                tag=tag,
+                stdin=True,
+            )
+            opened = stream
+            guard.on_cancel(lambda _r: opened.abort())
+            events = iter(stream)
+            decoder = FrameDecoder()
+            pid: Optional[int] = None
+            stderr = bytearray()
+            for ev in events:
+                if isinstance(ev, StartEvent):
+                    pid = ev.pid
+                elif isinstance(ev, DataEvent):
+                    if ev.stderr and len(stderr) < _STDERR_KEPT:
+                        stderr += ev.stderr
+                    frames = decoder.feed(ev.stdout) if ev.stdout else []
+                    if frames:
+                        ready = frames[0].answer
+                        if (
+                            frames[0].id != 0
+                            or ready.get("ready") is not True
+                            or ready.get("version") != AGENT_VERSION
+                            or pid is None
+                        ):
+                            raise ProtocolError(
+                                "the file agent did not say it was ready as expected"
+                            )
+                        session = AgentSession(ctx, sid, stream, events, decoder, pid, tag)
+                        stream = None  # the session owns it now
+                        return session
+                elif isinstance(ev, EndEvent):
+                    code = exit_code_of(ev)
+                    text = stderr.decode("utf-8", "replace").strip()[-300:]
+                    if code in _NO_PYTHON:
+                        raise AgentUnavailable("it has no python3")
+                    raise AgentUnavailable(
+                        f"the file agent exited at once (status {code}): {text or 'no message'}"
+                    )
+            raise ProtocolError("the file agent's stream ended before it was ready")
+        except E2BProviderError:
+            if guard.cancelled:
+                raise OperationTimeout(
+                    f"the file agent did not start within {AGENT_READY_SECONDS:.0f} s"
+                ) from None
+            raise
+        finally:
+            timer.cancel()
+            if stream is not None:
+                stream.abort()
+                stream.close()

@@ -1,0 +1,33 @@
+"""Programs the library runs inside a sandbox, kept as source files.
+
+This package owns the code that runs on the sandbox's side of the wire: the provider reads
+a module's text (:func:`source`) and sends it to the sandbox's ``python3`` as a ``-c``
+argument. Such a module imports only the standard library, runs on Python 3.6 and later,
+and never imports :mod:`e2b_provider`; the library itself never imports it (tests do, to
+run it locally).
+
+* :mod:`.file_agent` — file work as the sandbox user: a request server for stat, read,
+  atomic writes, batches and listings, and the tar packer and extractor behind tree
+  uploads and downloads.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+__all__ = ["source"]
+
+
+@functools.cache
+def source(module: str) -> str:
+    """The text of the sandbox-side program ``module`` (e.g. ``"file_agent"``).
+
+    Raises:
+        ValueError: ``module`` is not one of this package's programs.
+    """
+    if module not in ("file_agent",):
+        raise ValueError(f"no sandbox-side program named {module!r}")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), module + ".py")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
