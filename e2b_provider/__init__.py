@@ -14,6 +14,7 @@ from .errors import (
     Conflict,
     E2BHttpError,
     E2BProviderError,
+    FilesFailed,
     InvalidArgument,
     MissingAccessToken,
     NotFound,
@@ -27,12 +28,14 @@ from .errors import (
     TransportTimeout,
 )
 from .models import (
+    DirEntry,
     ExecResult,
     FileContent,
     FileStat,
     SandboxHandle,
     SandboxLimits,
     SandboxSummary,
+    TransferSummary,
 )
 from .provider import E2BSandboxProvider
 
@@ -50,6 +53,9 @@ __all__ = [
     "E2BProviderError",
     "E2BSandboxProvider",
     "ExecResult",
+    "DirEntry",
+    "FilesFailed",
+    "TransferSummary",
     "FileContent",
     "FileStat",
     "InvalidArgument",

@@ -47,15 +47,17 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import datetime
 import logging
 import re
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from . import _scripts as scripts
+from ._agent import MAX_INLINE_FILE, MAX_PAYLOAD, AgentAnswer, AgentUnavailable, FileAgents
 from ._context import (
     FILE_OP_TIMEOUT,
     STDERR_ROOM,
@@ -76,7 +78,7 @@ from .errors import (
     OperationTimeout,
     ProtocolError,
 )
-from .models import FileContent, FileStat, Target
+from .models import DirEntry, FileContent, FileStat, Target
 
 __all__ = ["Files"]
 
@@ -135,8 +137,9 @@ class _Slow(Exception):
 class Files:
     """Read, write and stat files as the sandbox user (arguments already validated)."""
 
-    def __init__(self, ctx: ProviderContext) -> None:
+    def __init__(self, ctx: ProviderContext, agents: FileAgents) -> None:
         self._ctx = ctx
+        self._agents = agents
         self._lock = threading.Lock()
         # (sandbox id, fact), most recent last: a tool missing there ("base64",
         # "python3"), or _STAGED
@@ -191,6 +194,11 @@ class Files:
     ) -> Optional[FileContent]:
         want = max_bytes + 1
         deadline = Deadline.after(FILE_OP_TIMEOUT)
+        if self._agents.ready(sid) is not None:
+            try:
+                return self._read_by_agent(sid, path, max_bytes, cancel, deadline)
+            except AgentUnavailable:
+                pass
         fast = want > scripts.LARGE_READ_MIN and not self._lacks(sid, "python3")
         # the probe never asks for the fast path when the threshold is ``want`` itself
         args = scripts.read_probe_args(path, want, scripts.LARGE_READ_MIN if fast else want)
@@ -240,6 +248,22 @@ class Files:
         deadline: Deadline,
     ) -> None:
         skills = scripts.is_skills_path(path)
+        if (
+            not skills
+            and len(payload) <= MAX_INLINE_FILE
+            and self._agents.ready(sid) is not None
+        ):
+            try:
+                answer = self._agents.call(
+                    sid, "write", {"path": path}, payload, deadline=deadline, cancel=cancel
+                )
+            except AgentUnavailable:
+                pass
+            else:
+                failure = _write_results(answer, [path]).get(path)
+                if failure is not None:
+                    raise failure
+                return
         if len(payload) <= scripts.INLINE_WRITE_MAX and not self._lacks(sid, "base64"):
             user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
             args = scripts.inline_write_args(path, payload, skills)
@@ -257,6 +281,15 @@ class Files:
         deadline = Deadline.after(FILE_OP_TIMEOUT)
         began = time.monotonic()
         try:
+            if self._agents.ready(sid) is not None:
+                try:
+                    answer = self._agents.call(
+                        sid, "stat", {"path": path}, deadline=deadline, cancel=cancel
+                    ).answer
+                except AgentUnavailable:
+                    pass
+                else:
+                    return _stat_of(path, answer)
             r = self._script(
                 sid, scripts.SANDBOX_USER, scripts.stat_probe_args(path), STDERR_ROOM, cancel,
                 deadline,
@@ -293,6 +326,189 @@ class Files:
             return
         with silence_is_timeout():
             raise exc
+
+    def forget(self, sid: str) -> None:
+        """Drop what is kept about a sandbox that is being paused or destroyed."""
+        self._agents.forget(sid)
+
+    def close(self) -> None:
+        """End the file agent sessions (the provider is closing)."""
+        self._agents.close()
+
+    # -- through the file agent ------------------------------------------------------------
+
+    def _read_by_agent(
+        self,
+        sid: str,
+        path: str,
+        max_bytes: int,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> Optional[FileContent]:
+        want = max_bytes + 1
+        large = scripts.LARGE_READ_MIN if want > scripts.LARGE_READ_MIN else 0
+        got = self._agents.call(
+            sid, "read", {"path": path, "max": want, "large": large},
+            deadline=deadline, cancel=cancel,
+        )
+        content = _content_of(path, got.answer, got.data, max_bytes)
+        if content is not _LARGE:
+            return content
+        try:
+            return self._ctx.on_target(
+                sid, cancel, lambda t: self._read_fast(t, path, want, cancel, deadline)
+            )
+        except _Slow:
+            # the file changed under the fast path: read it through the agent after all
+            got = self._agents.call(
+                sid, "read", {"path": path, "max": want, "large": 0},
+                deadline=deadline, cancel=cancel,
+            )
+            content = _content_of(path, got.answer, got.data, max_bytes)
+            assert content is not _LARGE
+            return content
+
+    def write_many(
+        self,
+        sid: str,
+        files: List[Tuple[str, bytes]],
+        cancel: Optional[CancelToken],
+    ) -> Dict[str, CommandFailed]:
+        """Write every file (each atomically); the failures, by path (empty: all written).
+
+        Small files travel together, as few requests as :data:`MAX_PAYLOAD` allows; files
+        under ``/skills`` and files larger than :data:`MAX_INLINE_FILE` are written one by
+        one.
+        """
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        failed: Dict[str, CommandFailed] = {}
+        alone = [(p, d) for p, d in files
+                 if scripts.is_skills_path(p) or len(d) > MAX_INLINE_FILE]
+        together = [(p, d) for p, d in files
+                    if not (scripts.is_skills_path(p) or len(d) > MAX_INLINE_FILE)]
+        batch: List[Tuple[str, bytes]] = []
+        size = 0
+        for i, (path, data) in enumerate(together):
+            batch.append((path, data))
+            size += len(data)
+            last = i == len(together) - 1
+            if last or size + len(together[i + 1][1]) > MAX_PAYLOAD or len(batch) >= 4096:
+                try:
+                    failed.update(self._write_batch(sid, batch, cancel, deadline))
+                except AgentUnavailable:
+                    alone.extend(batch)
+                batch, size = [], 0
+        for path, data in alone:
+            try:
+                self.write(sid, path, data, cancel)
+            except CommandFailed as exc:
+                failed[path] = exc
+        return failed
+
+    def _write_batch(
+        self,
+        sid: str,
+        batch: List[Tuple[str, bytes]],
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> Dict[str, CommandFailed]:
+        what = f"writing {len(batch)} files (they may or may not have been written)"
+        fields = {"files": [{"path": p, "len": len(d)} for p, d in batch]}
+        payload = b"".join(d for _, d in batch)
+        for attempt in (1, 2):
+            began = time.monotonic()
+            try:
+                answer = self._agents.call(
+                    sid, "write_many", fields, payload, deadline=deadline, cancel=cancel
+                )
+                return _write_results(answer, [p for p, _ in batch])
+            except E2BProviderError as exc:
+                if not is_ambiguous(exc):
+                    raise
+                again = attempt == 1 and deadline.remaining() >= _RETRY_MIN_S
+                self._settle(sid, exc, began, cancel, what, retry=again)
+        raise AssertionError("unreachable")
+
+    def read_many(
+        self,
+        sid: str,
+        paths: List[str],
+        max_bytes: int,
+        cancel: Optional[CancelToken],
+    ) -> Tuple[Dict[str, Optional[FileContent]], Dict[str, CommandFailed]]:
+        """Read every path (at most ``max_bytes`` each): the contents (None: missing or a
+        directory) and the failures, by path."""
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        out: Dict[str, Optional[FileContent]] = {}
+        failed: Dict[str, CommandFailed] = {}
+        want = max_bytes + 1
+        large = scripts.LARGE_READ_MIN if want > scripts.LARGE_READ_MIN else 0
+        unique = list(dict.fromkeys(paths))
+        alone: List[str] = []
+        step = max(1, min(1024, (256 << 20) // want))
+        for start in range(0, len(unique), step):
+            chunk = unique[start : start + step]
+            try:
+                got = self._agents.call(
+                    sid, "read_many", {"paths": chunk, "max": want, "large": large},
+                    deadline=deadline, cancel=cancel,
+                )
+            except AgentUnavailable:
+                alone.extend(chunk)
+                continue
+            for part in got.parts:
+                i = part.answer.get("i")
+                if not isinstance(i, int) or not 0 <= i < len(chunk) or chunk[i] in out:
+                    raise ProtocolError("the file agent answered a read it was not asked for")
+                path = chunk[i]
+                try:
+                    content = _content_of(path, part.answer, part.data, max_bytes)
+                except CommandFailed as exc:
+                    failed[path] = exc
+                    continue
+                if content is _LARGE:
+                    alone.append(path)
+                else:
+                    out[path] = content
+            if len(got.parts) != len(chunk):
+                raise ProtocolError("the file agent did not answer every read")
+        for path in alone:
+            try:
+                out[path] = self.read(sid, path, max_bytes, cancel)
+            except CommandFailed as exc:
+                failed[path] = exc
+        return out, failed
+
+    def list_dir(
+        self, sid: str, path: str, depth: int, cancel: Optional[CancelToken]
+    ) -> Optional[List[DirEntry]]:
+        """The entries below ``path`` down to ``depth`` levels, as the sandbox user sees
+        them; None when ``path`` does not exist."""
+        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        try:
+            got = self._agents.call(
+                sid, "list", {"path": path, "depth": depth}, deadline=deadline, cancel=cancel
+            )
+        except AgentUnavailable as exc:
+            raise CommandFailed(
+                f"listing a directory needs python3 in the sandbox, and {exc}"
+            ) from None
+        answer = got.answer
+        if answer.get("missing"):
+            return None
+        if "noentry" in answer:
+            raise _closed_dir(path, str(answer["noentry"]))
+        if answer.get("notdir"):
+            raise CommandFailed(f"{path} is not a directory")
+        if "error" in answer:
+            raise _agent_failure(path, answer)
+        entries: List[DirEntry] = []
+        for part in got.parts:
+            raw = part.answer.get("entries")
+            if not isinstance(raw, list):
+                raise ProtocolError("the file agent sent a listing that is not a list")
+            entries.extend(_entry_of(e) for e in raw)
+        return entries
 
     def sweep(self, sid: str, cancel: Optional[CancelToken]) -> None:
         """Kill every file operation's processes in the sandbox and remove staged FIFOs."""
@@ -436,10 +652,11 @@ class Files:
         cancel: Optional[CancelToken],
         deadline: Deadline,
         body: Callable[[_Helper], _T],
+        user: str = scripts.ROOT_USER,
     ) -> _T:
-        """Start ``argv`` as root (marked), run ``body`` with it, and clean up whatever it
-        started when ``body`` ends early (an error, a cancel, Ctrl-C)."""
-        helper = _Helper(self._ctx, target, argv, op_id, cancel, deadline)
+        """Start ``argv`` as ``user`` (marked), run ``body`` with it, and clean up whatever
+        it started when ``body`` ends early (an error, a cancel, Ctrl-C)."""
+        helper = _Helper(self._ctx, target, argv, op_id, cancel, deadline, user)
         try:
             with helper:
                 return body(helper)
@@ -468,7 +685,8 @@ class Files:
         sid = target.sandbox_id
         prepare = not self._known(sid, _STAGED)
         argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
-                *scripts.stream_write_args(path, fifo, skills, op_id, prepare)]
+                *scripts.stream_write_args(path, fifo, skills, op_id, prepare,
+                                           size=len(payload))]
 
         def body(helper: _Helper) -> None:
             if helper.first_line() != b"ready":
@@ -607,9 +825,110 @@ def _content(data: bytes, max_bytes: int) -> FileContent:
     return FileContent(data[:max_bytes] if truncated else data, truncated)
 
 
+#: The system's words for a refusal, which "permission denied" already says.
+_GENERIC_DENIALS = ("permission denied", "operation not permitted", "eacces", "eperm")
+#: Said by :func:`_content_of` for a file the fast large-read path should read.
+_LARGE = FileContent(b"", True)
+
+
+def _agent_failure(path: str, answer: Dict[str, Any]) -> CommandFailed:
+    """The error for a file agent's ``{"error": ...}`` answer about ``path``."""
+    code = str(answer.get("error", "EIO"))
+    message = str(answer.get("message", "")) or code
+    where = answer.get("path") or path
+    if code in ("EACCES", "EPERM"):
+        why = "" if message.lower() in _GENERIC_DENIALS else f" ({message})"
+        return CommandFailed(f"permission denied: {where}{why}; {_ACCESS_HINT}", exit_code=None)
+    reason = f"{message[:1].lower()}{message[1:]}" if message else code
+    text = f"{where}: {reason}" if str(where) not in reason else reason
+    return CommandFailed(text, exit_code=None)
+
+
+def _closed_dir(path: str, closed: str) -> CommandFailed:
+    return CommandFailed(
+        f"permission denied: user 'sandbox' may not enter {closed}, so {path} cannot be "
+        f"examined (it may exist); {_ACCESS_HINT}",
+        exit_code=None,
+    )
+
+
+def _content_of(
+    path: str, answer: Dict[str, Any], data: bytes, max_bytes: int
+) -> Optional[FileContent]:
+    """A file agent's read answer as :meth:`Files.read` returns it (``_LARGE``: take the
+    fast path)."""
+    if answer.get("missing"):
+        return None
+    if "noentry" in answer:
+        raise _closed_dir(path, str(answer["noentry"]))
+    if "error" in answer:
+        raise _agent_failure(path, answer)
+    kind = answer.get("kind")
+    if kind == "dir":
+        return None
+    if kind == "other":
+        raise CommandFailed(
+            f"{path} is {answer.get('type', 'not a regular file')}: only regular files are "
+            "read (a FIFO or device could block or never end)"
+        )
+    if kind != "file":
+        raise ProtocolError("the file agent answered a read with something unknown")
+    if answer.get("large"):
+        return _LARGE
+    return _content(data, max_bytes)
+
+
+def _stat_of(path: str, answer: Dict[str, Any]) -> Optional[FileStat]:
+    if answer.get("missing"):
+        return None
+    if "noentry" in answer:
+        raise _closed_dir(path, str(answer["noentry"]))
+    if "error" in answer:
+        raise _agent_failure(path, answer)
+    size = answer.get("size")
+    if answer.get("kind") not in ("file", "dir", "other") or not isinstance(size, int):
+        raise ProtocolError("the file agent answered a stat with something unknown")
+    return FileStat(size=size, is_dir=answer["kind"] == "dir")
+
+
+def _write_results(answer: AgentAnswer, paths: List[str]) -> Dict[str, CommandFailed]:
+    """The failures in a file agent's write answer, by path."""
+    results = answer.answer.get("results")
+    if not isinstance(results, list) or len(results) != len(paths):
+        if "error" in answer.answer:
+            failure = _agent_failure(paths[0] if paths else "", answer.answer)
+            return {p: failure for p in paths}
+        raise ProtocolError("the file agent answered a write with something unknown")
+    failed: Dict[str, CommandFailed] = {}
+    for path, r in zip(paths, results):
+        if not isinstance(r, dict) or r.get("ok") is True:
+            continue
+        failed[path] = _agent_failure(path, r)
+    return failed
+
+
+def _entry_of(raw: Any) -> DirEntry:
+    if not isinstance(raw, dict):
+        raise ProtocolError("the file agent sent a listing entry that is not an object")
+    try:
+        kind = str(raw["type"])
+        return DirEntry(
+            name=str(raw["name"]),
+            path=str(raw["path"]),
+            type=kind if kind in ("file", "dir", "symlink") else "other",
+            size=int(raw["size"]),
+            mode=int(raw["mode"]),
+            mtime=datetime.datetime.fromtimestamp(float(raw["mtime"]), datetime.timezone.utc),
+            symlink_target=str(raw["target"]) if kind == "symlink" else None,
+        )
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        raise ProtocolError("the file agent sent a malformed listing entry") from None
+
+
 class _Helper:
-    """One root helper process in the sandbox, read in two halves: up to its first line,
-    then (after the caller's ``/files`` transfer) to its end.
+    """One helper process in the sandbox (root's, unless ``user`` says otherwise), read in
+    two halves: up to its first line, then (after the caller's ``/files`` transfer) to its
+    end — or read as a stream of standard output pieces (:meth:`next_output`).
 
     Every read is bounded by the operation's deadline and stops when ``cancel`` fires
     (both abort the stream); the stream's own read timeout bounds a silent envd.
@@ -623,8 +942,10 @@ class _Helper:
         op_id: str,
         cancel: Optional[CancelToken],
         deadline: Deadline,
+        user: str = scripts.ROOT_USER,
     ) -> None:
         self._ctx = ctx
+        self._user = user
         self.envd: EnvdClient = ctx.envd(target)
         self._argv = argv
         self.op_id = op_id
@@ -658,7 +979,7 @@ class _Helper:
         self._undo.append(cancel_timer)
         try:
             stream = self.envd.start(
-                user=scripts.ROOT_USER,
+                user=self._user,
                 cmd=self._argv[0],
                 args=self._argv[1:],
                 cwd="/",
@@ -726,6 +1047,20 @@ class _Helper:
             self.exit_code = ev.exit_code
             self.ended = True
         return True
+
+    def next_output(self) -> Optional[bytes]:
+        """The next piece of standard output (standard error is kept, up to a bound); None
+        after the end."""
+        while not self._stdout:
+            if not self._next():
+                return None
+        out = bytes(self._stdout)
+        self._stdout.clear()
+        return out
+
+    def stderr_lines(self) -> List[bytes]:
+        """The standard error kept so far, by line."""
+        return bytes(self._stderr).splitlines()
 
     def first_line(self) -> Optional[bytes]:
         """The first line the helper printed (without its newline); None if it ended first."""

@@ -63,6 +63,7 @@ __all__ = [
     "STAT_SCRIPT",
     "STREAM_WRITE_SCRIPT",
     "TAG_PATTERN",
+    "TREE_UPLOAD_SCRIPT",
     "UPLOAD_DIR",
     "USER_PARTS_PREFIX",
     "USER_WRITE_SCRIPT",
@@ -85,6 +86,7 @@ __all__ = [
     "stat_args",
     "stat_probe_args",
     "stream_write_args",
+    "tree_upload_args",
     "write_args",
 ]
 
@@ -819,3 +821,33 @@ _CONTROL_RE = re.compile(
     re.escape(_CONTROL_PREFIX)
     + r"(?:[A-Za-z0-9_-]{1,64}-)?[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"
 )
+
+
+# ---- tree uploads (the provider's own) ----------------------------------------------------
+
+#: As root: receives a tree upload through a FIFO. Prepares the staging directory and the
+#: FIFO ``$2`` exactly as :data:`STREAM_WRITE_SCRIPT` does (``$5`` = 1: make it root-only
+#: and sweep it in any case), says ``ready``, then runs the file agent's ``extract`` (the
+#: program text is ``$6``) on what arrives: as ``sandbox`` (``$4`` = 0) or, under
+#: ``/skills`` (``$4`` = 1), as root with the ``/skills`` rules. ``$1`` is the destination
+#: directory, ``$3`` the name of the stream's end marker. The agent prints a JSON summary.
+TREE_UPLOAD_SCRIPT = (
+    "d=" + UPLOAD_DIR + '; f=$2; '
+    'if [ "$5" = 1 ] || [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
+    'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '
+    'find "$d" -mindepth 1 -maxdepth 1 ! -name parts -mmin +10 -exec rm -rf -- {} + '
+    '2>/dev/null; fi; '
+    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
+    'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
+    'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$6" extract "$1" "$3" root; fi; '
+    "exec runuser -u " + SANDBOX_USER + ' -- python3 -I -S -X utf8 -c "$6" extract "$1" "$3"'
+)
+
+
+def tree_upload_args(
+    dest: str, fifo: str, end: str, skills: bool, op_id: str, program: str,
+    prepare: bool = True,
+) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that run :data:`TREE_UPLOAD_SCRIPT`."""
+    return ["-c", TREE_UPLOAD_SCRIPT, fileop_name(op_id), dest, fifo, end,
+            "1" if skills else "0", "1" if prepare else "0", program]

@@ -61,7 +61,7 @@ import os
 import re
 import threading
 import weakref
-from typing import Any, Deque, Dict, Iterable, Optional, Set, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, Mapping, Optional, Set, Tuple, Union
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -72,6 +72,7 @@ __all__ = [
     "Conflict",
     "E2BHttpError",
     "E2BProviderError",
+    "FilesFailed",
     "InvalidArgument",
     "MissingAccessToken",
     "NotFound",
@@ -355,6 +356,42 @@ class CommandFailed(E2BProviderError):
         self.exit_code = exit_code
         self.stderr = _clip(stderr.strip(), 500)
         super().__init__(f"{message}: {self.stderr}" if self.stderr else message)
+
+
+#: Failed paths a :class:`FilesFailed` message names, and gives the reason of
+#: (``.failed`` has them all).
+_MAX_NAMED = 1000
+_MAX_REASONS = 20
+
+
+class FilesFailed(CommandFailed):
+    """Some files of a batch (``write_files``, ``read_files``, ``upload``, ``download``)
+    failed; the others were done. The message names every path that failed.
+
+    Attributes:
+        failed: each failed path and why (a :class:`CommandFailed` each).
+        results: for ``read_files``, what was read of the other paths; else empty.
+        summary: for ``upload`` and ``download``, what was moved
+            (a :class:`~e2b_provider.TransferSummary`); else None.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        failed: Mapping[str, CommandFailed],
+        results: Optional[Mapping[str, Any]] = None,
+        *,
+        summary: Any = None,
+    ) -> None:
+        self.failed: Dict[str, CommandFailed] = dict(failed)
+        self.results: Dict[str, Any] = dict(results or {})
+        self.summary = summary
+        items = list(self.failed.items())
+        said = [f"{p}: {e}" for p, e in items[:_MAX_REASONS]]
+        said += [p for p, _ in items[_MAX_REASONS:_MAX_NAMED]]
+        more = len(items) - len(said)
+        tail = f"; and {more} more (see .failed)" if more > 0 else ""
+        super().__init__(f"{what}: {len(items)} failed: {'; '.join(said)}{tail}")
 
 
 class OperationTimeout(E2BProviderError, TimeoutError):

@@ -17,6 +17,7 @@ import attrs
 from .errors import register_secret
 
 __all__ = [
+    "DirEntry",
     "Egress",
     "ExecResult",
     "FileContent",
@@ -26,6 +27,7 @@ __all__ = [
     "SandboxRef",
     "SandboxSummary",
     "Target",
+    "TransferSummary",
 ]
 
 Egress = Literal["none", "allowlist", "open"]
@@ -165,6 +167,47 @@ class FileStat:
 
     size: int
     is_dir: bool
+
+
+@attrs.frozen
+class DirEntry:
+    """One entry of a directory listing, as the ``sandbox`` user sees it.
+
+    Attributes:
+        name: its name in its directory.
+        path: its absolute path.
+        type: ``"file"``, ``"dir"``, ``"symlink"`` (the link itself, never followed) or
+            ``"other"`` (a FIFO, socket or device).
+        size: its size in bytes (a symbolic link's: the length of its target).
+        mode: its permission bits (e.g. ``0o644``).
+        mtime: when its content last changed, timezone-aware UTC.
+        symlink_target: what a symbolic link points to; None for other types.
+    """
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: int
+    mtime: datetime.datetime
+    symlink_target: Optional[str] = None
+
+
+@attrs.frozen
+class TransferSummary:
+    """What an upload or download of a file or tree moved.
+
+    Attributes:
+        files: regular files written.
+        dirs: directories made (or found).
+        symlinks: symbolic links written.
+        bytes: bytes of file content written.
+    """
+
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
 
 
 @attrs.frozen

@@ -16,20 +16,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
-from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _validate as v
+from ._agent import FileAgents
 from ._commands import Commands
 from ._context import Bounds, ProviderContext
 from ._files import Files
 from ._lifecycle import Lifecycle, ResumeOutcome
 from ._messages import is_ambiguous, reword
+from ._trees import Progress, Trees
 from ._watchdog import Watchdog
 from .cancel import CancelToken
 from .config import DeploymentConfig
-from .errors import E2BProviderError, InvalidArgument, TransportError
+from .errors import (
+    CommandFailed,
+    E2BProviderError,
+    FilesFailed,
+    InvalidArgument,
+    TransportError,
+)
 from .models import (
+    DirEntry,
     ExecResult,
     FileContent,
     FileStat,
@@ -37,6 +47,7 @@ from .models import (
     SandboxLimits,
     SandboxRef,
     SandboxSummary,
+    TransferSummary,
 )
 
 __all__ = ["E2BSandboxProvider"]
@@ -47,6 +58,9 @@ log = logging.getLogger("e2b_provider")
 DEFAULT_EXEC_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_MAX_READ_BYTES = 1 << 20
+#: Content a download accepts by default, and at most.
+DEFAULT_MAX_DOWNLOAD_BYTES = 10 << 30
+MAX_DOWNLOAD_BYTES = 1 << 40
 #: The kill job is bounded by this; past it the sandbox counts as wedged.
 KILL_BOUND = 20.0
 #: After a successful kill, how long the stream may take to end.
@@ -145,7 +159,8 @@ class E2BSandboxProvider:
         )
         self._lifecycle = Lifecycle(ctx)
         self._commands = Commands(ctx, self._lifecycle)
-        self._files = Files(ctx)
+        self._files = Files(ctx, FileAgents(ctx))
+        self._trees = Trees(ctx, self._files)
         ctx.on_fork(self._lifecycle.after_fork)
 
     # -- housekeeping -------------------------------------------------------------------
@@ -164,6 +179,7 @@ class E2BSandboxProvider:
         ``wedged=False``, and the command is left to its in-sandbox timeout (its ``timeout``
         plus 5 s).
         """
+        self._files.close()
         self._ctx.close()
 
     def __enter__(self) -> E2BSandboxProvider:
@@ -294,6 +310,7 @@ class E2BSandboxProvider:
         if cancel is not None:
             cancel.raise_if_cancelled()
         with self._doing(f"suspending sandbox {sid}"):
+            self._files.forget(sid)
             self._lifecycle.suspend(sid, cancel)
 
     def destroy(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
@@ -312,6 +329,7 @@ class E2BSandboxProvider:
         if cancel is not None:
             cancel.raise_if_cancelled()
         with self._doing(f"destroying sandbox {sid}"):
+            self._files.forget(sid)
             self._lifecycle.destroy(sid, cancel)
 
     def destroy_by_name(self, name: str, *, cancel: Optional[CancelToken] = None) -> int:
@@ -676,3 +694,329 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         with self._doing(f"examining {path} in sandbox {sid}"):
             return self._files.stat(sid, path, cancel)
+
+    # -- many files ---------------------------------------------------------------------
+
+    def write_files(
+        self,
+        sandbox: SandboxRef,
+        files: Mapping[str, Union[bytes, bytearray, memoryview, str]],
+        *,
+        cancel: Optional[CancelToken] = None,
+    ) -> None:
+        """Write many files, each atomically, as :meth:`write_file` writes one.
+
+        Small files travel together: a batch whose contents add up to at most 1 MiB costs
+        one request on a warm sandbox. ``str`` contents are written as UTF-8. Files under
+        ``/skills``, and files larger than 256 KiB, are written one by one (for many large
+        files, :meth:`upload` a directory instead).
+
+        Each file goes to a temporary file in its own directory and is renamed into place
+        when whole, so a file is either its old content or its new content, never a mix,
+        whatever happens to the call. On failure the files that could be written are.
+
+        Takes at most 120 s for each batch (plus what :meth:`write_file` takes for each
+        file written alone).
+
+        Raises:
+            InvalidArgument: a bad path or content, or a path given twice (before any I/O:
+                nothing is written).
+            FilesFailed: some files could not be written; ``.failed`` says which and why
+                (the others were written).
+            OperationTimeout, SandboxPaused, TransportError, ProtocolError,
+            SandboxGoneError, ProviderClosed, Cancelled: as for :meth:`write_file` (some
+                files may have been written).
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        items = _checked_files(files)
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(
+            f"writing {len(items)} files in sandbox {sid}",
+            "the files may or may not have been written (the answer was lost twice)",
+        ):
+            failed = self._files.write_many(sid, items, cancel)
+        if failed:
+            raise FilesFailed(f"writing {len(items)} files in sandbox {sid}", failed)
+
+    def read_files(
+        self,
+        sandbox: SandboxRef,
+        paths: Iterable[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_READ_BYTES,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Optional[FileContent]]:
+        """Read many files (as user ``sandbox``), each as :meth:`read_file` reads one.
+
+        On a warm sandbox, any number of small files costs one request.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            paths: absolute, normalized sandbox paths (a path given twice is read once).
+            max_bytes: the most bytes returned per file (default 1 MiB, at most 1 GiB).
+            cancel: cancels the call.
+
+        Returns:
+            Each path's content (``truncated`` when the file is longer), or None when it
+            does not exist or is a directory.
+
+        Raises:
+            InvalidArgument: a bad path or max_bytes (before any I/O).
+            FilesFailed: some files could not be read (permission denied, not a regular
+                file...); ``.failed`` says which and why, ``.results`` holds the others.
+            OperationTimeout, SandboxPaused, SandboxGoneError, ProviderClosed, Cancelled:
+                as for :meth:`read_file`.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        if isinstance(paths, str):
+            raise InvalidArgument("paths must be a list of paths, not one string")
+        wanted = list(paths)
+        for path in wanted:
+            v.check_path(path)
+        v.check_max_bytes(max_bytes, "max_bytes")
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(f"reading {len(wanted)} files in sandbox {sid}"):
+            out, failed = self._files.read_many(sid, wanted, max_bytes, cancel)
+        if failed:
+            raise FilesFailed(f"reading {len(wanted)} files in sandbox {sid}", failed, out)
+        return out
+
+    def list_dir(
+        self,
+        sandbox: SandboxRef,
+        path: str,
+        *,
+        depth: int = 1,
+        cancel: Optional[CancelToken] = None,
+    ) -> Optional[List[DirEntry]]:
+        """The entries of a directory (as user ``sandbox`` sees them), ``depth`` levels down.
+
+        Symbolic links are listed as links (``type="symlink"``, ``symlink_target``), never
+        followed; directories below ``path`` that the user may not read are listed but not
+        entered. At most 1,000,000 entries.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            path: an absolute, normalized sandbox path.
+            depth: 1 lists ``path``'s own entries; 2 also those of its subdirectories, and
+                so on (1-64).
+            cancel: cancels the call.
+
+        Returns:
+            The entries (sorted by name within each directory, level by level), or None
+            when ``path`` does not exist.
+
+        Raises:
+            InvalidArgument: a bad path or depth (before any I/O).
+            CommandFailed: ``path`` is not a directory, or the user may not enter or read
+                it (the message says which), or the sandbox has no ``python3``.
+            OperationTimeout, SandboxPaused, SandboxGoneError, ProviderClosed, Cancelled.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        v.check_path(path)
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
+            raise InvalidArgument("depth must be an int from 1 to 64")
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(f"listing {path} in sandbox {sid}"):
+            return self._files.list_dir(sid, path, depth, cancel)
+
+    # -- whole trees --------------------------------------------------------------------
+
+    def upload(
+        self,
+        sandbox: SandboxRef,
+        local_path: Union[str, os.PathLike[str]],
+        remote_path: str,
+        *,
+        exclude: Iterable[str] = (),
+        cancel: Optional[CancelToken] = None,
+        progress: Optional[Progress] = None,
+    ) -> TransferSummary:
+        """Copy a local file or directory tree into the sandbox, as one tar stream.
+
+        ``remote_path`` becomes the copy of ``local_path``: the file itself, or the
+        directory (made if missing; what is already there and not in the upload stays).
+        Files are owned by ``sandbox`` and keep their permission bits (under ``/skills``:
+        root's, mode 0644); symbolic links are sent as links, never followed (here or in
+        the sandbox: a link in the way in the sandbox is replaced, never written through).
+        Each file goes to a temporary name in its own directory and is renamed into place
+        when whole, so a cancelled, failed or interrupted upload leaves every file either
+        as it was or wholly new. Two requests whatever the number of files; the content is
+        read from disk as it is sent (memory stays flat).
+
+        Args:
+            sandbox: the handle or sandbox id.
+            local_path: a file or directory on this machine.
+            remote_path: an absolute, normalized sandbox path.
+            exclude: ``fnmatch`` patterns (``*.pyc``, ``.git``, ``build/*``), matched against
+                each entry's path relative to ``local_path`` and against its name; an
+                excluded directory is not entered.
+            cancel: cancels the call.
+            progress: called as ``progress(done_bytes, total_bytes)`` as content is sent
+                (on the calling thread).
+
+        Returns:
+            What was written.
+
+        Takes at most 120 s plus one second per MiB of content.
+
+        Raises:
+            InvalidArgument: a bad argument, or ``local_path`` missing (before any I/O).
+            FilesFailed: some entries could not be written (``.failed`` says which and why;
+                ``.summary`` what was written).
+            CommandFailed: the upload failed as a whole (the sandbox has no ``python3``, a
+                directory on the way is closed to the user, a ``/skills`` directory is
+                writable by others...).
+            OperationTimeout, SandboxPaused, TransportError, SandboxGoneError,
+            ProviderClosed, Cancelled.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        src = _local(local_path, "local_path")
+        v.check_path(remote_path)
+        patterns = _patterns(exclude)
+        if progress is not None and not callable(progress):
+            raise InvalidArgument("progress must be callable")
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        what = f"uploading {src} to {remote_path} in sandbox {sid}"
+        with self._doing(what, "some files may have been written"):
+            summary, errors = self._trees.upload(
+                sid, src, remote_path, exclude=patterns, cancel=cancel, progress=progress
+            )
+        if errors:
+            raise FilesFailed(what, _entry_failures(errors), summary=summary)
+        return summary
+
+    def download(
+        self,
+        sandbox: SandboxRef,
+        remote_path: str,
+        local_path: Union[str, os.PathLike[str]],
+        *,
+        exclude: Iterable[str] = (),
+        max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
+        cancel: Optional[CancelToken] = None,
+        progress: Optional[Progress] = None,
+    ) -> TransferSummary:
+        """Copy a sandbox file or directory tree to this machine, as one tar stream.
+
+        ``local_path`` becomes the copy of ``remote_path`` (a directory is made if missing,
+        merged into if it exists). What the ``sandbox`` user cannot read is reported, not
+        copied. The sandbox is not trusted: nothing is ever written outside ``local_path``
+        (absolute names, ``..``, symbolic links leading outside or to absolute paths and
+        device files are refused by :mod:`tarfile`'s ``data`` filter and reported), and
+        the transfer stops past ``max_bytes`` of content. One request whatever the number of
+        files; memory stays flat.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            remote_path: an absolute, normalized sandbox path.
+            local_path: where the copy goes on this machine.
+            exclude: ``fnmatch`` patterns, as for :meth:`upload`.
+            max_bytes: the most content accepted (default 10 GiB).
+            cancel: cancels the call.
+            progress: called as ``progress(done_bytes, total_bytes)`` (total as the sandbox
+                counted it before sending) after each file.
+
+        Returns:
+            What was written.
+
+        Takes at most 120 s plus one second per MiB of ``max_bytes``.
+
+        Raises:
+            InvalidArgument: a bad argument (before any I/O), or a Python without
+                :mod:`tarfile` extraction filters.
+            FilesFailed: some entries were not copied (``.failed``; ``.summary``).
+            CommandFailed: ``remote_path`` does not exist or cannot be read, the content is
+                larger than ``max_bytes``, or the sandbox has no ``python3``.
+            OSError: writing on this machine failed.
+            OperationTimeout, SandboxPaused, TransportError, SandboxGoneError,
+            ProviderClosed, Cancelled.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        v.check_path(remote_path)
+        dst = _local(local_path, "local_path")
+        patterns = _patterns(exclude)
+        if (
+            isinstance(max_bytes, bool)
+            or not isinstance(max_bytes, int)
+            or not 0 < max_bytes <= MAX_DOWNLOAD_BYTES
+        ):
+            raise InvalidArgument(f"max_bytes must be an int from 1 to {MAX_DOWNLOAD_BYTES}")
+        if progress is not None and not callable(progress):
+            raise InvalidArgument("progress must be callable")
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        what = f"downloading {remote_path} from sandbox {sid} to {dst}"
+        with self._doing(what, "some files may have been written"):
+            summary, errors = self._trees.download(
+                sid, remote_path, dst, exclude=patterns, max_bytes=max_bytes, cancel=cancel,
+                progress=progress,
+            )
+        if errors:
+            raise FilesFailed(what, _entry_failures(errors), summary=summary)
+        return summary
+
+
+def _checked_files(
+    files: Mapping[str, Union[bytes, bytearray, memoryview, str]],
+) -> List[Tuple[str, bytes]]:
+    """``files`` as (path, bytes) pairs, every path and content checked."""
+    if not isinstance(files, Mapping):
+        raise InvalidArgument("files must be a mapping of path to content")
+    out: List[Tuple[str, bytes]] = []
+    for path, data in files.items():
+        v.check_path(path)
+        if isinstance(data, str):
+            try:
+                raw = data.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidArgument(
+                    f"the content for {v.show(path)} is not valid UTF-8 text (it has a lone "
+                    "surrogate); pass bytes"
+                ) from None
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            raw = bytes(data)
+        else:
+            raise InvalidArgument(f"the content for {v.show(path)} must be bytes or str")
+        out.append((path, raw))
+    return out
+
+
+def _local(path: Union[str, os.PathLike[str]], what: str) -> str:
+    """A local path argument as a string."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgument(f"{what} must be a path (str or os.PathLike)")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise InvalidArgument(f"{what} must be a non-empty path without NUL")
+    return text
+
+
+def _patterns(exclude: Iterable[str]) -> List[str]:
+    if isinstance(exclude, str):
+        raise InvalidArgument("exclude must be a list of patterns, not one string")
+    out = list(exclude)
+    for pattern in out:
+        if not isinstance(pattern, str) or not pattern or "\x00" in pattern:
+            raise InvalidArgument("each exclude pattern must be a non-empty string")
+        if len(out) > 1000:
+            raise InvalidArgument("at most 1000 exclude patterns")
+    return out
+
+
+def _entry_failures(errors: List[Dict[str, object]]) -> Dict[str, CommandFailed]:
+    """The entries a transfer reported as not written, as :class:`FilesFailed` wants."""
+    out: Dict[str, CommandFailed] = {}
+    for e in errors:
+        path = str(e.get("path") or "?")
+        out[path] = CommandFailed(str(e.get("message") or e.get("error") or "failed"))
+    return out

@@ -1,0 +1,679 @@
+"""Whole trees (or single files) moved between this machine and a sandbox as tar streams.
+
+This module owns :class:`Trees`, the provider's part behind ``upload`` and ``download``,
+and the two ends of each stream on this machine: :func:`plan_upload` and
+:func:`tar_stream` (a local file or directory walked without following symbolic links,
+written as a POSIX tar stream piece by piece, so memory stays flat whatever the size), and
+:func:`extract_stream` (a tar stream from the sandbox written under the local target
+through :mod:`tarfile`'s ``data`` filter: no absolute names, no ``..``, no link or device
+leading outside the target — the sandbox is not trusted).
+
+In the sandbox the other end is :mod:`e2b_provider.sandbox_side.file_agent`:
+
+* upload: a root helper makes a FIFO in the root-only staging directory and says
+  ``ready``; envd's ``POST /files`` streams the tar into it, and the agent's ``extract``
+  (as ``sandbox``, or as root under ``/skills``) writes each file to a temporary name in its
+  own directory and renames it into place once whole. The stream ends with a member named
+  by a random marker, so a cut upload is never taken for a complete one. Two requests,
+  whatever the number of files.
+* download: the agent's ``pack`` (as ``sandbox``) writes the tar to its standard output,
+  read here as it arrives. One request.
+
+Both are file operations: cancelled, timed out or interrupted, every process they started
+in the sandbox is killed and their FIFO removed before the error is raised.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import json
+import logging
+import os
+import posixpath
+import stat as stat_mod
+import tarfile
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import attrs
+
+from . import _scripts as scripts
+from ._context import ProviderContext
+from ._files import Files, _Helper
+from .cancel import CancelToken, Deadline
+from .errors import CommandFailed, E2BHttpError, InvalidArgument, ProtocolError
+from .models import Target, TransferSummary
+from .sandbox_side import source
+
+__all__ = [
+    "Progress",
+    "Trees",
+    "UploadPlan",
+    "extract_stream",
+    "plan_upload",
+    "tar_stream",
+    "tree_bound",
+]
+
+log = logging.getLogger("e2b_provider")
+
+#: ``progress(done_bytes, total_bytes_or_None)``: called as file content moves.
+Progress = Callable[[int, Optional[int]], None]
+
+_BLOCK = 512
+_CHUNK = 1 << 20
+#: A tree transfer may take this long, plus :data:`_MIN_RATE` seconds per byte.
+_BASE_S = 120.0
+_MIN_RATE = float(1 << 20)
+#: Kept from a helper's standard error, for messages.
+_ERR_KEEP = 64 * 1024
+
+
+def tree_bound(total_bytes: int) -> float:
+    """Seconds a transfer of ``total_bytes`` of content may take in all."""
+    return _BASE_S + max(0, total_bytes) / _MIN_RATE
+
+
+@attrs.frozen
+class _Item:
+    rel: str
+    path: str
+    mode: int
+    mtime: float
+    size: int
+    link: str = ""
+    is_dir: bool = False
+
+
+@attrs.frozen
+class UploadPlan:
+    """What an upload will send: the entries (relative names, in order) and their total."""
+
+    items: Tuple[_Item, ...]
+    total: int
+    is_dir: bool
+
+
+def _excluded(rel: str, name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def plan_upload(local_path: str, name: str, exclude: Sequence[str]) -> UploadPlan:
+    """Walk ``local_path`` (not following symbolic links; a directory's entries sorted).
+
+    Args:
+        local_path: a file, a symbolic link or a directory on this machine.
+        name: the member name a single file gets.
+        exclude: ``fnmatch`` patterns matched against each relative path and base name.
+
+    Raises:
+        InvalidArgument: ``local_path`` does not exist or is neither a file, a link nor a
+            directory (before any I/O in the sandbox).
+    """
+    try:
+        top = os.lstat(local_path)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot upload {local_path!r}: {exc.strerror}") from None
+    if not stat_mod.S_ISDIR(top.st_mode):
+        if not (stat_mod.S_ISREG(top.st_mode) or stat_mod.S_ISLNK(top.st_mode)):
+            raise InvalidArgument(f"cannot upload {local_path!r}: not a file or directory")
+        item = _item(name, local_path, top)
+        return UploadPlan((item,), item.size, False)
+    items: List[_Item] = []
+    stack = [("", local_path)]
+    while stack:
+        rel_dir, abs_dir = stack.pop()
+        try:
+            names = sorted(os.listdir(abs_dir))
+        except OSError as exc:
+            raise InvalidArgument(f"cannot upload {abs_dir!r}: {exc.strerror}") from None
+        below: List[Tuple[str, str]] = []
+        for entry in names:
+            rel = f"{rel_dir}/{entry}" if rel_dir else entry
+            if _excluded(rel, entry, exclude):
+                continue
+            path = os.path.join(abs_dir, entry)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            mode = st.st_mode
+            if stat_mod.S_ISDIR(mode):
+                items.append(_item(rel, path, st))
+                below.append((rel, path))
+            elif stat_mod.S_ISREG(mode) or stat_mod.S_ISLNK(mode):
+                items.append(_item(rel, path, st))
+            else:
+                log.info("e2b_provider: upload skips %s (not a file, directory or link)", path)
+        stack.extend(reversed(below))
+    return UploadPlan(tuple(items), sum(i.size for i in items), True)
+
+
+def _item(rel: str, path: str, st: os.stat_result) -> _Item:
+    mode = st.st_mode
+    if stat_mod.S_ISLNK(mode):
+        return _Item(rel, path, 0o777, st.st_mtime, 0, os.readlink(path))
+    if stat_mod.S_ISDIR(mode):
+        return _Item(rel, path, stat_mod.S_IMODE(mode), st.st_mtime, 0, is_dir=True)
+    return _Item(rel, path, stat_mod.S_IMODE(mode), st.st_mtime, st.st_size)
+
+
+def _header(item: _Item, size: int) -> bytes:
+    ti = tarfile.TarInfo(item.rel)
+    ti.mode = item.mode & 0o777
+    ti.mtime = int(item.mtime)
+    if item.link:
+        ti.type = tarfile.SYMTYPE
+        ti.linkname = item.link
+    elif size < 0:
+        ti.type = tarfile.DIRTYPE
+    else:
+        ti.size = size
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def tar_stream(
+    plan: UploadPlan,
+    end_name: str,
+    *,
+    progress: Optional[Progress] = None,
+    cancel: Optional[CancelToken] = None,
+) -> Iterator[bytes]:
+    """The tar stream of ``plan``, in pieces of about :data:`_CHUNK` bytes (small members
+    are gathered into one piece), ending with an empty member named ``end_name`` and the
+    end-of-archive blocks.
+
+    A file that shrank since it was planned is padded with zeros to its planned size (and
+    logged); one that grew is cut at it, so the stream always matches its headers.
+
+    Raises:
+        Cancelled: ``cancel`` fired (checked between pieces).
+        OSError: a local file could not be read.
+    """
+    done = 0
+    out = bytearray()
+    if progress is not None:
+        progress(0, plan.total)
+    for item in plan.items:
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        if item.is_dir or item.link:
+            out += _header(item, -1 if item.is_dir else 0)
+            continue
+        out += _header(item, item.size)
+        left = item.size
+        with open(item.path, "rb") as f:
+            while left > 0:
+                piece = f.read(min(max(_CHUNK - len(out), _BLOCK), left))
+                if not piece:
+                    log.warning("e2b_provider: %s shrank while it was uploaded; its end is "
+                                "padded with zeros", item.path)
+                    piece = b"\0" * min(_CHUNK, left)
+                left -= len(piece)
+                done += len(piece)
+                out += piece
+                if len(out) >= _CHUNK:
+                    yield bytes(out)
+                    out.clear()
+                    if cancel is not None:
+                        cancel.raise_if_cancelled()
+                    if progress is not None:
+                        progress(done, plan.total)
+        out += b"\0" * (-item.size % _BLOCK)
+    end = tarfile.TarInfo(end_name)
+    out += end.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    out += b"\0" * (2 * _BLOCK)
+    yield bytes(out)
+    if progress is not None:
+        progress(done, plan.total)
+
+
+class _Chunks:
+    """A file object over pieces of bytes pulled from ``pull`` (None: the end)."""
+
+    def __init__(self, pull: Callable[[], Optional[bytes]]) -> None:
+        self._pull = pull
+        self._buf = b""
+        self._eof = False
+        self.count = 0
+
+    def read_line(self, limit: int) -> bytes:
+        """The first line (without its newline), at most ``limit`` bytes."""
+        while b"\n" not in self._buf and not self._eof and len(self._buf) <= limit:
+            piece = self._pull()
+            if piece is None:
+                self._eof = True
+                break
+            self._buf += piece
+        line, nl, rest = self._buf.partition(b"\n")
+        if not nl:
+            return b""
+        self._buf = rest
+        return line
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._eof and (n < 0 or len(self._buf) < n):
+            piece = self._pull()
+            if piece is None:
+                self._eof = True
+                break
+            self.count += len(piece)
+            self._buf += piece
+        if n < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+def _filter() -> Callable[..., Any]:
+    data_filter = getattr(tarfile, "data_filter", None)
+    if data_filter is None:
+        raise InvalidArgument(
+            "downloads need tarfile's extraction filters (Python 3.9.17+, 3.10.12+, "
+            "3.11.4+ or 3.12+)"
+        )
+    return data_filter  # type: ignore[no-any-return]
+
+
+class _LocalTree:
+    """Writes members under one local directory through directory descriptors opened
+    without following a symbolic link (``O_NOFOLLOW`` on every component), so no link —
+    planted by the archive or already there — is ever gone through, however long its
+    path: the ``data`` filter decides what may be written, this decides how."""
+
+    def __init__(self, base: str) -> None:
+        self.root = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.open: Dict[Tuple[str, ...], int] = {}
+        self.dir_modes: List[Tuple[Tuple[str, ...], Optional[int], float]] = []
+
+    def close(self) -> None:
+        """Give directories their modes (deepest first), then close every descriptor."""
+        for parts, mode, mtime in sorted(self.dir_modes, key=lambda d: -len(d[0])):
+            try:
+                fd = self.dir_fd(parts)
+                if mode is not None:
+                    os.chmod(fd, mode)
+                os.utime(fd, (mtime, mtime))
+            except OSError:
+                pass
+        for fd in self.open.values():
+            os.close(fd)
+        self.open.clear()
+        os.close(self.root)
+
+    def dir_fd(self, parts: Tuple[str, ...]) -> int:
+        if not parts:
+            return self.root
+        fd = self.open.get(parts)
+        if fd is not None:
+            return fd
+        parent = self.dir_fd(parts[:-1])
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(parts[-1], flags, dir_fd=parent)
+        except FileNotFoundError:
+            os.mkdir(parts[-1], 0o777, dir_fd=parent)
+            fd = os.open(parts[-1], flags, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise OSError(exc.errno, "a symbolic link or file is in the way",
+                              "/".join(parts)) from None
+            raise
+        if len(self.open) >= 64:
+            for old in self.open.values():
+                os.close(old)
+            self.open.clear()
+        self.open[parts] = fd
+        return fd
+
+    def _replace(self, parts: Tuple[str, ...], make: Callable[[int, str], None]) -> None:
+        dfd = self.dir_fd(parts[:-1])
+        try:
+            old = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat_mod.S_ISDIR(old.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "a directory is in the way", "/".join(parts))
+        tmp = f".capybara-part-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        try:
+            make(dfd, tmp)
+            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+
+    def file(self, parts: Tuple[str, ...], src: Any, mode: int, mtime: float) -> None:
+        def make(dfd: int, tmp: str) -> None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    piece = src.read(_CHUNK)
+                    if not piece:
+                        break
+                    out.write(piece)
+                out.flush()
+                os.fchmod(out.fileno(), mode)
+                os.utime(out.fileno(), (mtime, mtime))
+
+        self._replace(parts, make)
+
+    def symlink(self, parts: Tuple[str, ...], target: str) -> None:
+        self._replace(parts, lambda dfd, tmp: os.symlink(target, tmp, dir_fd=dfd))
+
+    def directory(self, parts: Tuple[str, ...], mode: Optional[int], mtime: float) -> None:
+        self.dir_fd(parts)
+        self.dir_modes.append((parts, mode, mtime))
+
+
+def _parts(name: str) -> Tuple[str, ...]:
+    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    if not parts or ".." in parts:
+        raise ValueError(f"{name!r} leaves the destination")
+    return parts
+
+
+def extract_stream(
+    read: Callable[[int], bytes],
+    local_path: str,
+    *,
+    single: bool,
+    max_bytes: int,
+    refused: List[Dict[str, Any]],
+    progress: Optional[Progress] = None,
+    total: Optional[int] = None,
+) -> TransferSummary:
+    """Write the tar stream ``read`` gives under ``local_path``, safely.
+
+    With ``single``, the stream holds one member, written to ``local_path`` itself;
+    otherwise ``local_path`` is the directory the members are written under (made if
+    missing). Each member goes through :mod:`tarfile`'s ``data`` filter (leading ``/``
+    stripped; ``..``, links leading outside or to an absolute path, devices, hard links
+    refused; set-id and group/other write bits cleared), then is written through
+    directory descriptors that never follow a link (:class:`_LocalTree`); each file to a
+    temporary name in its directory, renamed into place once whole. A member refused on
+    the way is not written: it is added to ``refused``.
+
+    Raises:
+        CommandFailed: the stream holds more than ``max_bytes`` of content.
+        tarfile.TarError: the stream is not a tar stream.
+    """
+    data_filter = _filter()
+    files = dirs = links = size = 0
+
+    class _Reader:
+        def read(self, n: int = -1) -> bytes:
+            return read(n)
+
+    dest = os.path.abspath(local_path)
+    base = os.path.dirname(dest) if single else dest
+    os.makedirs(base, exist_ok=True)
+    tree = _LocalTree(base)
+    try:
+        with tarfile.open(fileobj=_Reader(), mode="r|") as tf:  # type: ignore[call-overload]
+            for member in tf:
+                if member.isfile():
+                    if size + member.size > max_bytes:
+                        raise CommandFailed(
+                            f"the download is larger than max_bytes ({max_bytes} bytes); "
+                            "nothing more was written"
+                        )
+                    size += member.size
+                if single:
+                    if not (member.isfile() or member.issym()):
+                        raise CommandFailed("the sandbox sent something other than one file")
+                    member = member.replace(name=os.path.basename(dest), deep=False)
+                name = member.name
+                try:
+                    member = data_filter(member, base)
+                    parts = _parts(member.name)
+                    mode = member.mode  # the filter leaves None where none applies
+                    mtime = member.mtime if member.mtime is not None else 0
+                    if member.isfile():
+                        tree.file(parts, tf.extractfile(member),
+                                  0o644 if mode is None else mode & 0o777, mtime)
+                        files += 1
+                        if progress is not None:
+                            progress(size, total)
+                    elif member.isdir():
+                        tree.directory(parts, None if mode is None else mode & 0o777, mtime)
+                        dirs += 1
+                    elif member.issym():
+                        tree.symlink(parts, member.linkname)
+                        links += 1
+                    else:
+                        raise ValueError("not a file, directory or symbolic link")
+                except (tarfile.FilterError, ValueError, OSError) as exc:
+                    refused.append({"path": name, "message": f"refused: {exc}"})
+    finally:
+        tree.close()
+    return TransferSummary(files=files, dirs=dirs, symlinks=links, bytes=size)
+
+
+class Trees:
+    """Upload and download files and directory trees (arguments already validated)."""
+
+    def __init__(self, ctx: ProviderContext, files: Files) -> None:
+        self._ctx = ctx
+        self._files = files
+
+    def upload(
+        self,
+        sid: str,
+        local_path: str,
+        remote_path: str,
+        *,
+        exclude: Sequence[str],
+        cancel: Optional[CancelToken],
+        progress: Optional[Progress],
+    ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        """Send ``local_path`` to ``remote_path``; what was written, and the entries the
+        sandbox refused (each ``{"path", "message", ...}``)."""
+        single_name = posixpath.basename(remote_path)
+        plan = plan_upload(local_path, single_name, exclude)
+        dest = remote_path if plan.is_dir else posixpath.dirname(remote_path) or "/"
+        deadline = Deadline.after(tree_bound(plan.total))
+        return self._ctx.on_target(
+            sid, cancel,
+            lambda t: self._upload(t, plan, dest, cancel, deadline, progress),
+            need=min(86400.0, tree_bound(plan.total)),
+        )
+
+    def _upload(
+        self,
+        target: Target,
+        plan: UploadPlan,
+        dest: str,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+        progress: Optional[Progress],
+    ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        fifo = scripts.staging_path()
+        op_id = uuid.uuid4().hex
+        end = ".capybara-end-" + uuid.uuid4().hex
+        skills = scripts.is_skills_path(dest)
+        bound = f"{max(1.0, deadline.remaining()) + 60.0:.0f}"
+        argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
+                *scripts.tree_upload_args(dest, fifo, end, skills, op_id, source("file_agent"))]
+
+        def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+            if helper.first_line() != b"ready":
+                helper.finish()
+                raise _helper_failed("the upload could not start", helper)
+            try:
+                helper.envd.upload_stream(
+                    fifo,
+                    tar_stream(plan, end, progress=progress, cancel=helper.guard),
+                    user=scripts.ROOT_USER,
+                    token=helper.guard,
+                    timeout=max(1.0, deadline.remaining()),
+                )
+            except E2BHttpError as exc:
+                if exc.status == 502:
+                    raise
+                helper.finish()
+                raise _refusal(helper) or _helper_failed(
+                    f"the upload was refused: HTTP {exc.status}", helper
+                ) from None
+            helper.finish()
+            summary = _summary(helper)
+            if summary is None or not summary.get("complete"):
+                raise _refusal(helper) or _helper_failed("the upload did not arrive whole",
+                                                         helper)
+            return _transfer(summary), list(summary.get("errors") or [])
+
+        return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)
+
+    def download(
+        self,
+        sid: str,
+        remote_path: str,
+        local_path: str,
+        *,
+        exclude: Sequence[str],
+        max_bytes: int,
+        cancel: Optional[CancelToken],
+        progress: Optional[Progress],
+    ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        """Fetch ``remote_path`` to ``local_path``; what was written, and the entries the
+        sandbox could not read."""
+        deadline = Deadline.after(tree_bound(max_bytes))
+        # the lease is asked to last the base bound only: how much comes is not known yet
+        # (a lease that would end sooner is renewed first)
+        return self._ctx.on_target(
+            sid, cancel,
+            lambda t: self._download(t, remote_path, local_path, exclude, max_bytes, cancel,
+                                     deadline, progress),
+            need=_BASE_S,
+        )
+
+    def _download(
+        self,
+        target: Target,
+        remote_path: str,
+        local_path: str,
+        exclude: Sequence[str],
+        max_bytes: int,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+        progress: Optional[Progress],
+    ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        op_id = uuid.uuid4().hex
+        argv = ["python3", "-I", "-S", "-X", "utf8", "-c", source("file_agent"), "pack",
+                remote_path, scripts.fileop_name(op_id), *exclude]
+
+        def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+            reader = _Chunks(helper.next_output)
+            line = reader.read_line(64 * 1024)
+            try:
+                head = json.loads(line.decode("utf-8", "surrogateescape"))
+            except ValueError:
+                head = None
+            if not isinstance(head, dict):
+                helper.finish()
+                raise _pack_failed(remote_path, helper, None)
+            if "absent" in head:
+                helper.finish()
+                raise _pack_failed(remote_path, helper, head["absent"])
+            refused: List[Dict[str, Any]] = []
+            summary = extract_stream(
+                reader.read, local_path, single=bool(head.get("single")),
+                max_bytes=max_bytes, refused=refused, progress=progress,
+                total=_int(head.get("total")),
+            )
+            helper.finish()
+            tail = _stderr_json(helper) or {}
+            if helper.exit_code not in (0, 1):
+                raise _pack_failed(remote_path, helper, None)
+            return summary, list(tail.get("errors") or []) + refused
+
+        return self._files._helped(
+            target, op_id, argv, "", cancel, deadline, body, user=scripts.SANDBOX_USER
+        )
+
+
+def _stderr_json(helper: _Helper) -> Optional[Dict[str, Any]]:
+    """The last line of the helper's standard error, as a JSON object (or None)."""
+    lines = helper.stderr_lines()
+    if not lines:
+        return None
+    try:
+        value = json.loads(lines[-1].decode("utf-8", "surrogateescape"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _summary(helper: _Helper) -> Optional[Dict[str, Any]]:
+    for line in reversed(helper.outcome().stdout.splitlines()):
+        try:
+            value = json.loads(line.decode("utf-8", "surrogateescape"))
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _refusal(helper: _Helper) -> Optional[CommandFailed]:
+    """The error for an upload the sandbox refused as a whole (``/skills`` rules), if so."""
+    summary = _summary(helper)
+    if summary is None or not summary.get("refused"):
+        return None
+    errors = summary.get("errors") or [{}]
+    first = errors[0] if isinstance(errors[0], dict) else {}
+    return CommandFailed(str(first.get("message") or "the sandbox refused the upload"),
+                         exit_code=helper.exit_code)
+
+
+def _transfer(summary: Dict[str, Any]) -> TransferSummary:
+    try:
+        return TransferSummary(
+            files=int(summary.get("files", 0)),
+            dirs=int(summary.get("dirs", 0)),
+            symlinks=int(summary.get("symlinks", 0)),
+            bytes=int(summary.get("bytes", 0)),
+        )
+    except (TypeError, ValueError):
+        raise ProtocolError("the sandbox sent a malformed upload summary") from None
+
+
+def _helper_failed(what: str, helper: _Helper) -> CommandFailed:
+    out = helper.outcome()
+    text = out.stderr.decode("utf-8", "replace").strip()[-500:]
+    if helper.exit_code in (126, 127) and "python3" in text:
+        return CommandFailed(f"{what}: the sandbox has no python3", exit_code=helper.exit_code)
+    return CommandFailed(f"{what}: {text or f'status {helper.exit_code}'}",
+                         exit_code=helper.exit_code)
+
+
+def _pack_failed(
+    remote_path: str, helper: _Helper, absent: Optional[Dict[str, Any]]
+) -> CommandFailed:
+    if isinstance(absent, dict):
+        if absent.get("missing"):
+            return CommandFailed(f"{remote_path} does not exist")
+        if "noentry" in absent:
+            return CommandFailed(
+                f"permission denied: user 'sandbox' may not enter {absent['noentry']}, so "
+                f"{remote_path} cannot be read"
+            )
+        return CommandFailed(f"{remote_path}: {absent.get('message', 'cannot be read')}")
+    if helper.exit_code in (126, 127):
+        return CommandFailed("the sandbox has no python3, which downloads need",
+                             exit_code=helper.exit_code)
+    text = helper.outcome().stderr.decode("utf-8", "replace").strip()[-300:]
+    return CommandFailed(
+        f"the download of {remote_path} failed (status {helper.exit_code})"
+        + (f": {text}" if text else ""),
+        exit_code=helper.exit_code,
+    )
