@@ -15,8 +15,9 @@ Commands::
     e2b-provider create NAME [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
                              [--allow-host HOST]...
     e2b-provider exec SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... -- CMD [ARG...]
-    e2b-provider cp SRC DST             (one side is SANDBOX:/path)
+    e2b-provider cp [-r] [--exclude PATTERN]... SRC DST   (one side is SANDBOX:/path)
     e2b-provider ls [--name NAME]
+    e2b-provider ls [-l] [--depth N] SANDBOX:/path
     e2b-provider rm SANDBOX...
     e2b-provider suspend SANDBOX
     e2b-provider resume SANDBOX
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import posixpath
 import signal
 import sys
 import threading
 import time
-from typing import IO, Callable, List, Optional, Sequence, TextIO
+from typing import IO, Callable, List, Optional, Sequence, TextIO, Tuple
 
 from . import _validate as v
 from ._version import __version__
@@ -49,8 +51,6 @@ EXIT_TIMED_OUT = 124
 EXIT_INTERRUPTED = 130
 #: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise.
 DEFAULT_EXEC_OUTPUT = 64 << 20
-#: Largest file ``cp`` moves (the library's read bound).
-MAX_COPY_BYTES = 1 << 30
 #: Transfers at least this large show a progress line on a terminal.
 PROGRESS_FROM_BYTES = 4 << 20
 
@@ -95,7 +95,7 @@ def _split_remote(spec: str) -> Optional[tuple[str, str]]:
     head, sep, tail = spec.partition(":")
     if not sep or not head or not tail.startswith("/") or "/" in head:
         return None
-    return head, tail
+    return head, tail.rstrip("/") or "/"
 
 
 def _mib(n: float) -> str:
@@ -103,49 +103,46 @@ def _mib(n: float) -> str:
 
 
 class _Progress:
-    """A one-line progress display on a terminal while a blocking transfer runs.
+    """A one-line progress display on a terminal, fed by a transfer's ``progress``
+    callback (at most 8 updates a second; nothing when stderr is not a terminal)."""
 
-    The library moves a file in one call, so this shows the bytes in flight and the time
-    taken, then the rate at the end; nothing is shown when stderr is not a terminal or the
-    transfer is small.
-    """
-
-    def __init__(self, what: str, size: int, stream: TextIO) -> None:
+    def __init__(self, what: str, stream: TextIO) -> None:
         self._what = what
-        self._size = size
         self._stream = stream
-        self._on = size >= PROGRESS_FROM_BYTES and stream.isatty()
-        self._stop = threading.Event()
+        self._on = stream.isatty()
         self._t0 = time.monotonic()
-        self._thread: Optional[threading.Thread] = None
+        self._last = 0.0
+        self._done = 0
+        self._total: Optional[int] = None
+        self.shown = False
 
-    def __enter__(self) -> _Progress:
-        if self._on:
-            self._thread = threading.Thread(
-                target=self._run, name="e2b-provider-progress", daemon=True
-            )
-            self._thread.start()
-        return self
+    def __call__(self, done: int, total: Optional[int]) -> None:
+        self._done, self._total = done, total
+        now = time.monotonic()
+        if not self._on or now - self._last < 0.125:
+            return
+        self._last = now
+        took = now - self._t0
+        if took < 0.5 and (total or 0) < PROGRESS_FROM_BYTES:
+            return
+        share = f" {100 * done / total:.0f}%" if total else ""
+        of = f" of {_mib(total)}" if total else ""
+        self._stream.write(f"\r{self._what}: {_mib(done)}{of}{share} {took:.1f} s\033[K")
+        self._stream.flush()
+        self.shown = True
 
-    def _line(self, final: bool) -> str:
+    def finish(self, ok: bool) -> None:
+        """End the line: the total and rate when it went well, else just clear it."""
+        if not self.shown:
+            return
         took = time.monotonic() - self._t0
-        if final:
-            rate = self._size / took if took > 0 else 0.0
-            return f"\r{self._what}: {_mib(self._size)} in {took:.1f} s ({_mib(rate)}/s)\033[K\n"
-        spin = "|/-\\"[int(took * 8) % 4]
-        return f"\r{self._what}: {_mib(self._size)} {spin} {took:.1f} s\033[K"
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.125):
-            self._stream.write(self._line(False))
-            self._stream.flush()
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1.0)
-            self._stream.write(self._line(True) if exc_type is None else "\r\033[K")
-            self._stream.flush()
+        if ok:
+            rate = self._done / took if took > 0 else 0.0
+            line = f"\r{self._what}: {_mib(self._done)} in {took:.1f} s ({_mib(rate)}/s)\033[K\n"
+        else:
+            line = "\r\033[K"
+        self._stream.write(line)
+        self._stream.flush()
 
 
 def _writer(stream: IO[str]) -> Callable[[str], None]:
@@ -218,44 +215,73 @@ def _cmd_cp(args: argparse.Namespace) -> int:
             "cp copies between this machine and a sandbox: write exactly one "
             "side as SANDBOX:/absolute/path"
         )
+    exclude = list(args.exclude)
+    progress = _Progress(f"{args.src} -> {args.dst}", sys.stderr)
     with E2BSandboxProvider(_config()) as p:
-        if dst is not None:  # upload
-            try:
-                with open(args.src, "rb") as f:
-                    data = f.read(MAX_COPY_BYTES + 1)
-            except OSError as exc:
-                raise E2BProviderError(f"cannot read {args.src}: {exc.strerror}") from None
-            if len(data) > MAX_COPY_BYTES:
-                raise UsageError(f"{args.src} is larger than {_mib(MAX_COPY_BYTES)}")
-            h = _resolve(p, dst[0])
-            with _Progress(f"{args.src} -> {args.dst}", len(data), sys.stderr):
-                p.write_file(h, dst[1], data)
-            return 0
-        assert src is not None
-        h = _resolve(p, src[0])
-        st = p.stat(h, src[1])
-        if st is None:
-            raise E2BProviderError(f"{args.src}: no such file in the sandbox")
-        if st.is_dir:
-            raise E2BProviderError(f"{args.src} is a directory (cp copies files)")
-        with _Progress(f"{args.src} -> {args.dst}", st.size, sys.stderr):
-            content = p.read_file(h, src[1], max_bytes=MAX_COPY_BYTES)
-        if content is None:
-            raise E2BProviderError(f"{args.src}: no such file in the sandbox")
-        if content.truncated:
-            raise E2BProviderError(f"{args.src} is larger than {_mib(MAX_COPY_BYTES)}")
-    target = args.dst
-    if os.path.isdir(target):
-        target = os.path.join(target, os.path.basename(src[1]))
-    try:
-        with open(target, "wb") as f:
-            f.write(content.data)
-    except OSError as exc:
-        raise E2BProviderError(f"cannot write {target}: {exc.strerror}") from None
+        ok = False
+        try:
+            if dst is not None:  # upload
+                if os.path.isdir(args.src) and not args.recursive:
+                    raise E2BProviderError(f"-r not given; omitting directory {args.src!r}")
+                if not os.path.lexists(args.src):
+                    raise E2BProviderError(f"cannot stat {args.src!r}: No such file or directory")
+                h = _resolve(p, dst[0])
+                target = dst[1]
+                there = p.stat(h, target)
+                if there is not None and there.is_dir:
+                    name = os.path.basename(os.path.normpath(args.src))
+                    target = posixpath.join(target, name) if name not in ("", ".", "..") \
+                        else target
+                p.upload(h, args.src, target, exclude=exclude, progress=progress)
+            else:
+                assert src is not None
+                h = _resolve(p, src[0])
+                st = p.stat(h, src[1])
+                if st is None:
+                    raise E2BProviderError(f"{args.src}: no such file or directory in the sandbox")
+                if st.is_dir and not args.recursive:
+                    raise E2BProviderError(f"-r not given; omitting directory {args.src!r}")
+                target = args.dst
+                if os.path.isdir(target):
+                    name = posixpath.basename(src[1].rstrip("/"))
+                    if name:
+                        target = os.path.join(target, name)
+                p.download(h, src[1], target, exclude=exclude, progress=progress)
+            ok = True
+        finally:
+            progress.finish(ok)
     return 0
 
 
+def _cmd_ls_files(args: argparse.Namespace, where: Tuple[str, str]) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        h = _resolve(p, where[0])
+        entries = p.list_dir(h, where[1], depth=args.depth)
+    if entries is None:
+        raise E2BProviderError(f"{where[0]}:{where[1]}: no such file or directory")
+    for e in entries:
+        name = e.path if args.depth > 1 else e.name
+        if not args.long:
+            print(name)
+            continue
+        kind = {"dir": "d", "symlink": "l", "file": "-"}.get(e.type, "?")
+        when = e.mtime.strftime("%Y-%m-%d %H:%M")
+        link = f" -> {e.symlink_target}" if e.symlink_target is not None else ""
+        print(f"{kind}{_mode_text(e.mode)} {e.size:>12} {when} {name}{link}")
+    return 0
+
+
+def _mode_text(mode: int) -> str:
+    bits = "rwxrwxrwx"
+    return "".join(b if mode & (1 << (8 - i)) else "-" for i, b in enumerate(bits))
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
+    if args.where is not None:
+        where = _split_remote(args.where)
+        if where is None:
+            raise UsageError("ls takes SANDBOX:/absolute/path (or no argument: the sandboxes)")
+        return _cmd_ls_files(args, where)
     with E2BSandboxProvider(_config()) as p:
         rows = p.list_sandboxes(args.name)
     table = [("ID", "NAME", "STATE", "STARTED")]
@@ -415,20 +441,34 @@ def parser() -> argparse.ArgumentParser:
 
     cp = sub.add_parser(
         "cp",
-        help="copy a file to or from a sandbox",
-        description="Copy a file between this machine and a sandbox; write "
-        "the sandbox side as SANDBOX:/absolute/path.",
+        help="copy files or directories to or from a sandbox",
+        description="Copy a file, or with -r a directory tree, between this machine "
+        "and a sandbox; write the sandbox side as SANDBOX:/absolute/path. As cp does: "
+        "when DST is an existing directory the copy goes into it. Each file is written "
+        "whole or not at all; symbolic links are copied as links. A progress line is "
+        "shown on a terminal.",
     )
+    cp.add_argument("-r", "-R", "--recursive", action="store_true",
+                    help="copy directories and everything below them")
+    cp.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                    help="skip entries whose relative path or name matches (repeatable)")
     cp.add_argument("src", metavar="SRC")
     cp.add_argument("dst", metavar="DST")
     cp.set_defaults(func=_cmd_cp)
 
     ls = sub.add_parser(
         "ls",
-        help="list running and paused sandboxes",
-        description="List running and paused sandboxes.",
+        help="list sandboxes, or the files in one",
+        description="Without an argument, list running and paused sandboxes; with "
+        "SANDBOX:/path, list the entries of that directory as user sandbox sees them.",
     )
+    ls.add_argument("where", nargs="?", default=None, metavar="SANDBOX:/PATH",
+                    help="a directory in a sandbox")
     ls.add_argument("--name", default=None, help="only sandboxes of this name")
+    ls.add_argument("-l", "--long", action="store_true",
+                    help="with SANDBOX:/PATH: type, mode, size and time too")
+    ls.add_argument("--depth", type=int, default=1,
+                    help="with SANDBOX:/PATH: levels to list (default 1)")
     ls.set_defaults(func=_cmd_ls)
 
     rm = sub.add_parser("rm", help="destroy sandboxes", description="Destroy sandboxes.")
