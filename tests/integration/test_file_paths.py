@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from typing import Any, Iterator, List, Optional
 
 import pytest
@@ -15,25 +16,29 @@ from e2b_provider import (
     Cancelled,
     CancelToken,
     CommandFailed,
+    E2BProviderError,
     E2BSandboxProvider,
     FileContent,
     SandboxHandle,
 )
 from e2b_provider import _scripts as scripts
+from e2b_provider._agent import AGENT_TAG_PREFIX, MAX_INLINE_FILE
 from e2b_provider._exec import run_process
 
 pytestmark = pytest.mark.integration
 
 SMALL = 1000
-LARGE = scripts.INLINE_WRITE_MAX + 1  # streamed write
+LARGE = scripts.INLINE_WRITE_MAX + 1  # past an inline script write (the agent carries it)
 BIG = scripts.LARGE_READ_MIN + 4096  # read through the held descriptor when asked for all
 #: Prints the pids of running file operations (their top processes).
 MARKED = "pgrep -f -- '" + scripts.FILEOP_MARKER + "[0-9a-f]' || true"
-#: Prints what file operations left behind: every process but init, the agent and this
-#: shell's own, and any FIFO or file in the staging directory.
+#: Prints what file operations left behind: every process but init, the emulator's envd,
+#: the provider's file agent (it stays to serve the next call) and this shell's own, and
+#: any FIFO or file in the staging directory.
 LEFTOVERS = (
     "ps -e -o pid=,ppid=,args= | awk -v me=$$ "
-    "'$1 != 1 && $1 != me && $2 != me && $0 !~ /e2b_provider[.]emulator/'; "
+    "'$1 != 1 && $1 != me && $2 != me && $0 !~ /e2b_provider[.]emulator/ "
+    "&& $NF !~ /^" + AGENT_TAG_PREFIX + "[0-9a-f]+$/'; "
     "find " + scripts.UPLOAD_DIR + " -mindepth 1 ! -type d"
 )
 
@@ -89,9 +94,12 @@ def test_skills_root_owned_0644_and_existing_owner_kept(
     p.write_file(box, f"/skills/t{size}/x/SKILL.md", data)
     assert root(p, box, f"stat -c '%U %a' /skills/t{size}/x/SKILL.md").strip() == "root 644"
     assert p.read_file(box, f"/skills/t{size}/x/SKILL.md", max_bytes=size) == FileContent(data)
-    # a root-owned file the user may write keeps its owner and mode, as with `cat > file`
-    p.write_file(box, "/tmp/shared", data)
-    assert root(p, box, "stat -c '%U %a %s' /tmp/shared").strip() == f"root 666 {size}"
+    # A write replaces the file whole (a new file renamed over it), which in a sticky
+    # directory only the file's owner may do: root's world-writable /tmp/shared is
+    # refused, clearly, and left as it was (an in-place write could leave it half new).
+    with pytest.raises(CommandFailed, match="sticky directory"):
+        p.write_file(box, "/tmp/shared", data)
+    assert root(p, box, "stat -c '%U %a %s' /tmp/shared").strip() == "root 666 0"
 
 
 @pytest.mark.parametrize("size", [SMALL, LARGE])
@@ -159,7 +167,7 @@ def test_a_tampered_staging_directory_is_never_written_through(
     it is not root's, refused when it is a symlink), not only on the first."""
     p = shared_provider
     d = scripts.UPLOAD_DIR
-    data = os.urandom(LARGE)
+    data = os.urandom(MAX_INLINE_FILE + 1)  # large enough to be staged
     p.write_file(box, "/workspace/staged-1", data)  # prepares it (if not yet)
     root(p, box, f"chown sandbox:sandbox {d} && chmod 0777 {d}")
     p.write_file(box, "/workspace/staged-2", data)
@@ -174,7 +182,7 @@ def test_a_tampered_staging_directory_is_never_written_through(
     finally:
         root(p, box, f"rm -f {d} && mv {d}.real {d}")
     p.write_file(box, "/workspace/staged-3", data)
-    assert p.read_file(box, "/workspace/staged-3", max_bytes=LARGE) == FileContent(data)
+    assert p.read_file(box, "/workspace/staged-3", max_bytes=len(data)) == FileContent(data)
     assert root(p, box, f"stat -c '%U %a' {d}").strip() == "root 700"
     assert root(p, box, LEFTOVERS) == ""
 
@@ -189,64 +197,95 @@ def test_missing_and_directories_on_the_large_path(
         p.write_file(box, "/workspace", b"x" * LARGE)  # a directory
 
 
-def _cancel_when_started(
-    p: E2BSandboxProvider, h: SandboxHandle, token: CancelToken
-) -> threading.Thread:
-    """Cancel ``token`` once a file operation's process runs in the sandbox."""
-
-    def watch() -> None:
-        wait_until(lambda: root(p, h, MARKED) != "", 30, "a file op")
-        token.cancel("test")
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
-
-
 @pytest.mark.parametrize(
     "op",
     ["read", "read-large-cap", "write-small", "write-large"],
 )
-def test_cancelled_fifo_operations_leave_nothing(
+def test_fifo_operations_end_at_once_with_a_clear_error(
     shared_provider: E2BSandboxProvider, box: SandboxHandle, op: str
 ) -> None:
+    """A FIFO (or device) is never opened for a read or written through: the call ends at
+    once with an error that says what the path is, and nothing is left running."""
     p = shared_provider
     fifo = f"/workspace/fifo-{op}"
     root(p, box, f"rm -f {fifo}; mkfifo -m 0666 {fifo}")
-    token = CancelToken()
-    watcher = _cancel_when_started(p, box, token)
-    with pytest.raises(Cancelled):
+    t0 = time.monotonic()
+    with pytest.raises(CommandFailed, match="FIFO"):
         if op.startswith("read"):
-            p.read_file(box, fifo, max_bytes=100 if op == "read" else BIG, cancel=token)
+            p.read_file(box, fifo, max_bytes=100 if op == "read" else BIG)
         else:
-            p.write_file(box, fifo, b"y" * (SMALL if op == "write-small" else 4 << 20),
-                         cancel=token)
-    watcher.join(30)
+            p.write_file(box, fifo, b"y" * (SMALL if op == "write-small" else 4 << 20))
+    assert time.monotonic() - t0 < 30
     assert root(p, box, LEFTOVERS) == ""
-    # no leftover reader: a later writer to the FIFO finds nobody and is refused at once
+    # it is still the FIFO it was, with no reader or writer of ours left on it
+    assert root(p, box, f"[ -p {fifo} ] && echo fifo").strip() == "fifo"
     assert root(p, box, f"exec 3<>{fifo}; echo hi >&3; exec 3>&-; echo ok").strip() == "ok"
 
 
-def test_kill_all_reaps_a_stuck_write(
-    shared_provider: E2BSandboxProvider, box: SandboxHandle
+@pytest.mark.parametrize("op", ["read", "write-small", "write-large"])
+def test_cancelled_file_operations_leave_nothing(
+    shared_provider: E2BSandboxProvider, box: SandboxHandle, op: str
 ) -> None:
+    """Cancelled at once, half-way or late, an operation leaves no process, FIFO or part."""
     p = shared_provider
-    fifo = "/workspace/fifo-killall"
-    root(p, box, f"rm -f {fifo}; mkfifo -m 0666 {fifo}")
+    data = os.urandom(SMALL if op == "write-small" else 4 << 20)
+    p.write_file(box, "/workspace/cancel-me", data)
+    for delay in (0.0, 0.005, 0.02, 0.05, 0.2):
+        token = CancelToken()
+        threading.Timer(delay, token.cancel, args=("test",)).start()
+        try:
+            if op == "read":
+                p.read_file(box, "/workspace/cancel-me", max_bytes=len(data), cancel=token)
+            else:
+                p.write_file(box, "/workspace/cancel-me", data, cancel=token)
+        except Cancelled:
+            pass
+        token.cancel("done")
+        wait_until(lambda: root(p, box, LEFTOVERS) == "", 30, "nothing left behind")
+        got = p.read_file(box, "/workspace/cancel-me", max_bytes=len(data))
+        assert got == FileContent(data)
+    assert root(p, box, "find /workspace -name '.capybara-part-*'") == ""
+
+
+def test_kill_all_reaps_a_stuck_upload(
+    shared_provider: E2BSandboxProvider, box: SandboxHandle, tmp_path: Any
+) -> None:
+    """An upload held half-way (its client stops sending) is stopped by kill_all: its
+    processes are killed, its FIFO and part files removed, the files it had not finished
+    keep their old content."""
+    p = shared_provider
+    src = tmp_path / "stuck"
+    src.mkdir()
+    old = os.urandom(2 << 20)
+    (src / "f").write_bytes(old)
+    p.upload(box, src, "/workspace/stuck")
+    (src / "f").write_bytes(os.urandom(2 << 20))
+    (src / "g").write_bytes(os.urandom(2 << 20))
+    held = threading.Event()
+    release = threading.Event()
     errors: List[Optional[BaseException]] = []
 
-    def write() -> None:
+    def hold(done: int, total: Optional[int]) -> None:
+        if done >= 1 << 20 and not held.is_set():
+            held.set()
+            release.wait(60)
+
+    def upload() -> None:
         try:
-            p.write_file(box, fifo, b"z" * (1 << 20))
+            p.upload(box, src, "/workspace/stuck", progress=hold)
             errors.append(None)
         except BaseException as exc:  # recorded for the assertion
             errors.append(exc)
 
-    t = threading.Thread(target=write, daemon=True)
+    t = threading.Thread(target=upload, daemon=True)
     t.start()
-    wait_until(lambda: root(p, box, LEFTOVERS) != "", 30, "the stuck write")
+    assert held.wait(60)
+    wait_until(lambda: root(p, box, LEFTOVERS) != "", 30, "the stuck upload")
     p.kill_all(box)
+    release.set()
     t.join(60)
     assert not t.is_alive()
-    assert isinstance(errors[0], CommandFailed), errors
-    assert root(p, box, LEFTOVERS) == ""
+    assert isinstance(errors[0], E2BProviderError), errors
+    assert p.read_file(box, "/workspace/stuck/f", max_bytes=BIG) == FileContent(old)
+    wait_until(lambda: root(p, box, LEFTOVERS) == "", 30, "nothing left behind")
+    assert root(p, box, "find /workspace/stuck /tmp -name '.capybara-part-*'") == ""

@@ -1,0 +1,216 @@
+"""The file agent's sessions against the emulator: one agent per sandbox and provider, found
+again after it is killed, exits or the stream is cut, shared by many threads without
+threads of its own, and gone with the sandbox.
+
+Each test uses real sandboxes, a real agent process in them and real files.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Iterator, List
+
+import pytest
+from waiting import wait_until
+
+from e2b_provider import Cancelled, CancelToken, E2BSandboxProvider, FileContent, SandboxHandle
+from e2b_provider._agent import AGENT_TAG_PREFIX
+from e2b_provider._exec import run_process
+
+from .conftest import unique_name
+
+
+def root(p: E2BSandboxProvider, h: SandboxHandle, cmd: str) -> str:
+    """Run ``cmd`` as root in the sandbox (test set-up and inspection only)."""
+    ctx = p._ctx
+    r = run_process(
+        ctx.envd(ctx.attach(h.id, None)), user="root", cmd="/bin/sh", args=["-c", cmd],
+        cwd="/", max_output_bytes=1 << 20, timeout=60.0, token=None, watchdog=ctx.watchdog,
+    )
+    assert r.exit_code == 0, r
+    return r.stdout.decode()
+
+
+def agents_running(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:
+    """The pids of the file agents running in the sandbox (by their name in ``ps``)."""
+    out = root(p, h, f"pgrep -f -- '{AGENT_TAG_PREFIX}[0-9a-f]{{32}}$' || true")
+    return out.split()
+
+
+def warm(p: E2BSandboxProvider, h: SandboxHandle) -> None:
+    """Make the provider's agent in ``h`` ready (the first call starts it in the background)."""
+    p.stat(h, "/workspace")
+    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+
+
+@pytest.fixture
+def fresh(provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
+    h = provider.create(unique_name("agent"))
+    yield h
+    provider.destroy(h)
+
+
+def test_first_call_starts_one_agent_and_later_calls_use_it(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    assert agents_running(p, fresh) == []
+    warm(p, fresh)
+    [pid] = agents_running(p, fresh)
+    for i in range(20):
+        p.write_file(fresh, f"/workspace/a{i}", b"x")
+        assert p.read_file(fresh, f"/workspace/a{i}") == FileContent(b"x")
+    assert agents_running(p, fresh) == [pid]
+    # it runs as the sandbox user, not root
+    assert root(p, fresh, f"ps -o user= -p {pid}").strip() == "sandbox"
+
+
+def test_many_threads_share_the_agent_without_threads_of_their_own(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    warm(p, fresh)
+    before = threading.active_count()
+    errors: List[BaseException] = []
+    peak = [0]
+
+    def work(k: int) -> None:
+        try:
+            for i in range(15):
+                data = os.urandom(100 + k)
+                p.write_file(fresh, f"/workspace/t{k}/{i}", data)
+                got = p.read_file(fresh, f"/workspace/t{k}/{i}")
+                assert got == FileContent(data)
+                peak[0] = max(peak[0], threading.active_count())
+        except BaseException as exc:  # recorded for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    # 16 workers of the test, plus at most the watchdog and its pool: no reader threads
+    assert peak[0] <= before + 16 + 2
+    assert len(agents_running(p, fresh)) == 1
+
+
+def test_a_killed_agent_is_replaced_without_an_error(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    warm(p, fresh)
+    [pid] = agents_running(p, fresh)
+    root(p, fresh, f"kill -9 {pid}")
+    # the next calls find the session over, start another agent and succeed
+    p.write_file(fresh, "/workspace/after-kill", b"ok")
+    assert p.read_file(fresh, "/workspace/after-kill") == FileContent(b"ok")
+    wait_until(lambda: len(agents_running(p, fresh)) == 1, 30, "one agent again")
+    assert agents_running(p, fresh) != [pid]
+
+
+def test_a_cancelled_leader_ends_the_session_and_nobody_else_fails(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    warm(p, fresh)
+    p.write_file(fresh, "/workspace/other", b"other")
+    [pid] = agents_running(p, fresh)
+    root(p, fresh, f"kill -STOP {pid}")  # the agent answers nothing while stopped
+    token = CancelToken()
+    got: List[object] = []
+
+    def follower() -> None:
+        try:
+            got.append(p.read_file(fresh, "/workspace/other"))
+        except BaseException as exc:  # recorded for the assertion
+            got.append(exc)
+
+    t = threading.Thread(target=follower)
+    try:
+        t.start()
+        threading.Timer(0.5, token.cancel, args=("test",)).start()
+        t0 = time.monotonic()
+        with pytest.raises(Cancelled):
+            p.stat(fresh, "/workspace", cancel=token)
+        assert time.monotonic() - t0 < 10
+    finally:
+        root(p, fresh, f"kill -CONT {pid}")
+    t.join(60)
+    # whichever of the two read the stream, the other call got its answer (sent again to
+    # a new agent if the cancel cut the stream under it)
+    assert got == [FileContent(b"other")]
+    p.write_file(fresh, "/workspace/after-cancel", b"fine")
+    assert p.read_file(fresh, "/workspace/after-cancel") == FileContent(b"fine")
+    # one agent is left: the old one, or a new one (the old was told to leave)
+    wait_until(lambda: len(agents_running(p, fresh)) == 1, 30, "one agent")
+
+
+def test_a_cancel_while_reading_the_stream_retires_the_agent(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    warm(p, fresh)
+    [pid] = agents_running(p, fresh)
+    root(p, fresh, f"kill -STOP {pid}")
+    token = CancelToken()
+    threading.Timer(0.3, token.cancel, args=("test",)).start()
+    try:
+        with pytest.raises(Cancelled):
+            p.stat(fresh, "/workspace", cancel=token)  # alone: it reads the stream itself
+    finally:
+        root(p, fresh, f"kill -CONT {pid}")
+    # its stream was shut down, so the agent was told to leave once its work was done
+    wait_until(lambda: pid not in agents_running(p, fresh), 30, "the old agent to exit")
+    assert p.stat(fresh, "/workspace") is not None
+
+
+def test_the_agent_leaves_with_the_sandbox_and_is_not_a_command(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    warm(p, fresh)
+    # kill_all stops leftover commands, not the provider's own agent
+    p.kill_all(fresh)
+    assert len(agents_running(p, fresh)) == 1
+    p.write_file(fresh, "/workspace/after-killall", b"z")
+    assert p.read_file(fresh, "/workspace/after-killall") == FileContent(b"z")
+
+
+def test_pause_and_resume_keep_files_working(
+    provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:
+    p = provider
+    warm(p, fresh)
+    p.write_file(fresh, "/workspace/before-pause", b"1")
+    p.suspend(fresh)
+    assert p._files._agents.sessions() == []
+    # any call resumes the sandbox; the old agent's stream is gone, a new session serves
+    assert p.read_file(fresh, "/workspace/before-pause") == FileContent(b"1")
+    p.write_file(fresh, "/workspace/after-resume", b"2")
+    assert p.read_file(fresh, "/workspace/after-resume") == FileContent(b"2")
+
+
+def test_an_idle_agent_exits_and_the_next_call_starts_another(
+    provider: E2BSandboxProvider, fresh: SandboxHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from e2b_provider import _agent
+
+    monkeypatch.setattr(_agent, "AGENT_IDLE_SECONDS", 1)
+    p = provider
+    warm(p, fresh)
+    wait_until(lambda: agents_running(p, fresh) == [], 30, "the idle agent to exit")
+    t0 = time.monotonic()
+    p.write_file(fresh, "/workspace/after-idle", b"again")
+    assert p.read_file(fresh, "/workspace/after-idle") == FileContent(b"again")
+    assert time.monotonic() - t0 < 30
+
+
+def test_closing_the_provider_ends_its_sessions(emu, fresh: SandboxHandle) -> None:  # type: ignore[no-untyped-def]
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        warm(p, fresh)
+        assert len(p._files._agents.sessions()) == 1
+    assert p._files._agents.sessions() == []
