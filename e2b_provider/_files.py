@@ -77,6 +77,8 @@ from .errors import (
     E2BProviderError,
     OperationTimeout,
     ProtocolError,
+    TransportError,
+    TransportTimeout,
 )
 from .models import DirEntry, FileContent, FileStat, Target
 
@@ -666,8 +668,12 @@ class Files:
         except BaseException as exc:
             if not helper.ended:
                 self._cleanup_now(target, op_id, fifo, interrupted=False)
-            if isinstance(exc, Cancelled):
-                helper.raise_stopped()  # the caller's cancel, or the operation's bound
+            if isinstance(exc, Cancelled) or (
+                helper.guard.cancelled and isinstance(exc, E2BProviderError)
+            ):
+                # the caller's cancel, or the operation's bound, which shut the transfer
+                # down (an aborted stream is said as what stopped it)
+                helper.raise_stopped()
             raise
 
     def _write_stream(
@@ -786,6 +792,14 @@ class Files:
                 log.info("e2b_provider: GET of a held file failed (%s); reading %s the slow "
                          "way", exc, path)
                 raise _Slow() from None
+            except TransportError as exc:
+                if helper.guard.cancelled or isinstance(exc, TransportTimeout):
+                    raise
+                # envd ends the body early when the file shrank after it was opened (it
+                # promised the length it had then): read what the file holds now
+                log.info("e2b_provider: the transfer of %s broke off (%s); it may have "
+                         "shrunk: reading it again the ordinary way", path, exc)
+                raise _Slow() from None
             alive = _stopped(stops, helper, deadline)
             helper.finish()
             if not alive:
@@ -831,17 +845,24 @@ _GENERIC_DENIALS = ("permission denied", "operation not permitted", "eacces", "e
 _LARGE = FileContent(b"", True)
 
 
-def _agent_failure(path: str, answer: Dict[str, Any]) -> CommandFailed:
-    """The error for a file agent's ``{"error": ...}`` answer about ``path``."""
+def _agent_failure(path: str, answer: Dict[str, Any], doing: str = "open") -> CommandFailed:
+    """The error for a file agent's ``{"error": ...}`` answer about ``path``, worded as the
+    per-call scripts word theirs (``doing``: ``"open"`` for reads, ``"create"`` for
+    writes): the caller's message already names the operation and the path."""
     code = str(answer.get("error", "EIO"))
     message = str(answer.get("message", "")) or code
-    where = answer.get("path") or path
+    where = str(answer.get("path") or path)
     if code in ("EACCES", "EPERM"):
-        why = "" if message.lower() in _GENERIC_DENIALS else f" ({message})"
-        return CommandFailed(f"permission denied: {where}{why}; {_ACCESS_HINT}", exit_code=None)
-    reason = f"{message[:1].lower()}{message[1:]}" if message else code
-    text = f"{where}: {reason}" if str(where) not in reason else reason
-    return CommandFailed(text, exit_code=None)
+        said = f"cannot open '{where}' for reading" if doing == "open" else (
+            f"cannot create {where}")
+        why = said if message.lower() in _GENERIC_DENIALS else message
+        return CommandFailed(f"permission denied ({why}); {_ACCESS_HINT}", exit_code=None)
+    if code == "EISDIR":
+        return CommandFailed("it is a directory", exit_code=None)
+    reason = f"{message[:1].lower()}{message[1:]}"
+    if where != path and where not in reason:
+        reason = f"{reason} ({where})"
+    return CommandFailed(reason, exit_code=None)
 
 
 def _closed_dir(path: str, closed: str) -> CommandFailed:
@@ -896,14 +917,14 @@ def _write_results(answer: AgentAnswer, paths: List[str]) -> Dict[str, CommandFa
     results = answer.answer.get("results")
     if not isinstance(results, list) or len(results) != len(paths):
         if "error" in answer.answer:
-            failure = _agent_failure(paths[0] if paths else "", answer.answer)
+            failure = _agent_failure(paths[0] if paths else "", answer.answer, "create")
             return {p: failure for p in paths}
         raise ProtocolError("the file agent answered a write with something unknown")
     failed: Dict[str, CommandFailed] = {}
     for path, r in zip(paths, results):
         if not isinstance(r, dict) or r.get("ok") is True:
             continue
-        failed[path] = _agent_failure(path, r)
+        failed[path] = _agent_failure(path, r, "create")
     return failed
 
 

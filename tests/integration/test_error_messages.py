@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Tuple
 
 import pytest
+from waiting import wait_until
 
 from e2b_provider import (
     CommandFailed,
@@ -70,6 +71,8 @@ def test_file_errors_name_the_path_the_sandbox_and_the_reason(provider, fresh) -
 
 def test_failed_requests_name_the_callers_operation(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]
     sid = fresh.id
+    provider.stat(fresh, "/workspace")  # the file agent starts in the background, now
+    wait_until(lambda: provider._files._agents.sessions() != [], 30, "the file agent")
     emu.edge_not_found(sandbox_id=sid, count=2)
     with pytest.raises(E2BHttpError) as http:
         provider.read_file(fresh, "/workspace/x")

@@ -289,3 +289,37 @@ def test_kill_all_reaps_a_stuck_upload(
     assert p.read_file(box, "/workspace/stuck/f", max_bytes=BIG) == FileContent(old)
     wait_until(lambda: root(p, box, LEFTOVERS) == "", 30, "nothing left behind")
     assert root(p, box, "find /workspace/stuck /tmp -name '.capybara-part-*'") == ""
+
+
+def test_a_file_that_shrinks_while_it_is_read_is_never_a_network_error(
+    shared_provider: E2BSandboxProvider, box: SandboxHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """envd ends a body early when the file shrank after it was opened (it promised the
+    length it had then): the read gives what the file holds now, never a transport error
+    with network advice. The file is cut at the worst moment: right after envd answered
+    the large read's GET, before its body is read."""
+    from e2b_provider.envd import EnvdClient
+
+    p = shared_provider
+    data = os.urandom(48 << 20)
+    download_head = EnvdClient.download_head
+    cuts: List[int] = []
+
+    def cutting(self: EnvdClient, path: str, **kw: Any) -> bytes:
+        opened = kw.get("on_open")
+
+        def cut() -> None:
+            root(p, box, f"head -c {cuts[-1]} /workspace/shrinking > /tmp/s && "
+                         "cat /tmp/s > /workspace/shrinking")
+            if opened is not None:
+                opened()
+
+        kw["on_open"] = cut
+        return download_head(self, path, **kw)
+
+    monkeypatch.setattr(EnvdClient, "download_head", cutting)
+    for keep in (0, 1000, 5 << 20):
+        p.write_file(box, "/workspace/shrinking", data)
+        cuts.append(keep)
+        got = p.read_file(box, "/workspace/shrinking", max_bytes=len(data))
+        assert got == FileContent(data[:keep])
