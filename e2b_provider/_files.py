@@ -329,6 +329,19 @@ class Files:
         with silence_is_timeout():
             raise exc
 
+    def needs_staging(self, sid: str) -> bool:
+        """Whether an upload to ``sid`` should make the staging directory root-only (and
+        sweep it) first: this provider has not done so yet, or lost track."""
+        return not self._known(sid, _STAGED)
+
+    def staged(self, sid: str, ok: bool) -> None:
+        """Note that an upload's helper found (``ok``) or could not make the staging
+        directory."""
+        if ok:
+            self._remember(sid, _STAGED)
+        else:
+            self._forget(sid, _STAGED)
+
     def forget(self, sid: str) -> None:
         """Drop what is kept about a sandbox that is being paused or destroyed."""
         self._agents.forget(sid)

@@ -32,6 +32,7 @@ import logging
 import os
 import posixpath
 import stat as stat_mod
+import struct
 import tarfile
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -159,13 +160,40 @@ def _item(rel: str, path: str, st: os.stat_result) -> _Item:
     return _Item(rel, path, stat_mod.S_IMODE(mode), st.st_mtime, st.st_size)
 
 
+_USTAR = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
+#: Numbers below this fit a ustar header's 12-byte octal fields.
+_OCTAL_11 = 8**11
+
+
 def _header(item: _Item, size: int) -> bytes:
+    """The tar header of ``item`` (``size`` -1: a directory), as ``tarfile`` writes it in
+    PAX format. A plain member (ASCII name and link of at most 100 bytes, small numbers)
+    is packed directly, which is several times faster for trees of many small files; the
+    rest goes through ``tarfile``."""
+    kind = b"2" if item.link else (b"5" if size < 0 else b"0")
+    length = max(size, 0)
+    mtime = int(item.mtime)
+    name, link = item.rel, item.link
+    if kind == b"5" and not name.endswith("/"):
+        name += "/"  # as tarfile names a directory
+    if (
+        name.isascii() and link.isascii() and len(name) <= 100 and len(link) <= 100
+        and 0 <= length < _OCTAL_11 and 0 <= mtime < _OCTAL_11
+    ):
+        fields = [
+            name.encode("ascii"), b"%07o\0" % (item.mode & 0o777), b"0000000\0",
+            b"0000000\0", b"%011o\0" % length, b"%011o\0" % mtime, b" " * 8, kind,
+            link.encode("ascii"), b"ustar\0", b"00", b"", b"", b"", b"", b"", b"",
+        ]
+        block = bytearray(_USTAR.pack(*fields))
+        block[148:156] = b"%06o\0 " % sum(block)
+        return bytes(block)
     ti = tarfile.TarInfo(item.rel)
     ti.mode = item.mode & 0o777
-    ti.mtime = int(item.mtime)
+    ti.mtime = mtime
     if item.link:
         ti.type = tarfile.SYMTYPE
-        ti.linkname = item.link
+        ti.linkname = link
     elif size < 0:
         ti.type = tarfile.DIRTYPE
     else:
@@ -498,11 +526,15 @@ class Trees:
         end = ".capybara-end-" + uuid.uuid4().hex
         skills = scripts.is_skills_path(dest)
         bound = f"{max(1.0, deadline.remaining()) + 60.0:.0f}"
+        sid = target.sandbox_id
         argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
-                *scripts.tree_upload_args(dest, fifo, end, skills, op_id, source("file_agent"))]
+                *scripts.tree_upload_args(dest, fifo, end, skills, op_id, source("file_agent"),
+                                          prepare=self._files.needs_staging(sid))]
 
         def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
-            if helper.first_line() != b"ready":
+            ready = helper.first_line() == b"ready"
+            self._files.staged(sid, ready)
+            if not ready:
                 helper.finish()
                 raise _helper_failed("the upload could not start", helper)
             try:

@@ -55,7 +55,7 @@ import time
 # would add tens of milliseconds to every start in the sandbox.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+    from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
     Answer = Dict[str, Any]
 
@@ -766,14 +766,21 @@ def is_link(name: str, dir_fd: int) -> bool:
 
 
 def open_dir(
-    root_fd: int, parts: "List[str]", make: bool, root_rules: bool = False
+    root_fd: int,
+    parts: "List[str]",
+    make: bool,
+    root_rules: bool = False,
+    made: "Optional[List[bool]]" = None,
 ) -> int:
     """Open the directory ``parts`` below ``root_fd`` without following a symbolic link,
     making missing ones when ``make``; a new descriptor. With ``root_rules`` every
-    directory must pass :func:`check_root_only` (new ones are made 0755)."""
+    directory must pass :func:`check_root_only` (new ones are made 0755). ``made`` gets
+    whether the last one was made here (so it holds nothing but what this run puts in)."""
     fd = os.dup(root_fd)
     try:
         for part in parts:
+            if made is not None:
+                made[:] = [False]
             try:
                 nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                               dir_fd=fd)
@@ -781,6 +788,8 @@ def open_dir(
                 if not make:
                     raise
                 os.mkdir(part, 0o755 if root_rules else 0o777, dir_fd=fd)
+                if made is not None:
+                    made[:] = [True]
                 nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                               dir_fd=fd)
                 if root_rules:
@@ -811,13 +820,19 @@ def member_parts(name: str) -> "List[str]":
     return parts
 
 
-def replace_with(dfd: int, name: str, tmp: str, make_tmp: "Callable[[str], None]") -> None:
+def replace_with(
+    dfd: int, name: str, tmp: str, make_tmp: "Callable[[str], None]", fresh: bool = False
+) -> None:
     """Create the temporary entry ``tmp`` with ``make_tmp(tmp)`` in directory ``dfd`` and
-    rename it over ``name``; the temporary entry never outlives a failure."""
+    rename it over ``name``; the temporary entry never outlives a failure. Unless the
+    directory is ``fresh`` (made by this run), what is in the way is checked first: a
+    directory, or a file the user may not write, is refused."""
+    old = None
     try:
-        old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if not fresh:
+            old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
-        old = None
+        pass
     if old is not None:
         if stat.S_ISDIR(old.st_mode):
             raise IsADirectoryError(errno.EISDIR, "a directory is in the way", name)
@@ -870,6 +885,7 @@ class Extractor(object):
         self.temps = {}  # type: Dict[Tuple[str, ...], str]
         self.entries = []  # type: List[Optional[str]]
         self.run = os.urandom(6).hex()
+        self.fresh: "Set[Tuple[str, ...]]" = set()
 
     def dir_fd(self, parts: "List[str]") -> int:
         """A descriptor of directory ``parts`` (kept open; do not close it)."""
@@ -879,7 +895,10 @@ class Extractor(object):
                 if i:
                     self.open.insert(0, self.open.pop(i))
                 return fd
-        fd = open_dir(self.root, parts, True, self.root_rules)
+        made = []  # type: List[bool]
+        fd = open_dir(self.root, parts, True, self.root_rules, made)
+        if made == [True]:
+            self.fresh.add(key)
         self.open.insert(0, (key, fd))
         while len(self.open) > self.OPEN_DIRS:
             os.close(self.open.pop()[1])
@@ -907,13 +926,15 @@ class Extractor(object):
                 return
             dfd = self.dir_fd(parts[:-1])
             tmp = self.temp_in(parts[:-1])
+            # in a directory this run made, nothing but its own entries can be in the way
+            fresh = tuple(parts[:-1]) in self.fresh
             if m.isfile():
-                replace_with(dfd, parts[-1], tmp, lambda t: self.file(dfd, t, tf, m))
+                replace_with(dfd, parts[-1], tmp, lambda t: self.file(dfd, t, tf, m), fresh)
                 self.files += 1
                 self.bytes += m.size
             elif m.issym():
                 replace_with(dfd, parts[-1], tmp,
-                             lambda t: os.symlink(m.linkname, t, dir_fd=dfd))
+                             lambda t: os.symlink(m.linkname, t, dir_fd=dfd), fresh)
                 self.symlinks += 1
             else:
                 self.errors.append({"error": "EINVAL", "path": m.name, "message":
@@ -929,8 +950,10 @@ class Extractor(object):
         self.dirs += 1
 
     def file(self, dfd: int, tmp: str, src: "TarReader", m: "Member") -> None:
+        """Write member ``m`` (its data read from ``src``) to ``tmp`` in ``dfd``."""
+        mode = 0o644 if self.root_rules else m.mode & 0o777
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dfd)
+                     mode, dir_fd=dfd)
         try:
             size = 0
             while True:
@@ -941,7 +964,8 @@ class Extractor(object):
                 size += len(block)
             if size != m.size:
                 raise EOFError("incomplete member")
-            os.fchmod(fd, 0o644 if self.root_rules else m.mode & 0o777)
+            if mode & _umask:
+                os.fchmod(fd, mode)  # what the umask took at the open
             os.utime(fd, (m.mtime, m.mtime))
         finally:
             os.close(fd)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from e2b_provider._trees import extract_stream, plan_upload, tar_stream, tree_bound
 from e2b_provider.cancel import CancelToken
@@ -441,3 +443,38 @@ def test_links_that_realpath_cannot_follow_do_not_lead_outside(box: Box) -> None
         pass  # refusing the whole stream is fine too
     assert (box.outside / "file").read_bytes() == b"precious"
     box.untouched()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2713,
+                                        blacklist_characters="/\x7f"), min_size=1, max_size=60),
+    depth=st.integers(min_value=0, max_value=3),
+    mode=st.integers(min_value=0, max_value=0o777),
+    mtime=st.floats(min_value=0, max_value=2**40, allow_nan=False),
+    size=st.one_of(st.integers(min_value=0, max_value=10**12), st.just(8**11)),
+    kind=st.sampled_from(["file", "dir", "link"]),
+    link=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2713),
+                 min_size=1, max_size=120),
+)
+def test_headers_are_what_tarfile_writes(
+    name: str, depth: int, mode: int, mtime: float, size: int, kind: str, link: str
+) -> None:
+    # the fast header of a plain member and tarfile's own, byte for byte (and the PAX
+    # headers of the rest, which go through tarfile)
+    from e2b_provider._trees import _header, _Item
+
+    rel = "/".join([name] * (depth + 1))
+    item = _Item(rel, "/unused", mode, mtime, size if kind == "file" else 0,
+                 link if kind == "link" else "", kind == "dir")
+    ti = tarfile.TarInfo(rel)
+    ti.mode = mode
+    ti.mtime = int(mtime)
+    if kind == "link":
+        ti.type, ti.linkname = tarfile.SYMTYPE, link
+    elif kind == "dir":
+        ti.type = tarfile.DIRTYPE
+    else:
+        ti.size = size
+    want = ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    assert _header(item, -1 if kind == "dir" else item.size) == want
