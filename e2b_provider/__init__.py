@@ -26,6 +26,7 @@ from .errors import (
     SandboxPaused,
     TransportError,
     TransportTimeout,
+    UnsafePath,
 )
 from .models import (
     DirEntry,
@@ -72,5 +73,6 @@ __all__ = [
     "SandboxSummary",
     "TransportError",
     "TransportTimeout",
+    "UnsafePath",
     "__version__",
 ]

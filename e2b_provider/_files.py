@@ -79,6 +79,7 @@ from .errors import (
     ProtocolError,
     TransportError,
     TransportTimeout,
+    UnsafePath,
 )
 from .models import DirEntry, FileContent, FileStat, Target
 
@@ -112,8 +113,25 @@ def _timed_out() -> OperationTimeout:
     return OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT:.0f} s")
 
 
+#: Why a root write under /skills is refused, for its error.
+_SKILLS_RULE = (
+    "a root write under /skills never follows a symbolic link and never goes through a "
+    "directory the sandbox user could change (every directory on the way must be root's, "
+    "with no group or other write permission)"
+)
+
+
+def unsafe_path(reason: str) -> UnsafePath:
+    """The error for a root write refused because of its path (``reason`` names it)."""
+    return UnsafePath(f"refused: {reason}; {_SKILLS_RULE}")
+
+
 def _failed(what: str, r: RunOutcome) -> CommandFailed:
-    """:func:`script_failed` with the access hint when the user was refused."""
+    """:func:`script_failed` with the access hint when the user was refused; a root write
+    refused because of its path raises :class:`UnsafePath` instead."""
+    if r.exit_code == scripts.REFUSED_EXIT:
+        lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise unsafe_path(lines[-1] if lines else "the path is not safe for root")
     reason = script_reason(r.stderr.decode("utf-8", "replace"), r.exit_code)
     denied = reason.startswith(("permission denied", "operation not permitted"))
     return script_failed(what, r, _ACCESS_HINT if denied else "")
@@ -388,7 +406,7 @@ class Files:
         sid: str,
         files: List[Tuple[str, bytes]],
         cancel: Optional[CancelToken],
-    ) -> Dict[str, CommandFailed]:
+    ) -> Dict[str, E2BProviderError]:
         """Write every file (each atomically); the failures, by path (empty: all written).
 
         Small files travel together, as few requests as :data:`MAX_PAYLOAD` allows; files
@@ -396,7 +414,7 @@ class Files:
         one.
         """
         deadline = Deadline.after(FILE_OP_TIMEOUT)
-        failed: Dict[str, CommandFailed] = {}
+        failed: Dict[str, E2BProviderError] = {}
         alone = [(p, d) for p, d in files
                  if scripts.is_skills_path(p) or len(d) > MAX_INLINE_FILE]
         together = [(p, d) for p, d in files
@@ -416,7 +434,7 @@ class Files:
         for path, data in alone:
             try:
                 self.write(sid, path, data, cancel)
-            except CommandFailed as exc:
+            except (CommandFailed, UnsafePath) as exc:  # this file's own failure
                 failed[path] = exc
         return failed
 

@@ -41,9 +41,15 @@ import attrs
 
 from . import _scripts as scripts
 from ._context import ProviderContext
-from ._files import Files, _Helper
+from ._files import Files, _Helper, unsafe_path
 from .cancel import CancelToken, Deadline
-from .errors import CommandFailed, E2BHttpError, InvalidArgument, ProtocolError
+from .errors import (
+    CommandFailed,
+    E2BHttpError,
+    E2BProviderError,
+    InvalidArgument,
+    ProtocolError,
+)
 from .models import Target, TransferSummary
 from .sandbox_side import source
 
@@ -656,15 +662,15 @@ def _summary(helper: _Helper) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _refusal(helper: _Helper) -> Optional[CommandFailed]:
+def _refusal(helper: _Helper) -> Optional[E2BProviderError]:
     """The error for an upload the sandbox refused as a whole (``/skills`` rules), if so."""
     summary = _summary(helper)
     if summary is None or not summary.get("refused"):
         return None
     errors = summary.get("errors") or [{}]
     first = errors[0] if isinstance(errors[0], dict) else {}
-    return CommandFailed(str(first.get("message") or "the sandbox refused the upload"),
-                         exit_code=helper.exit_code)
+    message = str(first.get("message") or "the path is not safe for root")
+    return unsafe_path(message.removeprefix("refused: "))
 
 
 def _transfer(summary: Dict[str, Any]) -> TransferSummary:

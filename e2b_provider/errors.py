@@ -84,6 +84,7 @@ __all__ = [
     "SandboxPaused",
     "TransportError",
     "TransportTimeout",
+    "UnsafePath",
     "known_secrets",
     "redact",
     "register_secret",
@@ -201,6 +202,13 @@ def _rebuild(cls: type[BaseException], state: dict[str, Any], args: tuple[Any, .
 
 class InvalidArgument(E2BProviderError, ValueError):
     """A value was rejected before any I/O: the message names the value's problem."""
+
+
+class UnsafePath(InvalidArgument):
+    """A root write under ``/skills`` was refused because of its path: the path is, or
+    goes through, a symbolic link, or a directory that the sandbox user (or anyone but
+    root) could change. Found in the sandbox, so after I/O; nothing was written. The
+    message names the path and why."""
 
 
 class ConfigError(InvalidArgument):
@@ -369,7 +377,8 @@ class FilesFailed(CommandFailed):
     failed; the others were done. The message names every path that failed.
 
     Attributes:
-        failed: each failed path and why (a :class:`CommandFailed` each).
+        failed: each failed path and why (a :class:`CommandFailed`, or an
+            :class:`UnsafePath` for a ``/skills`` path refused).
         results: for ``read_files``, what was read of the other paths; else empty.
         summary: for ``upload`` and ``download``, what was moved
             (a :class:`~e2b_provider.TransferSummary`); else None.
@@ -378,12 +387,12 @@ class FilesFailed(CommandFailed):
     def __init__(
         self,
         what: str,
-        failed: Mapping[str, CommandFailed],
+        failed: Mapping[str, E2BProviderError],
         results: Optional[Mapping[str, Any]] = None,
         *,
         summary: Any = None,
     ) -> None:
-        self.failed: Dict[str, CommandFailed] = dict(failed)
+        self.failed: Dict[str, E2BProviderError] = dict(failed)
         self.results: Dict[str, Any] = dict(results or {})
         self.summary = summary
         items = list(self.failed.items())

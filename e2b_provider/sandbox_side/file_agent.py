@@ -771,14 +771,16 @@ def open_dir(
     make: bool,
     root_rules: bool = False,
     made: "Optional[List[bool]]" = None,
+    named: str = "",
 ) -> int:
     """Open the directory ``parts`` below ``root_fd`` without following a symbolic link,
     making missing ones when ``make``; a new descriptor. With ``root_rules`` every
     directory must pass :func:`check_root_only` (new ones are made 0755). ``made`` gets
-    whether the last one was made here (so it holds nothing but what this run puts in)."""
+    whether the last one was made here (so it holds nothing but what this run puts in);
+    ``named`` is ``root_fd``'s path, for messages."""
     fd = os.dup(root_fd)
     try:
-        for part in parts:
+        for n, part in enumerate(parts):
             if made is not None:
                 made[:] = [False]
             try:
@@ -802,7 +804,7 @@ def open_dir(
             os.close(fd)
             fd = nfd
             if root_rules:
-                check_root_only(fd, part)
+                check_root_only(fd, named + "/".join(parts[:n + 1]))
         return fd
     except BaseException:
         os.close(fd)
@@ -854,7 +856,7 @@ def open_root_dest(dest: str) -> int:
         check_root_only(top, "/")
         parts = [p for p in dest.split("/") if p]
         try:
-            return open_dir(top, parts, True, root_rules=True)
+            return open_dir(top, parts, True, root_rules=True, named="/")
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise PermissionError(errno.EPERM, "refused: a symbolic link is on the way "
@@ -896,7 +898,8 @@ class Extractor(object):
                     self.open.insert(0, self.open.pop(i))
                 return fd
         made = []  # type: List[bool]
-        fd = open_dir(self.root, parts, True, self.root_rules, made)
+        fd = open_dir(self.root, parts, True, self.root_rules, made,
+                      named=self.dest.rstrip("/") + "/")
         if made == [True]:
             self.fresh.add(key)
         self.open.insert(0, (key, fd))

@@ -19,7 +19,9 @@ from e2b_provider import (
     E2BProviderError,
     E2BSandboxProvider,
     FileContent,
+    FilesFailed,
     SandboxHandle,
+    UnsafePath,
 )
 from e2b_provider import _scripts as scripts
 from e2b_provider._agent import AGENT_TAG_PREFIX, MAX_INLINE_FILE
@@ -323,3 +325,43 @@ def test_a_file_that_shrinks_while_it_is_read_is_never_a_network_error(
         cuts.append(keep)
         got = p.read_file(box, "/workspace/shrinking", max_bytes=len(data))
         assert got == FileContent(data[:keep])
+
+
+def test_planted_links_under_a_skills_the_user_may_write_are_refused(
+    shared_provider: E2BSandboxProvider, box: SandboxHandle, tmp_path: Any
+) -> None:
+    """When /skills is the sandbox user's (a volume mounted there, say), the user can plant
+    links in it; root's writes under /skills then refuse, naming the path and why, and
+    never write where the links lead."""
+    p = shared_provider
+    watch = "sha256sum /etc/passwd /etc/shadow; stat -c '%U %a' /etc/passwd /etc/shadow; " \
+            "ls -A /root"
+    before = root(p, box, watch)
+    root(p, box, "mkdir -p /skills && chown sandbox /skills")
+    p.exec(box, "ln -sfn /etc/passwd /skills/a.md && ln -sfn /etc/shadow /skills/s.md && "
+                "ln -sfn /root /skills/r")
+    src = tmp_path / "tree"
+    src.mkdir()
+    (src / "authorized_keys").write_bytes(b"ssh-ed25519 AAAA attacker")
+    attempts = [
+        lambda: p.write_file(box, "/skills/a.md", b"x"),
+        lambda: p.write_file(box, "/skills/a.md", b"x" * (MAX_INLINE_FILE + 1)),
+        lambda: p.write_file(box, "/skills/s.md", b"x"),
+        lambda: p.write_file(box, "/skills/r/authorized_keys", b"ssh-ed25519 AAAA attacker"),
+        lambda: p.upload(box, src, "/skills/r"),
+        lambda: p.upload(box, src / "authorized_keys", "/skills/r/authorized_keys"),
+    ]
+    try:
+        for attempt in attempts:
+            with pytest.raises(UnsafePath, match=r"refused: .*/skills"):
+                attempt()
+        with pytest.raises(FilesFailed) as batch:
+            p.write_files(box, {"/skills/a.md": b"x", "/workspace/fine": b"ok"})
+        assert set(batch.value.failed) == {"/skills/a.md"}
+        assert isinstance(batch.value.failed["/skills/a.md"], UnsafePath)
+        assert root(p, box, watch) == before
+    finally:
+        root(p, box, "rm -f /skills/a.md /skills/s.md /skills/r && chown root /skills")
+    # once /skills is root's again, the same writes go through, as root, 0644
+    p.write_file(box, "/skills/a.md", b"# skill\n")
+    assert root(p, box, "stat -c '%U %a' /skills/a.md").strip() == "root 644"

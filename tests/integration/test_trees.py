@@ -26,6 +26,7 @@ from e2b_provider import (
     InvalidArgument,
     SandboxHandle,
     TransferSummary,
+    UnsafePath,
 )
 
 from .test_file_agent_sessions import root
@@ -205,7 +206,7 @@ def test_skills_trees_are_root_owned_and_refused_when_others_may_write(
     out = root(p, sandbox, "stat -c '%U %a' /skills/tree/x/SKILL.md /skills/tree/x")
     assert out.split("\n")[:2] == ["root 644", "root 755"]
     root(p, sandbox, "mkdir -p /skills/open && chmod 0777 /skills/open")
-    with pytest.raises(CommandFailed, match="not root's alone"):
+    with pytest.raises(UnsafePath, match="not root's alone"):
         p.upload(sandbox, src, "/skills/open/t")
     assert root(p, sandbox, "ls -A /skills/open") == ""
 
