@@ -1,4 +1,5 @@
-"""Run the benchmarks (issue 7's suite and the timeout burst) in turn and print their tables.
+"""Run the benchmarks (issue 7's suite, the timeout burst, issue 15's files) in turn and print
+their tables.
 
     python benchmarks/run_all.py [--only wan,files] [--quick]
 
@@ -32,6 +33,8 @@ SCRIPTS: Dict[str, List[str]] = {
     "wan": ["--runs", "8", "--create-runs", "2"],
     "timeout_burst": ["--threads", "320", "--sandboxes", "4"],
     "notebook": ["--runs", "3", "--sdk-runs", "1", "--lines", "10"],
+    "batch_files": ["--rounds", "5"],
+    "trees": ["--rounds", "1", "--files", "500", "--mib", "10", "--big-mib", "128"],
 }
 
 

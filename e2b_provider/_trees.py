@@ -268,37 +268,148 @@ class _Chunks:
 
     def __init__(self, pull: Callable[[], Optional[bytes]]) -> None:
         self._pull = pull
-        self._buf = b""
+        self._buf = bytearray()
+        self._pos = 0
         self._eof = False
-        self.count = 0
 
-    def read_line(self, limit: int) -> bytes:
-        """The first line (without its newline), at most ``limit`` bytes."""
-        while b"\n" not in self._buf and not self._eof and len(self._buf) <= limit:
+    def _fill(self, n: int) -> None:
+        """Buffer at least ``n`` bytes past the read position (fewer at the end)."""
+        while not self._eof and len(self._buf) - self._pos < n:
             piece = self._pull()
             if piece is None:
                 self._eof = True
                 break
+            if self._pos > (1 << 20) and self._pos * 2 > len(self._buf):
+                del self._buf[: self._pos]
+                self._pos = 0
             self._buf += piece
-        line, nl, rest = self._buf.partition(b"\n")
-        if not nl:
+
+    def read_line(self, limit: int) -> bytes:
+        """The first line (without its newline), at most ``limit`` bytes; ``b""`` if none."""
+        while True:
+            nl = self._buf.find(b"\n", self._pos)
+            if nl >= 0 or self._eof or len(self._buf) - self._pos > limit:
+                break
+            self._fill(len(self._buf) - self._pos + 1)
+        if nl < 0:
             return b""
-        self._buf = rest
+        line = bytes(self._buf[self._pos : nl])
+        self._pos = nl + 1
         return line
 
     def read(self, n: int = -1) -> bytes:
-        while not self._eof and (n < 0 or len(self._buf) < n):
-            piece = self._pull()
-            if piece is None:
-                self._eof = True
-                break
-            self.count += len(piece)
-            self._buf += piece
+        """Up to ``n`` bytes (all that is left for ``n < 0``)."""
         if n < 0:
-            out, self._buf = self._buf, b""
+            n = 1 << 62
+            self._fill(n)
         else:
-            out, self._buf = self._buf[:n], self._buf[n:]
+            self._fill(n)
+        out = bytes(self._buf[self._pos : self._pos + n])
+        self._pos += len(out)
         return out
+
+
+class _TarReader:
+    """The members of a tar stream, read in order at the speed of the stream: ustar headers
+    and pax records parsed here, each member handed out as a :class:`tarfile.TarInfo` (for
+    the ``data`` filter) and its data read with :meth:`read`. ``tarfile``'s own stream mode
+    costs several times as much per member."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._read = read
+        self._left = 0
+        self._pad = 0
+
+    def _exactly(self, n: int) -> bytes:
+        data = self._read(n)
+        if len(data) != n:
+            raise tarfile.ReadError("unexpected end of data")
+        return data
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the current member's data."""
+        n = min(n, self._left)
+        data = self._exactly(n) if n else b""
+        self._left -= n
+        return data
+
+    def next(self) -> Optional[tarfile.TarInfo]:
+        """The next member, or None at the end of the archive."""
+        while self._left:
+            self.read(min(self._left, _CHUNK))
+        if self._pad:
+            self._exactly(self._pad)
+            self._pad = 0
+        pax: Dict[str, str] = {}
+        while True:
+            block = self._read(_BLOCK)
+            if not block or block == bytes(_BLOCK):
+                return None
+            if len(block) != _BLOCK:
+                raise tarfile.ReadError("unexpected end of data")
+            if _number(block[148:156]) != sum(block) - sum(block[148:156]) + 256:
+                raise tarfile.ReadError("a header's checksum is wrong")
+            kind = block[156:157]
+            size = _number(block[124:136])
+            if kind in (b"x", b"g"):
+                if not 0 <= size <= (1 << 20):
+                    raise tarfile.ReadError("an extended header is too large")
+                data = self._exactly(size)
+                self._exactly(-size % _BLOCK)
+                if kind == b"x":
+                    pax.update(_pax_records(data))
+                continue
+            name = block[0:100].split(b"\0", 1)[0]
+            prefix = block[345:500].split(b"\0", 1)[0]
+            if prefix and block[257:262] == b"ustar":
+                name = prefix + b"/" + name
+            ti = tarfile.TarInfo(pax.get("path") or name.decode("utf-8", "surrogateescape"))
+            ti.type = kind if kind != b"\0" else tarfile.REGTYPE
+            ti.mode = _number(block[100:108]) & 0o7777
+            ti.mtime = float(pax["mtime"]) if "mtime" in pax else _number(block[136:148])
+            ti.size = int(pax["size"]) if "size" in pax else size
+            ti.linkname = pax.get("linkpath") or block[157:257].split(b"\0", 1)[0].decode(
+                "utf-8", "surrogateescape"
+            )
+            if ti.size < 0:
+                raise tarfile.ReadError("a negative size")
+            data_size = ti.size if ti.type in tarfile.REGULAR_TYPES else 0
+            self._left, self._pad = data_size, -data_size % _BLOCK
+            return ti
+
+
+def _number(field: bytes) -> int:
+    """A tar header's number: octal text, or base-256 (a first byte with its high bit)."""
+    if field[:1] and field[0] & 0x80:
+        value = field[0] & 0x3F
+        for byte in field[1:]:
+            value = value * 256 + byte
+        return -value if field[0] & 0x40 else value
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise tarfile.ReadError("a header number is not octal") from None
+
+
+def _pax_records(data: bytes) -> Dict[str, str]:
+    """The ``length key=value`` records of a pax extended header."""
+    out: Dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space]) if space > pos else 0
+        except ValueError:
+            length = 0
+        if length <= 0 or pos + length > len(data):
+            raise tarfile.ReadError("a malformed pax record")
+        key, eq, value = data[space + 1 : pos + length - 1].partition(b"=")
+        if not eq:
+            raise tarfile.ReadError("a malformed pax record")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
 
 
 def _filter() -> Callable[..., Any]:
@@ -439,51 +550,49 @@ def extract_stream(
     """
     data_filter = _filter()
     files = dirs = links = size = 0
-
-    class _Reader:
-        def read(self, n: int = -1) -> bytes:
-            return read(n)
-
     dest = os.path.abspath(local_path)
     base = os.path.dirname(dest) if single else dest
     os.makedirs(base, exist_ok=True)
     tree = _LocalTree(base)
+    tf = _TarReader(read)
     try:
-        with tarfile.open(fileobj=_Reader(), mode="r|") as tf:  # type: ignore[call-overload]
-            for member in tf:
+        while True:
+            member = tf.next()
+            if member is None:
+                break
+            if member.isfile():
+                if size + member.size > max_bytes:
+                    raise CommandFailed(
+                        f"the download is larger than max_bytes ({max_bytes} bytes); "
+                        "nothing more was written"
+                    )
+                size += member.size
+            if single:
+                if not (member.isfile() or member.issym()):
+                    raise CommandFailed("the sandbox sent something other than one file")
+                member = member.replace(name=os.path.basename(dest), deep=False)
+            name = member.name
+            try:
+                member = data_filter(member, base)
+                parts = _parts(member.name)
+                mode = member.mode  # the filter leaves None where none applies
+                mtime = member.mtime if member.mtime is not None else 0
                 if member.isfile():
-                    if size + member.size > max_bytes:
-                        raise CommandFailed(
-                            f"the download is larger than max_bytes ({max_bytes} bytes); "
-                            "nothing more was written"
-                        )
-                    size += member.size
-                if single:
-                    if not (member.isfile() or member.issym()):
-                        raise CommandFailed("the sandbox sent something other than one file")
-                    member = member.replace(name=os.path.basename(dest), deep=False)
-                name = member.name
-                try:
-                    member = data_filter(member, base)
-                    parts = _parts(member.name)
-                    mode = member.mode  # the filter leaves None where none applies
-                    mtime = member.mtime if member.mtime is not None else 0
-                    if member.isfile():
-                        tree.file(parts, tf.extractfile(member),
-                                  0o644 if mode is None else mode & 0o777, mtime)
-                        files += 1
-                        if progress is not None:
-                            progress(size, total)
-                    elif member.isdir():
-                        tree.directory(parts, None if mode is None else mode & 0o777, mtime)
-                        dirs += 1
-                    elif member.issym():
-                        tree.symlink(parts, member.linkname)
-                        links += 1
-                    else:
-                        raise ValueError("not a file, directory or symbolic link")
-                except (tarfile.FilterError, ValueError, OSError) as exc:
-                    refused.append({"path": name, "message": f"refused: {exc}"})
+                    tree.file(parts, tf,
+                              0o644 if mode is None else mode & 0o777, mtime)
+                    files += 1
+                    if progress is not None:
+                        progress(size, total)
+                elif member.isdir():
+                    tree.directory(parts, None if mode is None else mode & 0o777, mtime)
+                    dirs += 1
+                elif member.issym():
+                    tree.symlink(parts, member.linkname)
+                    links += 1
+                else:
+                    raise ValueError("not a file, directory or symbolic link")
+            except (tarfile.FilterError, ValueError, OSError) as exc:
+                refused.append({"path": name, "message": f"refused: {exc}"})
     finally:
         tree.close()
     return TransferSummary(files=files, dirs=dirs, symlinks=links, bytes=size)

@@ -583,6 +583,12 @@ class E2BSandboxProvider:
     ) -> Optional[FileContent]:
         """Read up to ``max_bytes`` from the start of a file (as user ``sandbox``).
 
+        On a warm sandbox this is one request to the provider's file agent, which opens
+        the file with the sandbox user's own credentials (envd's ``/files`` would read as
+        root); more than 2 MiB of a larger file comes through envd's ``/files`` from a
+        descriptor opened the same way. Only regular files are read: a FIFO or device ends
+        at once with an error.
+
         Takes at most 120 s for the read itself (its scripts and transfers share the bound),
         plus up to 120 s to connect a cold sandbox, ``kill_bound`` to stop what a read that
         ended early started, and 10 s to look up whether a pause cut it.
@@ -628,8 +634,23 @@ class E2BSandboxProvider:
     ) -> None:
         """Write a file, creating parent directories, owned by user ``sandbox``.
 
-        Paths under ``/skills`` are written by root with mode 0644 instead. The data is
-        uploaded to a root-only staging directory first, then moved into place by a script.
+        All or nothing: the bytes go to a temporary file in the target's own directory,
+        created by the user who will own the result, and it is renamed over the target
+        only when whole. A write that fails, is cancelled, times out or whose client dies
+        leaves the previous file as it was (or no file); of concurrent writes of one path,
+        one writer's whole content wins. A ``Cancelled`` write may have completed (whole);
+        it never leaves a part. An overwrite keeps the file's mode; a symbolic link at
+        ``path`` is followed (the file it names is replaced, as the user may). A directory,
+        FIFO, device, a file the user may not write, or another user's file in a sticky
+        directory (such as ``/tmp``, where only a file's owner may replace it) is refused.
+
+        Paths under ``/skills`` are written by root with mode 0644 instead, and only when
+        no symbolic link and no directory the sandbox user (or anyone but root) could
+        change is on the way; otherwise :class:`UnsafePath`.
+
+        On a warm sandbox a write of up to 256 KiB is one request to the provider's file
+        agent (no program started); a larger one is two (a helper, then envd's ``/files``
+        streaming into it).
 
         When the answer is lost (the connection broke or the stream could not be read), the
         write is done once more — writing the same bytes again gives the same file — so an
@@ -642,6 +663,8 @@ class E2BSandboxProvider:
 
         Raises:
             InvalidArgument: bad path or data (before any I/O).
+            UnsafePath: a ``/skills`` path goes through a link or a directory others may
+                change (nothing was written).
             CommandFailed: the file could not be written (the message says why).
             OperationTimeout: the file operation took longer than 120 s, or the sandbox
                 stopped answering.
