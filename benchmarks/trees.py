@@ -65,19 +65,22 @@ def tar_bytes(top: str) -> bytes:
 def floor_download(raw: b.RawEnvd, remote: str, local: str) -> None:
     """``tar -cf -`` in the sandbox, its output decoded and extracted, nothing checked."""
     resp = raw.post_start("tar", ["-cf", "-", "-C", remote, "."], stream=True)
-    pending = b""
+    pending = bytearray()
+    pos = 0
     out = io.BytesIO()
     for chunk in resp.iter_content(1 << 20):
         pending += chunk
-        while len(pending) >= 5:
-            n = int.from_bytes(pending[1:5], "big")
-            if len(pending) < 5 + n:
+        while len(pending) - pos >= 5:
+            n = int.from_bytes(pending[pos + 1 : pos + 5], "big")
+            if len(pending) - pos < 5 + n:
                 break
-            msg = json.loads(pending[5 : 5 + n])
-            pending = pending[5 + n :]
+            msg = json.loads(pending[pos + 5 : pos + 5 + n])
+            pos += 5 + n
             data = msg.get("event", {}).get("data", {}).get("stdout")
             if data:
                 out.write(base64.b64decode(data))
+        del pending[:pos]
+        pos = 0
     out.seek(0)
     with tarfile.open(fileobj=out, mode="r") as tf:
         tf.extractall(local, filter="fully_trusted")
