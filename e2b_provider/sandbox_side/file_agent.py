@@ -892,10 +892,11 @@ class Extractor(object):
     def dir_fd(self, parts: "List[str]") -> int:
         """A descriptor of directory ``parts`` (kept open; do not close it)."""
         key = tuple(parts)
+        if self.open and self.open[0][0] == key:  # the usual case: the last one again
+            return self.open[0][1]
         for i, (k, fd) in enumerate(self.open):
             if k == key:
-                if i:
-                    self.open.insert(0, self.open.pop(i))
+                self.open.insert(0, self.open.pop(i))
                 return fd
         made = []  # type: List[bool]
         fd = open_dir(self.root, parts, True, self.root_rules, made,
@@ -959,8 +960,8 @@ class Extractor(object):
                      mode, dir_fd=dfd)
         try:
             size = 0
-            while True:
-                block = src.read(1 << 20)
+            while size < m.size:
+                block = src.read(min(m.size - size, 1 << 20))
                 if not block:
                     break
                 write_all(fd, block)
