@@ -223,3 +223,101 @@ def test_handle_of_a_listed_sandbox(provider: E2BSandboxProvider) -> None:
         assert s.started_at is not None and s.started_at.tzinfo is not None
     finally:
         provider.destroy(h)
+
+
+def test_cp_r_both_ways_and_ls_of_a_directory(
+    env: Dict[str, str], named: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    src = tmp_path / "proj"
+    (src / "src").mkdir(parents=True)
+    (src / "src" / "main.py").write_text("print(1)\n")
+    (src / "README").write_text("hi\n")
+    (src / "x.pyc").write_bytes(b"compiled")
+    # a directory without -r is refused, as cp does
+    r = run(env, "cp", str(src), f"{named}:/workspace/")
+    assert r.returncode == 1 and "-r not given" in r.stderr
+    # into an existing directory: the copy goes inside it, under its own name
+    r = run(env, "cp", "-r", "--exclude", "*.pyc", str(src), f"{named}:/workspace/")
+    assert r.returncode == 0, r.stderr
+    r = run(env, "ls", f"{named}:/workspace/proj")
+    assert (r.returncode, r.stdout.split()) == (0, ["README", "src"]), r.stderr
+    r = run(env, "ls", "-l", "--depth", "2", f"{named}:/workspace/proj")
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("-rw-r--r--") and line.endswith("/workspace/proj/src/main.py")
+               for line in lines), r.stdout
+    assert any(line.startswith("d") and line.endswith("/workspace/proj/src") for line in lines)
+    # and back, into a new directory
+    back = tmp_path / "back"
+    r = run(env, "cp", "-r", f"{named}:/workspace/proj", str(back))
+    assert r.returncode == 0, r.stderr
+    assert (back / "src" / "main.py").read_text() == "print(1)\n"
+    assert not (back / "x.pyc").exists()
+    # a missing path says so and exits 1
+    r = run(env, "cp", f"{named}:/workspace/none", str(tmp_path / "n"))
+    assert r.returncode == 1 and "no such file or directory" in r.stderr
+    r = run(env, "ls", f"{named}:/workspace/none")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_cp_shows_a_progress_line_on_a_terminal(
+    env: Dict[str, str], named: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    import pty
+
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(48 << 20))
+    leader, follower = pty.openpty()
+    try:
+        child = subprocess.Popen(
+            [*CLI, "cp", str(src), f"{named}:/workspace/big.bin"],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower,
+            preexec_fn=_default_sigint,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:
+            try:
+                piece = os.read(leader, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not piece:
+                break
+            seen += piece
+        assert child.wait(120) == 0, seen
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    text = seen.decode("utf-8", "replace")
+    assert f"{src} -> {named}:/workspace/big.bin" in text
+    assert "48.0 MiB in" in text and "MiB/s" in text, text
+
+
+def test_ctrl_c_during_cp_leaves_the_old_file_whole(
+    env: Dict[str, str], named: str, tmp_path, provider
+) -> None:  # type: ignore[no-untyped-def]
+    h = provider.list_sandboxes(named)[0].handle
+    old = os.urandom(1 << 20)
+    provider.write_file(h, "/workspace/up/big.bin", old)
+    src = tmp_path / "up"  # cp -r up SANDBOX:/workspace writes /workspace/up
+    src.mkdir()
+    with open(src / "big.bin", "wb") as f:  # 400 MiB: Ctrl-C lands while it is written
+        for _ in range(25):
+            f.write(os.urandom(16 << 20))
+    with started(env, "cp", "-r", str(src), f"{named}:/workspace") as child:
+        # interrupt once the upload runs in the sandbox
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = provider.exec(h, "pgrep -f '[e]xtract /workspace/up' || true", timeout=30.0)
+            if r.stdout.strip():
+                break
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+    got = provider.read_file(h, "/workspace/up/big.bin", max_bytes=2 << 20)
+    assert got is not None and got.data == old
+    parts = provider.exec(h, "find /workspace -name '.capybara-part-*'", timeout=30.0)
+    assert parts.stdout == ""
