@@ -53,6 +53,7 @@ from .sandbox_side import source
 __all__ = [
     "AGENT_IDLE_SECONDS",
     "AGENT_READY_SECONDS",
+    "AGENT_SILENCE_SECONDS",
     "AGENT_TAG_PREFIX",
     "MAX_INLINE_FILE",
     "MAX_PAYLOAD",
@@ -68,6 +69,9 @@ log = logging.getLogger("e2b_provider")
 AGENT_IDLE_SECONDS = 300
 #: How long an agent may take to say it is ready.
 AGENT_READY_SECONDS = 30.0
+#: An agent that writes nothing for this long while an answer is awaited is taken as hung
+#: (stopped, say): its session ends, the calls go to a new agent, and it is killed.
+AGENT_SILENCE_SECONDS = 30.0
 #: How long a sandbox that could not run the agent is left to the scripts.
 UNAVAILABLE_SECONDS = 300.0
 #: envd tag of an agent process: this prefix, then 32 hex digits.
@@ -153,6 +157,8 @@ class AgentSession:
         self._calls: Dict[int, _Call] = {}
         self._next = 1
         self._ended: Optional[str] = None
+        #: The agent wrote nothing for AGENT_SILENCE_SECONDS while it was waited for.
+        self.hung = False
         self._stderr = bytearray()
 
     @property
@@ -239,14 +245,23 @@ class AgentSession:
 
     def _lead(self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken]) -> None:
         """Read the stream for everybody until ``call`` is answered or the session ends.
-        A cancel or the deadline shuts the stream down (ending the session)."""
+        A cancel or the deadline shuts the stream down (ending the session), and so does
+        an agent that wrote nothing for :data:`AGENT_SILENCE_SECONDS` while it was waited
+        for (stopped or hung: envd's keepalives still come, so the stream alone would not
+        tell)."""
         stream = self._stream
+        watchdog = self._ctx.watchdog
 
         def stop(_reason: object = None) -> None:
             stream.abort()
 
+        def silent() -> None:
+            self.hung = True
+            stream.abort()
+
         unlink = cancel.on_cancel(stop) if cancel is not None else None
-        timer = self._ctx.watchdog.call_later(max(0.0, deadline.remaining()), stop)
+        timer = watchdog.call_later(max(0.0, deadline.remaining()), stop)
+        quiet = watchdog.call_later(AGENT_SILENCE_SECONDS, silent)
         try:
             while True:
                 with self._lock:
@@ -258,16 +273,23 @@ class AgentSession:
                     self.end("the file agent's stream ended")
                     return
                 except E2BProviderError as exc:
-                    self.end(f"the file agent's stream broke ({exc})")
+                    self.end(
+                        f"the file agent answered nothing for {AGENT_SILENCE_SECONDS:g} s"
+                        if self.hung else f"the file agent's stream broke ({exc})"
+                    )
                     return
                 except BaseException:
                     self.end("interrupted while the file agent's stream was read")
                     raise
+                if isinstance(ev, DataEvent) and ev.stdout:
+                    quiet.cancel()
+                    quiet = watchdog.call_later(AGENT_SILENCE_SECONDS, silent)
                 self._take(ev)
         finally:
             if unlink is not None:
                 unlink()
             timer.cancel()
+            quiet.cancel()
 
     def _take(self, ev: ProcessEvent) -> None:
         if isinstance(ev, DataEvent):
@@ -309,15 +331,20 @@ class AgentSession:
         self._stream.close()
 
     def goodbye(self) -> None:
-        """Close the agent's standard input, so it exits once its work is done
-        (best effort, bounded)."""
+        """Close the agent's standard input, so it exits once its work is done; kill it
+        (by its envd tag) if it was found hung. Best effort, bounded."""
         ctx = self._ctx
         try:
             lease = ctx.leases.lease(self.sid)
-            if lease is not None:
-                ctx.envd(lease.target).close_stdin(self.pid, timeout=_GOODBYE_S)
+            if lease is None:
+                return
+            envd = ctx.envd(lease.target)
+            if self.hung:
+                envd.signal_tag(self.tag, timeout=_GOODBYE_S)
+            else:
+                envd.close_stdin(self.pid, timeout=_GOODBYE_S)
         except E2BProviderError as exc:
-            log.debug("e2b_provider: could not close a file agent's input: %s", exc)
+            log.debug("e2b_provider: could not retire a file agent: %s", exc)
 
 
 def _agent_gone(exc: E2BHttpError) -> bool:

@@ -243,21 +243,35 @@ class Files:
 
     def write(self, sid: str, path: str, payload: bytes, cancel: Optional[CancelToken]) -> None:
         deadline = Deadline.after(FILE_OP_TIMEOUT)
-        what = f"writing {path} (it may or may not have been written)"
+        self._written_once_more(
+            sid, f"writing {path}", cancel, deadline,
+            lambda: self._write(sid, path, payload, cancel, deadline),
+        )
+
+    def _written_once_more(
+        self,
+        sid: str,
+        what: str,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+        write: Callable[[], _T],
+    ) -> _T:
+        """``write()``, done once more when its answer was lost (and time is left): the
+        write may or may not have happened, what it started was stopped, and the same bytes
+        written again give the same files."""
         for attempt in (1, 2):
             began = time.monotonic()
             try:
-                self._write(sid, path, payload, cancel, deadline)
-                return
+                return write()
             except E2BProviderError as exc:
                 if not is_ambiguous(exc):
                     raise
                 again = attempt == 1 and deadline.remaining() >= _RETRY_MIN_S
-                self._settle(sid, exc, began, cancel, what, retry=again)
-                # The answer was lost, so the write may or may not have happened; what it
-                # started was stopped. The same bytes written again give the same file.
-                log.info("e2b_provider: the answer to a write of %s in sandbox %s was lost "
-                         "(%s); writing it again", path, sid, exc)
+                self._settle(sid, exc, began, cancel,
+                             f"{what} (it may or may not have been written)", retry=again)
+                log.info("e2b_provider: the answer to %s in sandbox %s was lost (%s); "
+                         "writing again", what, sid, exc)
+        raise AssertionError("unreachable")
 
     def _write(
         self,
@@ -445,22 +459,18 @@ class Files:
         cancel: Optional[CancelToken],
         deadline: Deadline,
     ) -> Dict[str, CommandFailed]:
-        what = f"writing {len(batch)} files (they may or may not have been written)"
         fields = {"files": [{"path": p, "len": len(d)} for p, d in batch]}
         payload = b"".join(d for _, d in batch)
-        for attempt in (1, 2):
-            began = time.monotonic()
-            try:
-                answer = self._agents.call(
-                    sid, "write_many", fields, payload, deadline=deadline, cancel=cancel
-                )
-                return _write_results(answer, [p for p, _ in batch])
-            except E2BProviderError as exc:
-                if not is_ambiguous(exc):
-                    raise
-                again = attempt == 1 and deadline.remaining() >= _RETRY_MIN_S
-                self._settle(sid, exc, began, cancel, what, retry=again)
-        raise AssertionError("unreachable")
+
+        def write() -> Dict[str, CommandFailed]:
+            answer = self._agents.call(
+                sid, "write_many", fields, payload, deadline=deadline, cancel=cancel
+            )
+            return _write_results(answer, [p for p, _ in batch])
+
+        return self._written_once_more(
+            sid, f"writing {len(batch)} files", cancel, deadline, write
+        )
 
     def read_many(
         self,

@@ -82,6 +82,12 @@ def _check_path(path: object) -> str:
     return path
 
 
+def _check_pid(pid: object) -> int:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise InvalidArgument("pid must be a positive int")
+    return pid
+
+
 def _check_timeout(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidArgument(f"{what} must be a positive number of seconds")
@@ -347,6 +353,28 @@ class EnvdClient:
             raise
         return ProcessStream(stream)
 
+    def _rpc(
+        self,
+        method: str,
+        body: Dict[str, Any],
+        operation: str,
+        token: Optional[CancelToken],
+        timeout: float,
+    ) -> HttpResponse:
+        """One unary Connect call of the process service (JSON), bounded by ``timeout``."""
+        return self._transport.request(
+            "POST",
+            f"{self._base}/process.Process/{method}",
+            headers=self._headers(
+                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+            ),
+            json=body,
+            token=token,
+            **_within(timeout),
+            operation=operation,
+            max_body=ERROR_BODY_BYTES,
+        )
+
     def send_input(
         self,
         pid: int,
@@ -364,28 +392,14 @@ class EnvdClient:
             E2BHttpError: any other error answer (e.g. stdin not enabled or closed).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise InvalidArgument("pid must be a positive int")
+        _check_pid(pid)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes")
-        op = "process input"
-        resp = self._transport.request(
-            "POST",
-            self._base + "/process.Process/SendInput",
-            headers=self._headers(
-                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
-            ),
-            json={
-                "process": {"pid": pid},
-                "input": {"stdin": base64.b64encode(bytes(data)).decode("ascii")},
-            },
-            token=token,
-            **_within(timeout),
-            operation=op,
-            max_body=ERROR_BODY_BYTES,
-        )
+        stdin = base64.b64encode(bytes(data)).decode("ascii")
+        body = {"process": {"pid": pid}, "input": {"stdin": stdin}}
+        resp = self._rpc("SendInput", body, "process input", token, timeout)
         if not resp.ok:
-            raise error_from_response(resp, op)
+            raise error_from_response(resp, "process input")
 
     def close_stdin(
         self,
@@ -402,23 +416,11 @@ class EnvdClient:
             E2BHttpError: any other error answer.
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise InvalidArgument("pid must be a positive int")
-        op = "process input"
-        resp = self._transport.request(
-            "POST",
-            self._base + "/process.Process/CloseStdin",
-            headers=self._headers(
-                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
-            ),
-            json={"process": {"pid": pid}},
-            token=token,
-            **_within(timeout),
-            operation=op,
-            max_body=ERROR_BODY_BYTES,
-        )
+        _check_pid(pid)
+        resp = self._rpc("CloseStdin", {"process": {"pid": pid}}, "process input", token,
+                         timeout)
         if not resp.ok:
-            raise error_from_response(resp, op)
+            raise error_from_response(resp, "process input")
 
     def send_signal(
         self,
@@ -444,8 +446,7 @@ class EnvdClient:
             E2BHttpError: any other error answer.
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise InvalidArgument("pid must be a positive int")
+        _check_pid(pid)
         return self._signal({"pid": pid}, signal, token, timeout)
 
     def signal_tag(
@@ -483,18 +484,8 @@ class EnvdClient:
         if signal not in SIGNALS:
             raise InvalidArgument(f"signal must be one of {sorted(SIGNALS)}")
         op = "process signal"
-        resp = self._transport.request(
-            "POST",
-            self._base + "/process.Process/SendSignal",
-            headers=self._headers(
-                {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
-            ),
-            json={"process": selector, "signal": signal},
-            token=token,
-            **_within(timeout),
-            operation=op,
-            max_body=ERROR_BODY_BYTES,
-        )
+        resp = self._rpc("SendSignal", {"process": selector, "signal": signal}, op, token,
+                         timeout)
         if resp.ok:
             return True
         message, code, _ = parse_error_body(resp.body)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from typing import Any, Iterator, List
 
 import pytest
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
+from e2b_provider._exec import run_process
 
 
 @pytest.fixture
@@ -31,3 +32,28 @@ def sandbox(shared_provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
 
 def unique_name(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def root(p: E2BSandboxProvider, h: SandboxHandle, cmd: str) -> str:
+    """Run ``cmd`` as root in the sandbox (test set-up and inspection only)."""
+    ctx = p._ctx
+    r = run_process(
+        ctx.envd(ctx.attach(h.id, None)), user="root", cmd="/bin/sh", args=["-c", cmd],
+        cwd="/", max_output_bytes=1 << 20, timeout=60.0, token=None, watchdog=ctx.watchdog,
+    )
+    assert r.exit_code == 0, r
+    return r.stdout.decode()
+
+
+def count_requests(p: E2BSandboxProvider, monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """From now on, every request ``p`` sends is added to the list returned, as
+    ``"<METHOD> <last path segment>"`` (``"POST SendInput"``, ``"GET files"``)."""
+    sent: List[str] = []
+    send = p._ctx.transport._send
+
+    def counting(method: str, url: str, **kw: Any) -> Any:
+        sent.append(f"{method} {url.rsplit('/', 1)[-1].split('?')[0]}")
+        return send(method, url, **kw)
+
+    monkeypatch.setattr(p._ctx.transport, "_send", counting)
+    return sent

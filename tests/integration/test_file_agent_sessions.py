@@ -17,20 +17,8 @@ from waiting import wait_until
 
 from e2b_provider import Cancelled, CancelToken, E2BSandboxProvider, FileContent, SandboxHandle
 from e2b_provider._agent import AGENT_TAG_PREFIX
-from e2b_provider._exec import run_process
 
-from .conftest import unique_name
-
-
-def root(p: E2BSandboxProvider, h: SandboxHandle, cmd: str) -> str:
-    """Run ``cmd`` as root in the sandbox (test set-up and inspection only)."""
-    ctx = p._ctx
-    r = run_process(
-        ctx.envd(ctx.attach(h.id, None)), user="root", cmd="/bin/sh", args=["-c", cmd],
-        cwd="/", max_output_bytes=1 << 20, timeout=60.0, token=None, watchdog=ctx.watchdog,
-    )
-    assert r.exit_code == 0, r
-    return r.stdout.decode()
+from .conftest import root, unique_name
 
 
 def agents_running(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Iterator, List
+from typing import Iterator, List
 
 import pytest
 from waiting import wait_until
@@ -23,7 +23,7 @@ from e2b_provider import (
     SandboxHandle,
 )
 
-from .test_file_agent_sessions import root
+from .conftest import count_requests, root
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +38,7 @@ def box(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> Iterator
 def requests_sent(
     shared_provider: E2BSandboxProvider, monkeypatch: pytest.MonkeyPatch
 ) -> List[str]:
-    sent: List[str] = []
-    send = shared_provider._ctx.transport._send
-
-    def counting(method: str, url: str, **kw: Any) -> Any:
-        sent.append(f"{method} {url.rsplit('/', 1)[-1].split('?')[0]}")
-        return send(method, url, **kw)
-
-    monkeypatch.setattr(shared_provider._ctx.transport, "_send", counting)
-    return sent
+    return count_requests(shared_provider, monkeypatch)
 
 
 def test_200_small_files_go_up_and_down_in_one_request_each(

@@ -25,7 +25,8 @@ from e2b_provider import (
 )
 from e2b_provider import _scripts as scripts
 from e2b_provider._agent import AGENT_TAG_PREFIX, MAX_INLINE_FILE
-from e2b_provider._exec import run_process
+
+from .conftest import count_requests, root
 
 pytestmark = pytest.mark.integration
 
@@ -43,17 +44,6 @@ LEFTOVERS = (
     "&& $NF !~ /^" + AGENT_TAG_PREFIX + "[0-9a-f]+$/'; "
     "find " + scripts.UPLOAD_DIR + " -mindepth 1 ! -type d"
 )
-
-
-def root(p: E2BSandboxProvider, h: SandboxHandle, cmd: str) -> str:
-    """Run ``cmd`` as root in the sandbox (test set-up and inspection only)."""
-    ctx = p._ctx
-    r = run_process(
-        ctx.envd(ctx.attach(h.id, None)), user="root", cmd="/bin/sh", args=["-c", cmd],
-        cwd="/", max_output_bytes=1 << 20, timeout=60.0, token=None, watchdog=ctx.watchdog,
-    )
-    assert r.exit_code == 0, r
-    return r.stdout.decode()
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +127,7 @@ def test_large_read_caps_and_holder_leaves(
     p = shared_provider
     data = os.urandom(8 << 20)
     p.write_file(box, "/workspace/big.bin", data)
-    sent: List[str] = []
-    send = p._ctx.transport._send
-
-    def counting(method: str, url: str, **kw: Any) -> Any:
-        sent.append(f"{method} {url.rsplit('/', 1)[-1].split('?')[0]}")
-        return send(method, url, **kw)
-
-    monkeypatch.setattr(p._ctx.transport, "_send", counting)
+    sent = count_requests(p, monkeypatch)
     assert root(p, box, "sha256sum < /workspace/big.bin").split()[0] == (
         hashlib.sha256(data).hexdigest()
     )

@@ -8,6 +8,7 @@ import time
 from typing import Any, Dict, List
 
 import pytest
+from waiting import wait_until
 
 from e2b_provider import (
     CommandFailed,
@@ -123,8 +124,11 @@ def test_a_write_whose_answer_is_lost_every_time_fails_typed_and_bounded(  # typ
 
 
 def test_a_stalled_file_operation_or_script_is_an_operation_timeout(emu, fresh) -> None:  # type: ignore[no-untyped-def]
-    # keepalive 1 s: a stream silent for 12 s counts as dead (110 s by default)
+    # keepalive 1 s: a stream silent for 12 s counts as dead (110 s by default); the file
+    # agent is kept out (the per-call scripts are what a stream stall stops here; a stalled
+    # agent is the next test's)
     with E2BSandboxProvider(emu.config(template="base"), keepalive_seconds=1) as p:
+        p._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
         p.write_file(fresh, "/workspace/s.txt", b"s")
         emu.stream_stall(sandbox_id=fresh.id)
         with pytest.raises(OperationTimeout) as ei:
@@ -142,6 +146,31 @@ def test_a_stalled_file_operation_or_script_is_an_operation_timeout(emu, fresh) 
         emu.stream_stall(sandbox_id=fresh.id)
         p.write_file(fresh, "/workspace/s.txt", b"again")
         assert p.read_file(fresh, "/workspace/s.txt").data == b"again"  # type: ignore[union-attr]
+
+
+def test_a_file_agent_that_stops_answering_is_replaced(  # type: ignore[no-untyped-def]
+    emu, fresh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from e2b_provider import _agent
+
+    # an agent silent for 2 s counts as hung (30 s by default)
+    monkeypatch.setattr(_agent, "AGENT_SILENCE_SECONDS", 2.0)
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        p.write_file(fresh, "/workspace/s.txt", b"s")
+        wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+        [session] = p._files._agents.sessions()
+        # the agent runs as the sandbox user, whom an exec may signal
+        assert p.exec(fresh, f"kill -STOP {session.pid}", timeout=30.0).exit_code == 0
+        t0 = time.monotonic()
+        try:
+            assert p.read_file(fresh, "/workspace/s.txt").data == b"s"  # type: ignore[union-attr]
+        finally:
+            p.exec(fresh, f"kill -CONT {session.pid}", timeout=30.0)
+        assert time.monotonic() - t0 < 30
+        assert p._files._agents.sessions()[0] is not session
+        # the hung one was killed (by its envd tag), not left stopped
+        wait_until(lambda: p.exec(fresh, f"kill -0 {session.pid} 2>/dev/null || echo gone",
+                                  timeout=30.0).stdout == "gone\n", 30, "the hung agent gone")
 
 
 def test_a_connect_without_a_token_fails_closed_for_a_running_sandbox(  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ import hashlib
 import os
 import stat
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 from waiting import wait_until
@@ -29,7 +29,7 @@ from e2b_provider import (
     UnsafePath,
 )
 
-from .test_file_agent_sessions import root
+from .conftest import count_requests, root
 from .test_file_paths import LEFTOVERS
 
 
@@ -106,14 +106,7 @@ def test_upload_requests_do_not_grow_with_the_file_count(
     for i in range(500):
         (src / f"d{i % 10}").mkdir(parents=True, exist_ok=True)
         (src / f"d{i % 10}" / f"f{i}").write_bytes(b"%d" % i)
-    sent: List[str] = []
-    send = p._ctx.transport._send
-
-    def counting(method: str, url: str, **kw: Any) -> Any:
-        sent.append(f"{method} {url.rsplit('/', 1)[-1].split('?')[0]}")
-        return send(method, url, **kw)
-
-    monkeypatch.setattr(p._ctx.transport, "_send", counting)
+    sent = count_requests(p, monkeypatch)
     assert p.upload(sandbox, src, "/workspace/many").files == 500
     assert sent == ["POST Start", "POST files"]
     del sent[:]

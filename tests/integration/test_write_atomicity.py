@@ -29,8 +29,7 @@ from e2b_provider import (
 )
 from e2b_provider import _scripts as scripts
 
-from .conftest import unique_name
-from .test_file_agent_sessions import root
+from .conftest import root, unique_name
 
 #: Trials in all (the issue asks for at least 200).
 TRIALS = 240
