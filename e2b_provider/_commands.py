@@ -1,9 +1,10 @@
 """Commands in a sandbox: exec with its kill job, and the leftover-command cleanup.
 
 This module owns :class:`Commands`, the provider's part that runs shell commands through the
-reference's exec wrapper (own session, in-sandbox ``timeout -s KILL``, pid file under a
-control path; every process of the command also inherits the exec's marker in its
-environment, and envd knows the command by a tag), the kill the exec engine
+exec wrapper (the reference's guarantees: own session, in-sandbox ``timeout -s KILL``, pid
+file under a control path; see :data:`~._scripts.LEAN_EXEC_WRAPPER`; every process of the
+command also inherits the exec's marker in its environment, and envd knows the command by a
+tag), the kill the exec engine
 (:mod:`._exec`) asks for on a timeout, cancel or Ctrl-C (batched per sandbox by
 :mod:`._kills`), and ``kill_all`` / ``kill_tagged``. Arguments arrive validated (the
 provider facade checks them).
@@ -74,7 +75,7 @@ class Commands:
                 ctx.envd(target),
                 user=scripts.SANDBOX_USER,
                 cmd="setsid",
-                args=scripts.exec_args(ctl, command, timeout),
+                args=scripts.exec_args(ctl, command, timeout, env),
                 env=run_env,
                 cwd=cwd if cwd is not None else "/workspace",
                 max_output_bytes=max_output_bytes,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from typing import Dict, List
 
 import pytest
 from waiting import wait_until
 
 from e2b_provider import CancelToken, E2BSandboxProvider, InvalidArgument, SandboxHandle
+from e2b_provider import _scripts as scripts
+from e2b_provider._exec import RunOutcome, run_process
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +29,90 @@ def test_exec_runs_as_sandbox_user_with_reference_environment(
     assert r.exit_code == 0, r
     assert r.stdout.split("\n")[:4] == ["sandbox", "/workspace", "/workspace", "C.UTF-8"]
     assert not (r.truncated or r.timed_out or r.cancelled)
+
+
+def _as_envd_runs(
+    p: E2BSandboxProvider, h: SandboxHandle, args: List[str], env: Dict[str, str]
+) -> RunOutcome:
+    """Start ``setsid args`` as ``sandbox`` with ``env``, in /workspace, the way an exec's
+    request does (test set-up and comparison only)."""
+    ctx = p._ctx
+    return run_process(
+        ctx.envd(ctx.attach(h.id, None)), user=scripts.SANDBOX_USER, cmd="setsid", args=args,
+        env=env, cwd="/workspace", max_output_bytes=1 << 20, timeout=60.0, token=None,
+        watchdog=ctx.watchdog,
+    )
+
+
+#: What a command sees: its environment as the kernel keeps it (order included), the one
+#: it hands a child (bash's export order), its arguments, options and locale.
+SHOW_ENVIRONMENT = (
+    'tr "\\0" "\\n" < /proc/$$/environ; echo ---; env; echo ---; '
+    'echo "$0|$#|$-|$LANG|$SHLVL|$PWD"; locale; printf \'\\303\\244\' | wc -m'
+)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [None, {"LANG": "de_DE.UTF-8"}, {"LANG": ""}, {"HOME": "/tmp", "LC_ALL": "C"},
+     {f"V{i}_{'x' * (i % 7)}": str(i) for i in range(80)}],
+    ids=["default", "lang", "empty-lang", "home-lc-all", "many"],
+)  # fmt: skip
+def test_exec_environment_is_the_reference_wrappers_byte_for_byte(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle, env: Dict[str, str]
+) -> None:
+    # the reference: its wrapper, started with HOME, LANG, the caller's env and the marker
+    r = shared_provider.exec(sandbox, SHOW_ENVIRONMENT, env=env, timeout=30.0)
+    assert r.exit_code == 0, r
+    ctl = scripts.control_path()
+    ref_env = {"HOME": "/workspace", "LANG": "C.UTF-8", **(env or {}), scripts.EXEC_MARKER: ctl}
+    args = ["-w", "/bin/sh", "-c", scripts.EXEC_WRAPPER, "capybara-exec", ctl,
+            SHOW_ENVIRONMENT, "35"]  # fmt: skip
+    ref = _as_envd_runs(shared_provider, sandbox, args, ref_env)
+    assert ref.exit_code == 0, ref
+
+    def same(text: str) -> str:
+        return re.sub(r"/tmp/[.]capybara-exec-[0-9a-f-]{36}", "CTL", text)
+
+    assert same(r.stdout) == same(ref.stdout.decode())
+    assert f"\nLANG={ref_env['LANG']}\n" in r.stdout
+
+
+def test_exec_pid_file_exists_while_the_command_runs(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    r = shared_provider.exec(
+        sandbox, 'p=$(cat /tmp/.capybara-exec-pf-*.pid); tr "\\0" " " < /proc/$p/cmdline',
+        tag="pf", timeout=30.0,
+    )  # fmt: skip
+    assert r.exit_code == 0, r
+    # the pid file names the wrapper, whose command line the kill scripts look for
+    m = re.search(r"capybara-exec (/tmp/[.]capybara-exec-pf-[0-9a-f-]{36}) ", r.stdout)
+    assert m, r.stdout
+    ctl = m.group(1)
+    # removed in the background once the wrapper has exited
+    wait_until(
+        lambda: shared_provider.stat(sandbox, ctl + ".pid") is None, 10.0, "the pid file to go"
+    )
+
+
+def test_a_kill_before_the_wrapper_starts_prevents_the_command(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    # the provider's kill (one batch) reaches an exec before its wrapper started: the
+    # wrapper then refuses to start (137) and the command never runs
+    ctl = scripts.control_path()
+    r = shared_provider._ctx.script_on(sandbox.id, scripts.kill_batch_args([ctl]), None)
+    assert r.exit_code == 0, r
+    assert shared_provider.stat(sandbox, ctl + ".kill") is not None
+    env = {"HOME": "/workspace", "LANG": "C.UTF-8"}
+    command = f"touch {ctl}.ran"
+    out = _as_envd_runs(
+        shared_provider, sandbox, scripts.exec_args(ctl, command, 30, env),
+        scripts.exec_env(env, ctl),
+    )  # fmt: skip
+    assert out.exit_code == 137
+    assert shared_provider.stat(sandbox, ctl + ".ran") is None
 
 
 def test_exec_cwd_env_and_exit_code(

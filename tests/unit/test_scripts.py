@@ -129,16 +129,40 @@ def test_bad_tags_are_refused(tag: str) -> None:
 
 def test_exec_args() -> None:
     ctl = S.control_path()
-    assert S.exec_args(ctl, "echo hi", 30) == [
-        "-w", "/bin/sh", "-c", S.EXEC_WRAPPER, "capybara-exec", ctl, "echo hi", "35",
+    assert S.exec_args(ctl, "echo hi", 30, {"LANG": "C.UTF-8", "A": "1"}) == [
+        "-w", "/bin/sh", "-c", S.LEAN_EXEC_WRAPPER, "capybara-exec", ctl, "echo hi", "35",
+        "C.UTF-8",
     ]  # fmt: skip
-    assert S.exec_args(ctl, "x", 30.2)[-1] == "36"
-    assert S.exec_args(ctl, "x", 0)[-1] == "5"
-    assert S.exec_args(ctl, "x", 0.001)[-1] == "6"
+    # without LANG there is no fourth argument: the wrapper leaves the environment alone
+    args = S.exec_args(ctl, "echo hi", 30, {"A": "1"})
+    assert args[4:] == ["capybara-exec", ctl, "echo hi", "35"]
+    assert S.exec_args(ctl, "x", 1, {"LANG": ""})[-2:] == ["6", ""]
+    assert S.exec_args(ctl, "x", 30.2, {})[-1] == "36"
+    assert S.exec_args(ctl, "x", 0, {})[-1] == "5"
+    assert S.exec_args(ctl, "x", 0.001, {})[-1] == "6"
     for bad in (-1, float("inf"), float("nan")):
         with pytest.raises(InvalidArgument) as ei:
-            S.exec_args(ctl, "x", bad)
+            S.exec_args(ctl, "x", bad, {})
         assert str(ei.value) == "timeout must be a finite, non-negative number of seconds"
+
+
+def test_exec_env_gives_the_wrapper_the_c_locale_in_langs_place() -> None:
+    ctl = S.control_path()
+    env = {"HOME": "/workspace", "LANG": "C.UTF-8", "A": "1"}
+    out = S.exec_env(env, ctl)
+    assert list(out.items()) == [
+        ("HOME", "/workspace"), ("LANG", S.HELPER_LANG), ("A", "1"), (S.EXEC_MARKER, ctl),
+    ]  # fmt: skip
+    assert env["LANG"] == "C.UTF-8"  # the caller's mapping is not changed
+    assert S.exec_env({"A": "1"}, ctl) == {"A": "1", S.EXEC_MARKER: ctl}
+
+
+def test_lean_wrapper_is_the_reference_with_its_two_changes() -> None:
+    # what the reference does before the command is unchanged, word for word
+    head = S.EXEC_WRAPPER[: S.EXEC_WRAPPER.index("timeout ")]
+    assert S.LEAN_EXEC_WRAPPER.startswith(head)
+    assert 'timeout -s KILL "$3" /bin/bash -c "$2"; s=$?;' in S.LEAN_EXEC_WRAPPER
+    assert S.LEAN_EXEC_WRAPPER.endswith(" & exit $s")
 
 
 def test_script_args() -> None:
@@ -225,7 +249,7 @@ class Procs:
     ) -> subprocess.Popen[bytes]:
         # as envd starts it for the provider: the exec's marker in its environment
         p = subprocess.Popen(
-            ["setsid", *S.exec_args(ctl, command, seconds)],
+            ["setsid", *S.exec_args(ctl, command, seconds, os.environ)],
             stdout=subprocess.DEVNULL if stdout is None else stdout,
             stderr=subprocess.DEVNULL,
             env=S.exec_env(os.environ, ctl),
@@ -286,7 +310,8 @@ def test_wrapper_runs_command_and_manages_pid_file(procs: Procs, tmp_path: Path)
     first, second = out.read_text().splitlines()
     assert int(first) == p.pid
     assert second == "/bin/bash|"
-    assert not os.path.exists(ctl + ".pid")
+    # removed in the background, a moment after the wrapper exited
+    assert wait_for(lambda: not os.path.exists(ctl + ".pid"))
 
 
 @pytestmark_linux
@@ -300,11 +325,12 @@ def test_wrapper_refuses_to_start_once_kill_file_exists(procs: Procs, tmp_path: 
 
 
 @pytestmark_linux
-def test_wrapper_in_sandbox_timeout_kills_the_command_group(procs: Procs) -> None:
+@pytest.mark.parametrize("wrapper", ["EXEC_WRAPPER", "LEAN_EXEC_WRAPPER"])
+def test_wrapper_in_sandbox_timeout_kills_the_command_group(procs: Procs, wrapper: str) -> None:
     ctl = procs.ctl()
     m = procs.marker
     cmd = f"({sleeper(m + '-bg')}) & {sleeper(m + '-fg')}"
-    argv = ["/bin/sh", "-c", S.EXEC_WRAPPER, "capybara-exec", ctl, cmd, "1"]
+    argv = ["/bin/sh", "-c", getattr(S, wrapper), "capybara-exec", ctl, cmd, "1"]
     start = time.monotonic()
     p = subprocess.Popen(["setsid", "-w", *argv])
     procs.popens.append(p)
@@ -312,7 +338,119 @@ def test_wrapper_in_sandbox_timeout_kills_the_command_group(procs: Procs) -> Non
     assert p.wait(timeout=10) == 137
     assert 0.9 <= time.monotonic() - start < 5.0
     assert wait_for(lambda: not procs.alive())
-    assert not os.path.exists(ctl + ".pid")
+    assert wait_for(lambda: not os.path.exists(ctl + ".pid"))
+
+
+def _run_wrapper(
+    wrapper: str, ctl: str, command: str, env: Dict[str, str], lang: bool = True
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``command`` as envd runs an exec: under ``wrapper`` with envd's environment
+    (``env`` as :func:`~e2b_provider._scripts.exec_env` makes it for the lean wrapper, plus
+    the marker for both); its exit status and output."""
+    if wrapper == "EXEC_WRAPPER":
+        args = ["-w", "/bin/sh", "-c", S.EXEC_WRAPPER, "capybara-exec", ctl, command, "60"]
+        envs = dict(env, **{S.EXEC_MARKER: ctl})
+    else:
+        args = S.exec_args(ctl, command, 55, env if lang else {})
+        envs = S.exec_env(env, ctl)
+    return subprocess.run(["setsid", *args], env=envs, capture_output=True, timeout=30)
+
+
+#: Prints what the command sees: its own environment as the kernel keeps it (order
+#: included), the one it gives a child (bash's export order), its arguments and options,
+#: and the locale its programs use.
+SHOW_ENVIRONMENT = (
+    'tr "\\0" "\\n" < /proc/$$/environ; echo ---; env; echo ---; '
+    'echo "$0|$#|$-|${LANG-unset}|$SHLVL"; echo ---; locale; echo ---; '
+    "printf '%s\\n' \"$(date -d @0 +%c)\" \"$(printf '\\303\\244' | wc -m)\""
+)
+
+
+@pytestmark_linux
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"LANG": "C"},
+        {"LANG": ""},
+        {"LANG": "C.UTF-8", "LC_TIME": "C", "ZED": "z", "ABC": "a b"},
+        # enough names to share every hash bucket of sh's variable table with LANG
+        {f"V{i}_{'x' * (i % 7)}": str(i) for i in range(80)},
+    ],
+    ids=["default", "C", "empty", "lc", "many"],
+)
+def test_lean_wrapper_gives_the_command_the_reference_environment(
+    procs: Procs, extra: Dict[str, str]
+) -> None:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/workspace",
+            "LANG": "C.UTF-8", "USER": "u", "LOGNAME": "u"}  # fmt: skip
+    env = dict(base, **extra)
+    seen = []
+    for wrapper in ("EXEC_WRAPPER", "LEAN_EXEC_WRAPPER"):
+        ctl = procs.ctl()
+        r = _run_wrapper(wrapper, ctl, SHOW_ENVIRONMENT, env)
+        assert r.returncode == 0, r.stderr
+        seen.append(r.stdout.replace(ctl.encode(), b"CTL"))
+    assert seen[0] == seen[1]
+    lang = env["LANG"]
+    assert f"|{lang}|".encode() in seen[1]
+    assert (b"\nLANG=" + lang.encode() + b"\n") in seen[1]
+
+
+@pytestmark_linux
+def test_lean_wrapper_without_lang_leaves_the_environment_alone(procs: Procs) -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/w", "A": "1"}
+    seen = []
+    for wrapper in ("EXEC_WRAPPER", "LEAN_EXEC_WRAPPER"):
+        ctl = procs.ctl()
+        r = _run_wrapper(wrapper, ctl, SHOW_ENVIRONMENT, env, lang=False)
+        assert r.returncode == 0, r.stderr
+        seen.append(r.stdout.replace(ctl.encode(), b"CTL"))
+    assert seen[0] == seen[1]
+    assert b"|unset|" in seen[1]
+
+
+@pytestmark_linux
+def test_lean_wrapper_runs_its_own_programs_in_the_c_locale(procs: Procs) -> None:
+    # the wrapper (the pid file's process) has LANG=C; the command has the caller's LANG
+    ctl = procs.ctl()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    command = f'tr "\\0" "\\n" < /proc/$(cat "{ctl}.pid")/environ | grep ^LANG=; echo "$LANG"'
+    r = _run_wrapper("LEAN_EXEC_WRAPPER", ctl, command, env)
+    assert (r.returncode, r.stdout) == (0, b"LANG=C\nC.UTF-8\n"), r.stderr
+
+
+@pytestmark_linux
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [("true", 0), ("exit 7", 7), ("kill -TERM $$", 143), ("kill -KILL $$", 137),
+     ("exit 300", 44), ("sh -c 'kill -USR1 $$'; exit $?", 138)],
+)  # fmt: skip
+def test_lean_wrapper_exits_as_the_reference(procs: Procs, command: str, code: int) -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    for wrapper in ("EXEC_WRAPPER", "LEAN_EXEC_WRAPPER"):
+        assert _run_wrapper(wrapper, procs.ctl(), command, env).returncode == code, wrapper
+
+
+@pytestmark_linux
+def test_lean_wrapper_ends_before_its_pid_file_is_removed(
+    procs: Procs, tmp_path: Path
+) -> None:
+    # an `rm` that takes a second: the wrapper's exit and the end of its output (what
+    # envd's end event waits for) do not wait for it; the pid file goes when it is done
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "rm").write_text('#!/bin/sh\nsleep 1\nexec /bin/rm "$@"\n')
+    (slow / "rm").chmod(0o755)
+    env = {"PATH": f"{slow}:{os.environ.get('PATH', '/usr/bin:/bin')}", "LANG": "C.UTF-8"}
+    ctl = procs.ctl()
+    start = time.monotonic()
+    r = _run_wrapper("LEAN_EXEC_WRAPPER", ctl, f'cat "{ctl}.pid"; exit 3', env)
+    took = time.monotonic() - start
+    assert r.returncode == 3 and r.stdout.strip().isdigit()
+    assert took < 0.9, took
+    assert os.path.exists(ctl + ".pid")
+    assert wait_for(lambda: not os.path.exists(ctl + ".pid"))
 
 
 @pytestmark_linux
@@ -518,7 +656,7 @@ def test_kill_all_inside_a_private_pid_namespace(procs: Procs, name: str, left: 
     # the reference's script misses the process that called setsid; the marked one does not
     env = dict(
         os.environ,
-        W=S.EXEC_WRAPPER,
+        W=S.LEAN_EXEC_WRAPPER,
         K=getattr(S, name),
         M=procs.marker,
         C1=procs.ctl(),
