@@ -671,6 +671,70 @@ class _Adapter(requests.adapters.HTTPAdapter):
         return manager
 
 
+def _requests_error(exc: BaseException) -> BaseException:
+    """The ``requests`` exception ``HTTPAdapter.send`` raises for the urllib3 (or socket)
+    error ``exc`` of ``urlopen`` (``exc`` itself when it raises that unchanged), so that a
+    request sent without ``requests`` (:meth:`Transport._send_known`) fails with the same
+    exceptions, chained the same way, and so with the same messages."""
+    rex = requests.exceptions
+    u3 = urllib3.exceptions
+    if isinstance(exc, (u3.ProtocolError, OSError)):
+        return rex.ConnectionError(exc)
+    if isinstance(exc, u3.MaxRetryError):
+        reason = exc.reason
+        if isinstance(reason, u3.ConnectTimeoutError) and not isinstance(
+            reason, u3.NewConnectionError
+        ):
+            return rex.ConnectTimeout(exc)
+        if isinstance(reason, u3.ResponseError):
+            return rex.RetryError(exc)
+        if isinstance(reason, u3.ProxyError):
+            return rex.ProxyError(exc)
+        if isinstance(reason, u3.SSLError):
+            return rex.SSLError(exc)
+        return rex.ConnectionError(exc)
+    if isinstance(exc, u3.ClosedPoolError):
+        return rex.ConnectionError(exc)
+    if isinstance(exc, u3.ProxyError):
+        return rex.ProxyError(exc)
+    if isinstance(exc, u3.SSLError):
+        return rex.SSLError(exc)
+    if isinstance(exc, u3.ReadTimeoutError):
+        return rex.ReadTimeout(exc)
+    if isinstance(exc, u3.InvalidHeader):
+        return rex.InvalidHeader(exc)
+    return exc
+
+
+class _Answer:
+    """The answer of a request sent by :meth:`Transport._send_known`: what the transport
+    uses of a ``requests.Response`` (``status_code``, ``headers``, ``raw``, ``url``,
+    ``close()``), without the cost of making one (its cookie jar above all)."""
+
+    __slots__ = ("headers", "raw", "status_code", "url")
+
+    def __init__(self, raw: Any, url: str) -> None:
+        self.raw = raw
+        self.status_code: int = raw.status
+        found = raw.headers
+        # one entry per name, repeated headers joined by ", " (as requests makes them), the
+        # names in lower case (how the library looks them up)
+        self.headers: Dict[str, str] = {name.lower(): found[name] for name in found}
+        self.url = url
+
+    def close(self) -> None:
+        """As ``requests.Response.close()`` for an answer whose content was not read whole:
+        before the end of the body this closes the connection."""
+        self.raw.close()
+        release = getattr(self.raw, "release_conn", None)
+        if release is not None:
+            release()
+
+
+#: The answer a request gets: a ``requests.Response``, or an :class:`_Answer`.
+_Response = Union[requests.Response, _Answer]
+
+
 @contextlib.contextmanager
 def _publishing(
     slot: _AbortSlot, token: Optional[CancelToken], limit: Deadline
@@ -710,7 +774,7 @@ class Stream:
 
     def __init__(
         self,
-        resp: requests.Response,
+        resp: _Response,
         operation: str,
         slot: _AbortSlot,
         *,
@@ -1044,6 +1108,10 @@ class Transport:
             os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
         )
         self._proxies: Dict[str, Dict[str, str]] = {}
+        # Streams sent before, without a proxy: the pool and request path requests chose
+        # for the URL (see _send_known), and the headers requests found valid.
+        self._known: Dict[str, Tuple[_HTTPPool, str]] = {}
+        self._valid_headers: Dict[Tuple[str, str], bool] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._watchdog = watchdog
@@ -1063,6 +1131,7 @@ class Transport:
             if self._closed:
                 return
             self._closed = True
+        self._known = {}
         self._adapter.close()  # type: ignore[no-untyped-call,unused-ignore]
 
     def __enter__(self) -> Transport:
@@ -1133,11 +1202,22 @@ class Transport:
         json: Any = None,
         data: Any = None,
         files: Any = None,
-    ) -> requests.Response:
+        stream: bool = False,
+    ) -> _Response:
         """Send one request (the caller publishes its abort slot) and return the answer once
         its headers arrived; every failure goes through :func:`map_transport_errors`.
 
-        The connect and read timeouts are clamped to the time ``limit`` leaves."""
+        The connect and read timeouts are clamped to the time ``limit`` leaves. A stream's
+        request (``stream``) that :meth:`_known_for` allows is sent by
+        :meth:`_send_known`; one sent through ``requests`` is remembered for that."""
+        if stream and not params and json is None and files is None:
+            known = self._known_for(url, method, data)
+            if known is not None:
+                return self._send_known(
+                    known, method, url, token=token, operation=operation,
+                    read_timeout=read_timeout, connect_timeout=connect_timeout, limit=limit,
+                    headers=headers, data=data,
+                )
         self._check_open(operation)
         read_timeout = _positive(read_timeout, "read_timeout")
         left = max(limit.remaining(), _MIN_WAIT)
@@ -1174,6 +1254,109 @@ class Transport:
             )
             if 300 <= resp.status_code < 400:
                 # Never followed; the Location header is not looked at.
+                resp.close()
+                raise _redirect_error(resp.status_code, operation)
+            if stream and not params and json is None and files is None:
+                self._remember(url, resp, proxies)
+            return resp
+
+    #: Entries of the known-stream and valid-header caches, each (cleared when full).
+    _KNOWN_MAX = 4096
+
+    def _remember(self, url: str, resp: requests.Response, proxies: Mapping[str, str]) -> None:
+        """After ``requests`` sent a stream's request to ``url`` without a proxy, remember
+        the pool it chose and the path it sent, for :meth:`_send_known`."""
+        pool = getattr(resp.raw, "_pool", None)
+        prep = resp.request
+        if proxies or not isinstance(pool, _HTTPPool) or prep is None:
+            return
+        path = prep.path_url
+        if url not in self._known:
+            if len(self._known) >= self._KNOWN_MAX:
+                self._known = {}
+            self._known[url] = (pool, path)
+            for item in (prep.headers or {}).items():
+                self._note_valid(item)
+
+    def _note_valid(self, header: Tuple[str, str]) -> None:
+        if len(self._valid_headers) >= self._KNOWN_MAX:
+            self._valid_headers = {}
+        self._valid_headers[header] = True
+
+    def _known_for(self, url: str, method: str, data: Any) -> Optional[Tuple[_HTTPPool, str]]:
+        """The pool and path of ``url`` when a stream's request may skip ``requests``: a
+        POST of bytes to a URL ``requests`` has sent a stream to before, without a proxy
+        (then and now), on a pool still in use."""
+        known = self._known.get(url)
+        if known is None or method != "POST" or not isinstance(data, bytes) or not data:
+            return None
+        if known[0]._e2b_retired or self._proxies_for(url):
+            self._known.pop(url, None)
+            return None
+        return known
+
+    def _send_known(
+        self,
+        known: Tuple[_HTTPPool, str],
+        method: str,
+        url: str,
+        *,
+        token: Optional[CancelToken],
+        operation: str,
+        read_timeout: float,
+        connect_timeout: Optional[float],
+        limit: Deadline,
+        headers: Optional[Mapping[str, str]],
+        data: bytes,
+    ) -> _Answer:
+        """:meth:`_send` for a request :meth:`_known_for` allows: the same request, on the
+        same pool, with the same timeouts, errors and messages, sent with urllib3 directly
+        instead of through ``requests``' preparation, adapter and response (most of the
+        client's work per exec on a warm sandbox).
+
+        Exactly what :meth:`_send` would send: the transport's default headers updated with
+        ``headers`` (later names win whatever their case, as in ``requests``), each checked
+        as ``requests`` checks it, ``Content-Length``, and the path ``requests`` prepared
+        for ``url``; no retries, no redirects followed."""
+        self._check_open(operation)
+        read_timeout = _positive(read_timeout, "read_timeout")
+        left = max(limit.remaining(), _MIN_WAIT)
+        connect = min(connect_timeout or self._connect_timeout, left)
+        pool, path = known
+        merged: Dict[str, Tuple[str, str]] = {k.lower(): (k, v) for k, v in self._headers.items()}
+        if headers:
+            for k, v in headers.items():
+                merged[k.lower()] = (k, v)
+        send: Dict[str, str] = {}
+        valid = self._valid_headers
+        with map_transport_errors(token, operation, url):
+            for item in merged.values():
+                if item not in valid:
+                    requests.utils.check_header_validity(item)
+                    self._note_valid(item)
+                send[item[0]] = item[1]
+            send["Content-Length"] = str(len(data))
+            try:
+                raw = pool.urlopen(
+                    method,
+                    path,
+                    body=data,
+                    headers=send,
+                    redirect=False,
+                    assert_same_host=False,
+                    preload_content=False,
+                    decode_content=False,
+                    retries=self._adapter.max_retries,
+                    timeout=urllib3.Timeout(connect=connect, read=min(read_timeout, left)),
+                    chunked=False,
+                )
+            except Exception as exc:
+                mapped = _requests_error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+            resp = _Answer(raw, url)
+            if 300 <= resp.status_code < 400:
                 resp.close()
                 raise _redirect_error(resp.status_code, operation)
             return resp
@@ -1262,7 +1445,7 @@ class Transport:
 
     @staticmethod
     def _read_body(
-        resp: requests.Response,
+        resp: _Response,
         token: Optional[CancelToken],
         slot: _AbortSlot,
         operation: str,
@@ -1355,6 +1538,7 @@ class Transport:
                 resp = self._send(
                     method, url, token=token, operation=operation, read_timeout=read_timeout,
                     connect_timeout=connect_timeout, limit=limit, headers=headers, data=data,
+                    stream=True,
                 )
             if not deadline_bounds_body and timer is not None:
                 timer.cancel()
