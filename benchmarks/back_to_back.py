@@ -10,7 +10,8 @@ One sandbox of one local emulator, one thread, each contender running N calls in
 The calls run in blocks (default 10 blocks of 50 per contender, 500 each), contenders
 interleaved block by block with the order rotated. Per contender: execs/s = calls / summed
 block wall time; client CPU per exec = summed ``time.process_time`` (this whole process, all
-threads) / calls. Ratios against the SDK.
+threads) / calls. Ratios against the SDK, and for CPU also against the floor (a bare
+``requests`` call).
 
     python benchmarks/back_to_back.py [--calls 500] [--block 50]
 """
@@ -23,8 +24,9 @@ from typing import Callable, Dict, List
 
 import _bench as b
 
-#: issue 7's goals: provider execs/s at least this times the SDK's; CPU per exec in ms
-RATE_GOAL, CPU_GOAL_MS = 1.0, 1.5
+#: issue 7's goals, as revised: provider execs/s at least RATE_GOAL times the SDK's; client
+#: CPU per exec at most CPU_GOAL times the floor's (a bare requests call)
+RATE_GOAL, CPU_GOAL = 0.85, 1.1
 
 
 def main() -> None:
@@ -83,21 +85,23 @@ def main() -> None:
             f"{1000 / rate[name]:.2f}",
             f"{cpu_ms[name]:.2f}",
             b.ratio(cpu_ms[name], cpu_ms["sdk"]),
+            b.ratio(cpu_ms[name], cpu_ms["floor"]),
         ]
         for name in wall
     ]
     print(
         b.table(
             f"{n} back-to-back exec('echo hi') per contender, {blocks} interleaved blocks",
-            ["contender", "execs/s", "x sdk", "ms/exec", "client CPU ms/exec", "CPU x sdk"],
+            ["contender", "execs/s", "x sdk", "ms/exec", "client CPU ms/exec", "CPU x sdk",
+             "CPU x floor"],
             rows,
         )
     )
     ok_rate = rate["provider"] >= RATE_GOAL * rate["sdk"]
-    ok_cpu = cpu_ms["provider"] <= CPU_GOAL_MS
+    ok_cpu = cpu_ms["provider"] <= CPU_GOAL * cpu_ms["floor"]
     print(
         f"goals: execs/s >= {RATE_GOAL}x sdk: {'ok' if ok_rate else 'not met'}; "
-        f"CPU <= {CPU_GOAL_MS} ms/exec: {'ok' if ok_cpu else 'not met'}"
+        f"client CPU <= {CPU_GOAL}x floor: {'ok' if ok_cpu else 'not met'}"
     )
 
 
