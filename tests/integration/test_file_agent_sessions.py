@@ -7,6 +7,7 @@ Each test uses real sandboxes, a real agent process in them and real files.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -15,7 +16,14 @@ from typing import Iterator, List
 import pytest
 from waiting import wait_until
 
-from e2b_provider import Cancelled, CancelToken, E2BSandboxProvider, FileContent, SandboxHandle
+from e2b_provider import (
+    Cancelled,
+    CancelToken,
+    CommandFailed,
+    E2BSandboxProvider,
+    FileContent,
+    SandboxHandle,
+)
 from e2b_provider._agent import AGENT_TAG_PREFIX
 
 from .conftest import root, unique_name
@@ -202,3 +210,29 @@ def test_closing_the_provider_ends_its_sessions(emu, fresh: SandboxHandle) -> No
         warm(p, fresh)
         assert len(p._files._agents.sessions()) == 1
     assert p._files._agents.sessions() == []
+
+
+def test_a_sandbox_that_cannot_run_the_agent_gets_the_scripts(
+    emu, fresh: SandboxHandle, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    """A template without python3: the agent's start exits 127 (as ``nice`` does for a
+    program it cannot find). Single files then take the per-call scripts, batches a loop
+    of them, and what needs the agent says why it cannot run."""
+    from e2b_provider import _agent
+
+    monkeypatch.setattr(_agent, "source", lambda name: "import sys; sys.exit(127)")
+    caplog.set_level(logging.INFO, logger="e2b_provider")
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        p.write_file(fresh, "/workspace/no-agent", b"1")
+        wait_until(lambda: p._files._agents.unavailable(fresh.id) is not None, 30,
+                   "the agent found unavailable")
+        assert "no python3" in str(p._files._agents.unavailable(fresh.id))
+        assert p.read_file(fresh, "/workspace/no-agent") == FileContent(b"1")
+        assert p.stat(fresh, "/workspace/no-agent") is not None
+        p.write_files(fresh, {"/workspace/b1": b"b", "/workspace/b2": "c"})
+        assert p.read_files(fresh, ["/workspace/b1", "/workspace/b2"]) == {
+            "/workspace/b1": FileContent(b"b"), "/workspace/b2": FileContent(b"c")}
+        with pytest.raises(CommandFailed, match="python3"):
+            p.list_dir(fresh, "/workspace")
+        assert p._files._agents.sessions() == []
+    assert "cannot run the file agent" in caplog.text
