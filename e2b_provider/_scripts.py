@@ -645,9 +645,11 @@ STREAM_WRITE_SCRIPT = (
 #: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 the FIFO
 #: is replaced by an empty directory, so that an upload still on its way is refused (400)
 #: instead of written to a new file. Then removes the operation's temporary files: every
-#: entry ``<pid>-$1`` of every registry (``/tmp/.capybara-parts-*``, :data:`ROOT_PARTS_DIR`;
-#: one that is a symbolic link is skipped) and the file it names — only if that file's name
-#: is exactly ``.capybara-part-<pid>-$1`` (``rm`` removes a symbolic link, never what it
+#: entry ``<pid>-$1<hex>`` of every registry (``/tmp/.capybara-parts-*``,
+#: :data:`ROOT_PARTS_DIR`; one that is a symbolic link is skipped; a tree upload's
+#: extractor adds a counter to the id, one name per directory) and the file it names —
+#: only if that file's name is exactly ``.capybara-part-<the entry's name>`` (``rm`` removes
+#: a symbolic link, never what it
 #: points to). With no ``$1`` (after every file operation was killed): every entry whose
 #: writer is no longer alive (or was just killed) and its file the same way, and every
 #: FIFO, file and empty directory in the staging directory (but its ``parts``). Exit 0.
@@ -662,7 +664,7 @@ FILEOP_CLEANUP_SCRIPT = (
     'if [ "$3" = 1 ]; then mkdir -m 0700 -- "$f" 2>/dev/null; fi; exec 3>&-; fi; '
     "o=$1; set --; for r in " + USER_PARTS_PREFIX + "* " + ROOT_PARTS_DIR + "; do "
     '[ -d "$r" ] && [ ! -L "$r" ] || continue; '
-    'for e in "$r"/[0-9]*-${o:-[0-9a-f]*}; do [ -L "$e" ] || continue; n=${e##*/}; '
+    'for e in "$r"/[0-9]*-${o:-[0-9a-f]}*; do [ -L "$e" ] || continue; n=${e##*/}; '
     "w=${n%%-*}; case $w in *[!0-9]*) continue;; esac; "
     'case ${n#*-} in ""|*[!0-9a-f]*) continue;; esac; if [ -z "$o" ]; then '
     'case "$z " in *" $w "*) ;; *) al "$w" && continue;; esac; fi; l=$(readlink -- "$e"); '
@@ -884,8 +886,10 @@ TREE_UPLOAD_SCRIPT = (
     '2>/dev/null; fi; '
     'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
     'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
-    'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$6" extract "$1" "$3" root; fi; '
-    "exec runuser -u " + SANDBOX_USER + ' -- python3 -I -S -X utf8 -c "$6" extract "$1" "$3"'
+    'o=op=${0##*-}; '
+    'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$6" extract "$1" "$3" root "$o"; fi; '
+    "exec runuser -u " + SANDBOX_USER
+    + ' -- python3 -I -S -X utf8 -c "$6" extract "$1" "$3" "$o"'
 )
 
 

@@ -26,14 +26,15 @@ Modes:
     followed); anything else is skipped. The last line on standard error is
     ``{"errors": [...]}`` (exit 1 if there were any).
 
-``extract DEST END [root]``
+``extract DEST END [root] [op=ID]``
     (``root``: run by root under ``/skills``: every directory written in, from ``/`` down,
     must be root's and closed to others, or nothing is written (exit 80); files are made
-    0644, directories 0755.) Read a tar stream from standard input and write it under
-    ``DEST``, each regular file to a temporary name in its own directory and renamed into
-    place once complete. No
-    member may name a path outside ``DEST`` or reach through a symbolic link (the walk
-    opens every directory with ``O_NOFOLLOW``). The stream is complete only if its last
+    0644, directories 0755. ``op=ID``: the operation's 32-hex id, which the temporary
+    names then carry, so the clean-up of the operation finds them.) Read a tar stream from
+    standard input and write it under ``DEST``, each regular file to a temporary name in
+    its own directory and renamed into place once complete. No member may name a path
+    outside ``DEST`` or reach through a symbolic link (the walk opens every directory with
+    ``O_NOFOLLOW``). The stream is complete only if its last
     member is named ``END``; otherwise the exit status is 3. Prints a JSON summary.
 
 Every write here goes to a temporary file (``.capybara-part-<pid>-<hex>``) in the target's
@@ -876,7 +877,7 @@ class Extractor(object):
 
     OPEN_DIRS = 32
 
-    def __init__(self, root: int, dest: str, root_rules: bool) -> None:
+    def __init__(self, root: int, dest: str, root_rules: bool, run: str = "") -> None:
         self.root = root
         self.dest = dest
         self.root_rules = root_rules
@@ -886,7 +887,9 @@ class Extractor(object):
         self.open = []  # type: List[Tuple[Tuple[str, ...], int]]
         self.temps = {}  # type: Dict[Tuple[str, ...], str]
         self.entries = []  # type: List[Optional[str]]
-        self.run = os.urandom(6).hex()
+        # the temporary names carry this (the operation's id, when the provider gave one,
+        # so the clean-up of that operation finds them)
+        self.run = run or os.urandom(6).hex()
         self.fresh: "Set[Tuple[str, ...]]" = set()
 
     def dir_fd(self, parts: "List[str]") -> int:
@@ -1150,7 +1153,7 @@ def pax_records(data: bytes) -> "Dict[str, str]":
     return out
 
 
-def extract(dest: str, end_name: str, root_rules: bool = False) -> int:
+def extract(dest: str, end_name: str, root_rules: bool = False, run: str = "") -> int:
     import io
 
     if root_rules:
@@ -1165,7 +1168,7 @@ def extract(dest: str, end_name: str, root_rules: bool = False) -> int:
     else:
         os.makedirs(dest, exist_ok=True)
         root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    x = Extractor(root, dest, root_rules)
+    x = Extractor(root, dest, root_rules, run)
     complete = False
     reader = TarReader(io.BufferedReader(io.FileIO(0, closefd=False), buffer_size=1 << 20))
     try:
@@ -1201,7 +1204,10 @@ def main(argv: "List[str]") -> int:
     if mode == "pack":
         return pack(argv[1], argv[3:])
     if mode == "extract":
-        return extract(argv[1], argv[2], argv[3:4] == ["root"])
+        ops = [a[3:] for a in argv[3:] if a.startswith("op=")]
+        run = ops[0] if ops and len(ops[0]) == 32 and all(c in "0123456789abcdef"
+                                                           for c in ops[0]) else ""
+        return extract(argv[1], argv[2], "root" in argv[3:], run)
     if mode == "sweep":
         sys.stdout.write("%d\n" % sweep())
         return 0

@@ -57,3 +57,11 @@ def count_requests(p: E2BSandboxProvider, monkeypatch: pytest.MonkeyPatch) -> Li
 
     monkeypatch.setattr(p._ctx.transport, "_send", counting)
     return sent
+
+
+def no_file_agent(p: E2BSandboxProvider) -> E2BSandboxProvider:
+    """Keep ``p`` off the file agent: its file calls take the per-call scripts (each its own
+    process stream), as they did before the agent, and no agent start runs in the
+    background to take a fault a test arms for the next stream."""
+    p._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
+    return p

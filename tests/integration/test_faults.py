@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Iterator
 
 import pytest
 from waiting import last_request, wait_until
@@ -17,9 +18,17 @@ from e2b_provider import (
     TransportError,
 )
 
-from .conftest import unique_name
+from .conftest import no_file_agent, unique_name
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def provider(emu) -> Iterator[E2BSandboxProvider]:  # type: ignore[no-untyped-def]
+    """The per-call file scripts (see no_file_agent): the faults here stall or cut the next
+    process stream, and an agent starting in the background would take them."""
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        yield no_file_agent(p)
 
 
 @pytest.fixture
@@ -130,6 +139,7 @@ def test_stalled_stream_is_bounded_by_timeout_grace_and_reboot(emu, fresh) -> No
     with E2BSandboxProvider(
         emu.config(template="base"), kill_bound=5.0, kill_grace=1.0, reboot_bound=30.0
     ) as p:
+        no_file_agent(p)  # its start in the background would take the stall
         p.write_file(fresh, "/workspace/survives.txt", b"yes")
         emu.stream_stall(sandbox_id=fresh.id, after_bytes=0)
         t0 = time.monotonic()
@@ -147,6 +157,7 @@ def test_wedged_sandbox_is_rebooted_within_bounds(emu, fresh) -> None:  # type: 
     with E2BSandboxProvider(
         emu.config(template="base"), kill_bound=3.0, kill_grace=1.0, reboot_bound=40.0
     ) as p:
+        no_file_agent(p)  # an agent starting in the background would see envd hang too
         p.write_file(fresh, "/workspace/survives.txt", b"yes")
         timeout = 2.0
         result = {}

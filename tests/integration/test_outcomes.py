@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 from waiting import wait_until
@@ -21,7 +21,7 @@ from e2b_provider import (
     TransportTimeout,
 )
 
-from .conftest import unique_name
+from .conftest import no_file_agent, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +60,15 @@ def test_exec_whose_deadline_passes_after_its_end_event_returns_the_result(emu, 
     # nothing was killed (no signal) and nothing rebooted (no pause)
     assert emu.requests(sandbox_id=fresh.id, path="SendSignal") == []
     assert emu.requests(sandbox_id=fresh.id, path="/pause") == []
+
+
+@pytest.fixture
+def provider(emu) -> Iterator[E2BSandboxProvider]:  # type: ignore[no-untyped-def]
+    """The per-call file scripts: the faults these tests arm cut or stall the next process
+    stream, which the file agent's calls do not have (its own faults are tested in
+    test_file_agent_sessions and below)."""
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        yield no_file_agent(p)
 
 
 def test_file_reads_cut_after_their_end_event_return_the_content(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]
@@ -128,7 +137,7 @@ def test_a_stalled_file_operation_or_script_is_an_operation_timeout(emu, fresh) 
     # agent is kept out (the per-call scripts are what a stream stall stops here; a stalled
     # agent is the next test's)
     with E2BSandboxProvider(emu.config(template="base"), keepalive_seconds=1) as p:
-        p._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
+        no_file_agent(p)
         p.write_file(fresh, "/workspace/s.txt", b"s")
         emu.stream_stall(sandbox_id=fresh.id)
         with pytest.raises(OperationTimeout) as ei:

@@ -8,9 +8,15 @@ import threading
 import pytest
 from waiting import last_request, wait_until
 
-from e2b_provider import Cancelled, CancelToken, E2BSandboxProvider, SandboxGoneError
+from e2b_provider import (
+    Cancelled,
+    CancelToken,
+    E2BSandboxProvider,
+    FilesFailed,
+    SandboxGoneError,
+)
 
-from .conftest import unique_name
+from .conftest import no_file_agent, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -20,6 +26,9 @@ def test_no_secret_in_any_log_record_error_or_repr(emu, caplog) -> None:  # type
     seen_errors = []
     with caplog.at_level(logging.DEBUG):  # every logger, urllib3's included
         with E2BSandboxProvider(config, kill_bound=3.0, kill_grace=0.5) as p:
+            # the per-call scripts here (the stalls below are for their streams); the file
+            # agent's calls are logged below, after this provider is closed
+            no_file_agent(p)
             h = p.create(unique_name("secret"))
             target = p._ctx.attach(h.id, None)
             token = target.access_token
@@ -81,11 +90,27 @@ def test_no_secret_in_any_log_record_error_or_repr(emu, caplog) -> None:  # type
             except SandboxGoneError as exc:
                 seen_errors.append(exc)
             texts = [repr(p), repr(config), str(config)]
-    assert len(seen_errors) == 11
+        with E2BSandboxProvider(config) as q:  # the file agent's calls, its stream ended
+            h = q.create(unique_name("secret"))
+            agent_token = q._ctx.attach(h.id, None).access_token
+            q.write_file(h, "/workspace/a.txt", b"a")
+            wait_until(lambda: q._files._agents.sessions() != [], 30.0, "the file agent")
+            q.read_files(h, ["/workspace/a.txt"])
+            q.list_dir(h, "/workspace")
+            [session] = q._files._agents.sessions()
+            q.exec(h, f"kill -9 {session.pid}", timeout=30.0)  # ends the session, logged
+            assert q.read_file(h, "/workspace/a.txt").data == b"a"  # type: ignore[union-attr]
+            try:
+                q.write_files(h, {"/etc/passwd": b"x"})
+            except FilesFailed as exc:
+                seen_errors.append(exc)
+            q.destroy(h)
+            texts += [repr(q)]
+    assert len(seen_errors) == 12
     assert [type(e) for e in seen_errors[:9]] == [Cancelled] * 9
     texts += [str(e) for e in seen_errors] + [repr(e) for e in seen_errors]
     texts += [r.getMessage() for r in caplog.records]
     texts += [str(r.args) for r in caplog.records]
     assert any("rebooted" in t for t in texts)  # the logs did cover the reboot path
-    for secret in (config.api_key, token):
+    for secret in (config.api_key, token, agent_token):
         assert not [t for t in texts if secret in t]
