@@ -68,6 +68,7 @@ __all__ = [
     "STREAM_WRITE_SCRIPT",
     "TAG_PATTERN",
     "TREE_UPLOAD_SCRIPT",
+    "TREE_WHOLE_SCRIPT",
     "UPLOAD_DIR",
     "USER_PARTS_PREFIX",
     "USER_WRITE_SCRIPT",
@@ -647,12 +648,13 @@ STREAM_WRITE_SCRIPT = (
 #: instead of written to a new file. Then removes the operation's temporary files: every
 #: entry ``<pid>-$1<hex>`` of every registry (``/tmp/.capybara-parts-*``,
 #: :data:`ROOT_PARTS_DIR`; one that is a symbolic link is skipped; a tree upload's
-#: extractor adds a counter to the id, one name per directory) and the file it names —
-#: only if that file's name is exactly ``.capybara-part-<the entry's name>`` (``rm`` removes
-#: a symbolic link, never what it
-#: points to). With no ``$1`` (after every file operation was killed): every entry whose
-#: writer is no longer alive (or was just killed) and its file the same way, and every
-#: FIFO, file and empty directory in the staging directory (but its ``parts``). Exit 0.
+#: extractor adds a counter to the id, one name per directory) and the file it names (a
+#: whole-tree upload's directory, with what is in it) — only if that file's name is
+#: exactly ``.capybara-part-<the entry's name>`` (``rm`` removes a symbolic link, never what
+#: it points to, and never follows one inside a directory it removes). With no ``$1``
+#: (after every file operation was killed): every entry whose writer is no longer alive
+#: (or was just killed) and its file the same way, and every FIFO, file and empty
+#: directory in the staging directory (but its ``parts``). Exit 0.
 FILEOP_CLEANUP_SCRIPT = (
     't() { kill -STOP "$1" 2>/dev/null; echo "$1"; for c in $(pgrep -P "$1"); do t "$c"; '
     'done; }; al() { x=; { read -r x < "/proc/$1/stat"; } 2>/dev/null || return 1; '
@@ -669,7 +671,7 @@ FILEOP_CLEANUP_SCRIPT = (
     'case ${n#*-} in ""|*[!0-9a-f]*) continue;; esac; if [ -z "$o" ]; then '
     'case "$z " in *" $w "*) ;; *) al "$w" && continue;; esac; fi; l=$(readlink -- "$e"); '
     'case $l in /*) [ "${l##*/}" != "' + PART_PREFIX + '$n" ] || set -- "$@" "$l";; esac; '
-    'set -- "$@" "$e"; done; done; [ $# -eq 0 ] || rm -f -- "$@" 2>/dev/null; '
+    'set -- "$@" "$e"; done; done; [ $# -eq 0 ] || rm -rf -- "$@" 2>/dev/null; '
     'if [ -z "$o" ]; then find ' + UPLOAD_DIR + " -mindepth 1 -maxdepth 1 ! -name parts "
     "\\( ! -type d -o -empty \\) -delete 2>/dev/null; fi; exit 0"
 )
@@ -872,12 +874,38 @@ _CONTROL_RE = re.compile(
 
 # ---- tree uploads (the provider's own) ----------------------------------------------------
 
+#: As the sandbox user, for a tree upload whose destination ``$1`` does not exist yet (else
+#: it runs the file agent's ``extract``, program text ``$3``, which writes each file
+#: atomically into what is there): GNU ``tar`` extracts the stream into a new directory
+#: ``.capybara-part-<pid>-<op id>`` beside the destination (registered as a temporary
+#: file is, see :data:`INLINE_USER_WRITE_SCRIPT`), and only when the stream's end marker
+#: ``$2`` arrived is the marker removed and the directory renamed to ``$1``: the whole tree
+#: appears at once, or not at all (the traps remove the directory on any failure). Prints
+#: ``{"complete": ..., "whole": true}``; the caller knows what it sent.
+TREE_WHOLE_SCRIPT = (
+    'd=$1; o=${0##*-}; case $o in ""|*[!0-9a-f]*) o=0;; esac; '
+    'if [ -e "$d" ] || [ -L "$d" ] || ! command -v tar >/dev/null 2>&1; then '
+    'exec python3 -I -S -X utf8 -c "$3" extract "$d" "$2" "$4"; fi; '
+    'q=${d%/*}; q=${q:-/}; [ -d "$q" ] || mkdir -p -- "$q" || exit 1; '
+    'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
+    "r=" + USER_PARTS_PREFIX + '$u; p=$q/' + PART_PREFIX + '$$-$o; e=$r/$$-$o; c=; '
+    "trap '[ -z \"$c$e\" ] || rm -rf -- ${c:+\"$p\"} ${e:+\"$e\"}' EXIT; "
+    "trap 'exit 143' HUP INT TERM; { [ -d \"$r\" ] || mkdir -m 0700 -- \"$r\"; } 2>/dev/null; "
+    '[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] && ln -s -T -- "$p" "$e" 2>/dev/null || e=; '
+    'mkdir -- "$p" || exit 1; c=1; '
+    'if tar -x -p -f - -C "$p" && [ -f "$p/$2" ] && [ ! -L "$p/$2" ] && rm -f -- "$p/$2" '
+    '&& mv -T -- "$p" "$d"; then c=; echo \'{"complete": true, "whole": true}\'; exit 0; fi; '
+    'echo \'{"complete": false, "whole": true}\'; exit 3'
+)
+
 #: As root: receives a tree upload through a FIFO. Prepares the staging directory and the
 #: FIFO ``$2`` exactly as :data:`STREAM_WRITE_SCRIPT` does (``$5`` = 1: make it root-only
-#: and sweep it in any case), says ``ready``, then runs the file agent's ``extract`` (the
-#: program text is ``$6``) on what arrives: as ``sandbox`` (``$4`` = 0) or, under
-#: ``/skills`` (``$4`` = 1), as root with the ``/skills`` rules. ``$1`` is the destination
-#: directory, ``$3`` the name of the stream's end marker. The agent prints a JSON summary.
+#: and sweep it in any case), says ``ready``, then writes what arrives: as ``sandbox``
+#: (``$4`` = 0) by :data:`TREE_WHOLE_SCRIPT` (a new destination appears whole; into one
+#: that exists, the file agent's ``extract`` writes each file atomically), or, under
+#: ``/skills`` (``$4`` = 1), as root by ``extract`` with the ``/skills`` rules. ``$1`` is
+#: the destination directory, ``$3`` the name of the stream's end marker, ``$6`` the file
+#: agent's program text. Either prints a JSON summary.
 TREE_UPLOAD_SCRIPT = (
     "d=" + UPLOAD_DIR + '; f=$2; '
     'if [ "$5" = 1 ] || [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
@@ -888,8 +916,8 @@ TREE_UPLOAD_SCRIPT = (
     'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
     'o=op=${0##*-}; '
     'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$6" extract "$1" "$3" root "$o"; fi; '
-    "exec runuser -u " + SANDBOX_USER
-    + ' -- python3 -I -S -X utf8 -c "$6" extract "$1" "$3" "$o"'
+    "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c " + shlex.quote(TREE_WHOLE_SCRIPT)
+    + ' "$0" "$1" "$3" "$6" "$o"'
 )
 
 

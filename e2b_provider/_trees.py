@@ -101,6 +101,15 @@ class UploadPlan:
     total: int
     is_dir: bool
 
+    def summary(self) -> TransferSummary:
+        """What the plan writes when all of it arrives."""
+        return TransferSummary(
+            files=sum(1 for i in self.items if not (i.is_dir or i.link)),
+            dirs=sum(1 for i in self.items if i.is_dir),
+            symlinks=sum(1 for i in self.items if i.link),
+            bytes=self.total,
+        )
+
 
 def _excluded(rel: str, name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
@@ -672,6 +681,8 @@ class Trees:
             if summary is None or not summary.get("complete"):
                 raise _refusal(helper) or _helper_failed("the upload did not arrive whole",
                                                          helper)
+            if summary.get("whole"):  # a new destination, written as one: all of it is there
+                return plan.summary(), []
             return _transfer(summary), list(summary.get("errors") or [])
 
         return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)

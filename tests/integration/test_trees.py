@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -222,3 +223,46 @@ def test_missing_bad_and_too_large(
     with pytest.raises(CommandFailed, match="max_bytes"):
         p.download(sandbox, "/workspace/sized", tmp_path / "s", max_bytes=5000)
     wait_until(lambda: root(p, sandbox, LEFTOVERS) == "", 30, "nothing left running")
+
+
+def test_a_new_destination_appears_whole_or_not_at_all(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle, tmp_path: Path
+) -> None:
+    p = shared_provider
+    src = tmp_path / "whole"
+    for i in range(6):
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"f{i}").write_bytes(os.urandom(1 << 20))
+    root(p, sandbox, "rm -rf /workspace/new-a /workspace/new-b /workspace/new-c")
+    # cancelled half-way: no destination at all, and nothing beside it
+    token = CancelToken()
+
+    def stop(done: int, total: Optional[int]) -> None:
+        if done >= 2 << 20:
+            token.cancel("test")
+
+    with pytest.raises(Cancelled):
+        p.upload(sandbox, src, "/workspace/new-a", cancel=token, progress=stop)
+    wait_until(lambda: root(p, sandbox, LEFTOVERS) == "", 30, "nothing left running")
+    assert root(p, sandbox, "ls -A /workspace | grep -c -e '^new-a$' -e '^.capybara-part-' "
+                            "|| true").strip() == "0"
+    # complete: all of it, at once, with the counts of what was sent
+    summary = p.upload(sandbox, src, "/workspace/new-b")
+    assert summary == TransferSummary(files=6, dirs=2, symlinks=0, bytes=6 << 20)
+    assert digest(p, sandbox, "/workspace/new-b") == {
+        f"d{i % 2}/f{i}": hashlib.sha256((src / f"d{i % 2}" / f"f{i}").read_bytes()).hexdigest()
+        for i in range(6)
+    }
+    # someone else makes the destination meanwhile: theirs stays, ours is dropped whole
+    made = threading.Event()
+
+    def race(done: int, total: Optional[int]) -> None:
+        if done >= 1 << 20 and not made.is_set():
+            root(p, sandbox, "mkdir -p /workspace/new-c && echo theirs > /workspace/new-c/x "
+                             "&& chown -R sandbox /workspace/new-c")
+            made.set()
+
+    with pytest.raises(CommandFailed):
+        p.upload(sandbox, src, "/workspace/new-c", progress=race)
+    assert root(p, sandbox, "ls -A /workspace/new-c; cat /workspace/new-c/x") == "x\ntheirs\n"
+    assert root(p, sandbox, "find /workspace -maxdepth 1 -name '.capybara-part-*'") == ""
