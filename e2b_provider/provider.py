@@ -648,7 +648,7 @@ class E2BSandboxProvider:
         no symbolic link and no directory the sandbox user (or anyone but root) could
         change is on the way; otherwise :class:`UnsafePath`.
 
-        On a warm sandbox a write of up to 256 KiB is one request to the provider's file
+        On a warm sandbox a write of up to 1 MiB is one request to the provider's file
         agent (no program started); a larger one is two (a helper, then envd's ``/files``
         streaming into it).
 
@@ -731,7 +731,7 @@ class E2BSandboxProvider:
 
         Small files travel together: a batch whose contents add up to at most 1 MiB costs
         one request on a warm sandbox. ``str`` contents are written as UTF-8. Files under
-        ``/skills``, and files larger than 256 KiB, are written one by one (for many large
+        ``/skills``, and files larger than 1 MiB, are written one by one (for many large
         files, :meth:`upload` a directory instead).
 
         Each file goes to a temporary file in its own directory and is renamed into place
