@@ -185,9 +185,14 @@ def sdk_connect(ep: Endpoint, sandbox_id: str) -> Any:
 
 
 @contextlib.contextmanager
-def on_emulator(*names: str) -> Iterator[Tuple[Endpoint, E2BSandboxProvider, List[Any]]]:
-    """A fresh local emulator, a provider on it and one sandbox per name (destroyed after)."""
-    with Emulator() as emu:
+def on_emulator(
+    *names: str, disk_mb: Optional[int] = None
+) -> Iterator[Tuple[Endpoint, E2BSandboxProvider, List[Any]]]:
+    """A fresh local emulator, a provider on it and one sandbox per name (destroyed after).
+
+    ``disk_mb`` sizes every sandbox's disk (the emulator's default when ``None``).
+    """
+    with (Emulator() if disk_mb is None else Emulator(disk_mb=disk_mb)) as emu:
         ep = Endpoint.of_emulator(emu)
         with E2BSandboxProvider(provider_config(ep)) as provider:
             handles: List[Any] = []

@@ -168,7 +168,9 @@ def main() -> None:
         src = os.path.join(tmp, "src")
         rels = make_tree(src, args.files, args.mib << 20)
         archive = tar_bytes(src)
-        with b.on_emulator("bn-trees") as (ep, provider, (h,)):
+        # every round leaves three copies of the tree (provider, floor, SDK loop) on the disk
+        disk = (args.rounds + 2) * 3 * args.mib + 1024
+        with b.on_emulator("bn-trees", disk_mb=disk) as (ep, provider, (h,)):
             sdk = b.sdk_connect(ep, h.id)
             raw = b.RawEnvd(ep, h.id)
             provider.upload(h, src, "/workspace/down-src")  # what the downloads read

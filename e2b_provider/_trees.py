@@ -69,6 +69,7 @@ log = logging.getLogger("e2b_provider")
 Progress = Callable[[int, Optional[int]], None]
 
 _BLOCK = 512
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _CHUNK = 1 << 20
 #: A tree transfer may take this long, plus :data:`_MIN_RATE` seconds per byte.
 _BASE_S = 120.0
@@ -149,7 +150,7 @@ def plan_upload(local_path: str, name: str, exclude: Sequence[str]) -> UploadPla
             rel = f"{rel_dir}/{entry}" if rel_dir else entry
             if _excluded(rel, entry, exclude):
                 continue
-            path = os.path.join(abs_dir, entry)
+            path = f"{abs_dir}/{entry}"
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
@@ -178,31 +179,43 @@ def _item(rel: str, path: str, st: os.stat_result) -> _Item:
 _USTAR = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
 #: Numbers below this fit a ustar header's 12-byte octal fields.
 _OCTAL_11 = 8**11
+#: The checksum of a plain header's constant fields: uid and gid "0000000\0", the
+#: checksum field as eight spaces, "ustar\0" and "00".
+_CHECK_BASE = sum(b"0000000\0" * 2 + b" " * 8 + b"ustar\0" + b"00")
+
+
+def _plain(item: _Item, size: int) -> bool:
+    """Whether ``item``'s header is one ustar block (ASCII name and link of at most 100
+    bytes, numbers that fit): :func:`_header` packs it directly."""
+    name, link = item.rel, item.link
+    if size < 0 and not item.link and not name.endswith("/"):
+        name += "/"  # as tarfile names a directory
+    return (
+        name.isascii() and link.isascii() and len(name) <= 100 and len(link) <= 100
+        and 0 <= max(size, 0) < _OCTAL_11 and 0 <= int(item.mtime) < _OCTAL_11
+    )
 
 
 def _header(item: _Item, size: int) -> bytes:
     """The tar header of ``item`` (``size`` -1: a directory), as ``tarfile`` writes it in
-    PAX format. A plain member (ASCII name and link of at most 100 bytes, small numbers)
-    is packed directly, which is several times faster for trees of many small files; the
-    rest goes through ``tarfile``."""
+    PAX format. A plain member (see :func:`_plain`) is packed directly, which is several
+    times faster for trees of many small files; the rest goes through ``tarfile``."""
     kind = b"2" if item.link else (b"5" if size < 0 else b"0")
     length = max(size, 0)
     mtime = int(item.mtime)
     name, link = item.rel, item.link
     if kind == b"5" and not name.endswith("/"):
         name += "/"  # as tarfile names a directory
-    if (
-        name.isascii() and link.isascii() and len(name) <= 100 and len(link) <= 100
-        and 0 <= length < _OCTAL_11 and 0 <= mtime < _OCTAL_11
-    ):
-        fields = [
-            name.encode("ascii"), b"%07o\0" % (item.mode & 0o777), b"0000000\0",
-            b"0000000\0", b"%011o\0" % length, b"%011o\0" % mtime, b" " * 8, kind,
-            link.encode("ascii"), b"ustar\0", b"00", b"", b"", b"", b"", b"", b"",
-        ]
-        block = bytearray(_USTAR.pack(*fields))
-        block[148:156] = b"%06o\0 " % sum(block)
-        return bytes(block)
+    if _plain(item, size):
+        raw_name, raw_link = name.encode("ascii"), link.encode("ascii")
+        numbers = b"%07o\0" % (item.mode & 0o777) + b"%011o\0%011o\0" % (length, mtime)
+        # the checksum is the sum of the header's bytes with its own field as spaces
+        check = _CHECK_BASE + sum(raw_name) + sum(raw_link) + sum(numbers) + kind[0]
+        return _USTAR.pack(
+            raw_name, numbers[:8], b"0000000\0", b"0000000\0", numbers[8:20], numbers[20:],
+            b"%06o\0 " % check, kind, raw_link, b"ustar\0", b"00",
+            b"", b"", b"", b"", b"", b"",
+        )
     ti = tarfile.TarInfo(item.rel)
     ti.mode = item.mode & 0o777
     ti.mtime = mtime
@@ -246,16 +259,9 @@ def tar_stream(
             continue
         out += _header(item, item.size)
         left = item.size
-        with open(item.path, "rb") as f:
+        fd = os.open(item.path, os.O_RDONLY | _O_CLOEXEC)
+        try:
             while left > 0:
-                piece = f.read(min(max(_CHUNK - len(out), _BLOCK), left))
-                if not piece:
-                    log.warning("e2b_provider: %s shrank while it was uploaded; its end is "
-                                "padded with zeros", item.path)
-                    piece = b"\0" * min(_CHUNK, left)
-                left -= len(piece)
-                done += len(piece)
-                out += piece
                 if len(out) >= _CHUNK:
                     yield bytes(out)
                     out.clear()
@@ -263,13 +269,49 @@ def tar_stream(
                         cancel.raise_if_cancelled()
                     if progress is not None:
                         progress(done, plan.total)
+                if not out and left >= _CHUNK:
+                    # a large file's pieces go out as read: no copy on this side
+                    piece = os.read(fd, _CHUNK)
+                    if len(piece) == _CHUNK:
+                        left -= _CHUNK
+                        done += _CHUNK
+                        yield piece
+                        if cancel is not None:
+                            cancel.raise_if_cancelled()
+                        if progress is not None:
+                            progress(done, plan.total)
+                        continue
+                else:
+                    piece = os.read(fd, min(max(_CHUNK - len(out), _BLOCK), left))
+                if not piece:
+                    log.warning("e2b_provider: %s shrank while it was uploaded; its end is "
+                                "padded with zeros", item.path)
+                    piece = b"\0" * min(_CHUNK, left)
+                left -= len(piece)
+                done += len(piece)
+                out += piece
+        finally:
+            os.close(fd)
         out += b"\0" * (-item.size % _BLOCK)
-    end = tarfile.TarInfo(end_name)
-    out += end.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    out += _end_header(end_name)
     out += b"\0" * (2 * _BLOCK)
     yield bytes(out)
     if progress is not None:
         progress(done, plan.total)
+
+
+def tar_length(plan: UploadPlan, end_name: str) -> int:
+    """The exact length of :func:`tar_stream` ``(plan, end_name)``."""
+    total = len(_end_header(end_name)) + 2 * _BLOCK
+    for item in plan.items:
+        size = -1 if item.is_dir else (0 if item.link else item.size)
+        total += _BLOCK if _plain(item, size) else len(_header(item, size))
+        total += item.size + (-item.size % _BLOCK) if size > 0 else 0
+    return total
+
+
+def _end_header(end_name: str) -> bytes:
+    return tarfile.TarInfo(end_name).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
 class _Chunks:
@@ -668,6 +710,7 @@ class Trees:
                     user=scripts.ROOT_USER,
                     token=helper.guard,
                     timeout=max(1.0, deadline.remaining()),
+                    length=tar_length(plan, end),
                 )
             except E2BHttpError as exc:
                 if exc.status == 502:

@@ -100,6 +100,28 @@ def _within(timeout: object) -> Dict[str, Any]:
     return {"read_timeout": t, "deadline": Deadline.after(t)}
 
 
+class _Sized:
+    """An upload body of a known length (``requests`` sends it with ``Content-Length``);
+    raises instead of sending more, or ending sooner, than that length."""
+
+    def __init__(self, pieces: Iterable[bytes], length: int) -> None:
+        self._pieces = pieces
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[bytes]:
+        left = self._length
+        for piece in self._pieces:
+            left -= len(piece)
+            if left < 0:
+                raise ProtocolError("an upload body grew past its announced length")
+            yield piece
+        if left:
+            raise ProtocolError("an upload body ended before its announced length")
+
+
 class ProcessStream:
     """The events of one ``process.Process/Start`` answer, read as they arrive.
 
@@ -632,12 +654,16 @@ class EnvdClient:
         user: str,
         token: Optional[CancelToken] = None,
         timeout: float = 120.0,
+        length: Optional[int] = None,
     ) -> None:
-        """Write a file from pieces of bytes sent as they come (chunked transfer encoding):
+        """Write a file from pieces of bytes sent as they come:
         ``POST /files?path=<path>&username=<user>``, ``application/octet-stream``.
 
-        An exception raised by ``body`` ends the request (the connection is dropped, so envd
-        sees a cut upload) and propagates.
+        With ``length`` (the exact number of bytes ``body`` yields) the request carries a
+        ``Content-Length`` and the pieces go out as they are; without it, chunked transfer
+        encoding (each piece copied once more into its chunk). An exception raised by
+        ``body`` ends the request (the connection is dropped, so envd sees a cut upload)
+        and propagates.
 
         Raises:
             E2BHttpError: a non-2xx answer.
@@ -651,7 +677,7 @@ class EnvdClient:
             self._base + "/files",
             params={"path": path, "username": user},
             headers=self._headers({"Content-Type": "application/octet-stream"}),
-            data=iter(body),
+            data=iter(body) if length is None else _Sized(body, length),
             token=token,
             operation=op,
             max_body=ERROR_BODY_BYTES,

@@ -309,6 +309,39 @@ def test_upload_multipart_shape(server: ScriptedServer, envd: EnvdClient) -> Non
     assert ei.value.status == 507
 
 
+def test_upload_stream_sized_or_chunked(server: ScriptedServer, envd: EnvdClient) -> None:
+    server.on("POST", "/files", lambda q, r: r.json(200, []))
+    pieces = [b"a" * 1000, b"", b"b" * 70000, b"c"]
+    envd.upload_stream("/opt/s", iter(pieces), user="root", length=71001)
+    envd.upload_stream("/opt/c", iter(pieces), user="root")
+    sized, chunked = server.received()
+    for req in (sized, chunked):
+        envd_headers_ok(req)
+        assert req.headers["content-type"] == "application/octet-stream"
+        assert req.body == b"".join(pieces)
+    assert sized.headers.get("content-length") == "71001"
+    assert "transfer-encoding" not in sized.headers
+    assert chunked.headers.get("transfer-encoding") == "chunked"
+    assert "content-length" not in chunked.headers
+
+
+@pytest.mark.parametrize("length", [5, 7])
+def test_upload_stream_refuses_a_body_that_is_not_its_length(
+    server: ScriptedServer, envd: EnvdClient, length: int
+) -> None:
+    # a body that does not match what was announced is never sent as if it did: the
+    # request ends with the connection dropped, and the next request is unaffected
+    server.on("POST", "/files", lambda q, r: r.json(200, []))
+    with pytest.raises(ProtocolError, match="announced length"):
+        envd.upload_stream("/opt/x", iter([b"abc", b"abc"]), user="root", length=length)
+    envd.upload_stream("/opt/y", iter([b"ok"]), user="root", length=2)
+    cut, ok = server.received()
+    assert cut.q("path") == "/opt/x" and cut.headers["content-length"] == str(length)
+    assert len(cut.body) < length and b"abc".startswith(cut.body[:3])  # it never got it all
+    assert ok.q("path") == "/opt/y" and ok.body == b"ok"
+    assert server.accepted == 2  # the cut connection was not used again
+
+
 def test_download(server: ScriptedServer, envd: EnvdClient) -> None:
     server.on("GET", "/files",
               lambda q, r: r.send(200, b"file-bytes"),

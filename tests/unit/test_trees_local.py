@@ -19,7 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider._trees import extract_stream, plan_upload, tar_stream, tree_bound
+from e2b_provider._trees import (
+    UploadPlan,
+    extract_stream,
+    plan_upload,
+    tar_length,
+    tar_stream,
+    tree_bound,
+)
 from e2b_provider.cancel import CancelToken
 from e2b_provider.errors import Cancelled, CommandFailed, InvalidArgument
 from e2b_provider.models import TransferSummary
@@ -96,6 +103,7 @@ def test_tar_stream_holds_exactly_the_planned_tree_then_the_end_marker(tmp_path:
     assert max(len(p) for p in pieces) <= (1 << 20) + 1024
     data = b"".join(pieces)
     assert len(data) % 512 == 0 and data.endswith(b"\0" * 1024)
+    assert len(data) == tar_length(plan, END)
     members = _members(data)
     names = [m.name for m in members]
     assert names[-1] == END and members[-1].isfile() and members[-1].size == 0
@@ -137,26 +145,30 @@ def test_tar_stream_of_one_file_or_one_link(tmp_path: Path) -> None:
                                                          END)  # fmt: skip
 
 
+@pytest.mark.parametrize("size", [3000, 3 * (1 << 20) + 5])  # pieces gathered, or sent as read
 @pytest.mark.parametrize("change", ["shrinks", "vanishes-content", "grows"])
 def test_a_file_that_changes_after_planning_keeps_the_stream_valid(
-    tmp_path: Path, change: str
+    tmp_path: Path, change: str, size: int
 ) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    (src / "a").write_bytes(b"A" * 3000)
+    (src / "a").write_bytes(b"A" * size)
     (src / "z").write_bytes(b"after")
     plan = plan_upload(str(src), "x", [])
     if change == "shrinks":
-        (src / "a").write_bytes(b"B" * 1000)
-        want = b"B" * 1000 + b"\0" * 2000
+        (src / "a").write_bytes(b"B" * (size // 3))
+        want = b"B" * (size // 3) + b"\0" * (size - size // 3)
     elif change == "vanishes-content":
         (src / "a").write_bytes(b"")
-        want = b"\0" * 3000
+        want = b"\0" * size
     else:
-        (src / "a").write_bytes(b"C" * 5000)
-        want = b"C" * 3000
-    data = b"".join(_stream(plan))
-    assert [(m.name, m.size) for m in _members(data)] == [("a", 3000), ("z", 5), (END, 0)]
+        (src / "a").write_bytes(b"C" * (size + 2000))
+        want = b"C" * size
+    pieces = _stream(plan)
+    assert max(len(p) for p in pieces) <= (1 << 20) + 1024
+    data = b"".join(pieces)
+    assert len(data) == tar_length(plan, END)  # as announced before the change
+    assert [(m.name, m.size) for m in _members(data)] == [("a", size), ("z", 5), (END, 0)]
     assert _read_member(data, "a") == want
     assert _read_member(data, "z") == b"after"
 
@@ -451,7 +463,7 @@ def test_links_that_realpath_cannot_follow_do_not_lead_outside(box: Box) -> None
                                         blacklist_characters="/\x7f"), min_size=1, max_size=60),
     depth=st.integers(min_value=0, max_value=3),
     mode=st.integers(min_value=0, max_value=0o777),
-    mtime=st.floats(min_value=0, max_value=2**40, allow_nan=False),
+    mtime=st.floats(min_value=-(2**10), max_value=2**40, allow_nan=False),
     size=st.one_of(st.integers(min_value=0, max_value=10**12), st.just(8**11)),
     kind=st.sampled_from(["file", "dir", "link"]),
     link=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2713),
@@ -478,3 +490,8 @@ def test_headers_are_what_tarfile_writes(
         ti.size = size
     want = ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     assert _header(item, -1 if kind == "dir" else item.size) == want
+    # and the announced length of a stream holding it counts that header
+    end = tarfile.TarInfo(END).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    data = item.size + (-item.size % 512)
+    assert tar_length(UploadPlan((item,), item.size, False), END) == len(want) + data + len(
+        end) + 1024
