@@ -881,7 +881,9 @@ _CONTROL_RE = re.compile(
 #: file is, see :data:`INLINE_USER_WRITE_SCRIPT`), and only when the stream's end marker
 #: ``$2`` arrived is the marker removed and the directory renamed to ``$1``: the whole tree
 #: appears at once, or not at all (the traps remove the directory on any failure). Prints
-#: ``{"complete": ..., "whole": true}``; the caller knows what it sent.
+#: ``{"complete": ..., "whole": true}``; the caller knows what it sent. ``tar`` reads
+#: 1 MiB records (``-b 2048``; a pipe's short reads are fine): fewer, larger reads let the
+#: writer fill the FIFO in large pieces (2,000 files / 50 MiB: 0.29-0.34 s -> 0.24-0.26 s).
 TREE_WHOLE_SCRIPT = (
     'd=$1; o=${0##*-}; case $o in ""|*[!0-9a-f]*) o=0;; esac; '
     'if [ -e "$d" ] || [ -L "$d" ] || ! command -v tar >/dev/null 2>&1; then '
@@ -893,7 +895,7 @@ TREE_WHOLE_SCRIPT = (
     "trap 'exit 143' HUP INT TERM; { [ -d \"$r\" ] || mkdir -m 0700 -- \"$r\"; } 2>/dev/null; "
     '[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] && ln -s -T -- "$p" "$e" 2>/dev/null || e=; '
     'mkdir -- "$p" || exit 1; c=1; '
-    'if tar -x -p -f - -C "$p" && [ -f "$p/$2" ] && [ ! -L "$p/$2" ] && rm -f -- "$p/$2" '
+    'if tar -x -p -b 2048 -f - -C "$p" && [ -f "$p/$2" ] && [ ! -L "$p/$2" ] && rm -f -- "$p/$2" '
     '&& mv -T -- "$p" "$d"; then c=; echo \'{"complete": true, "whole": true}\'; exit 0; fi; '
     'echo \'{"complete": false, "whole": true}\'; exit 3'
 )

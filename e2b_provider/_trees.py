@@ -148,7 +148,7 @@ def plan_upload(local_path: str, name: str, exclude: Sequence[str]) -> UploadPla
         below: List[Tuple[str, str]] = []
         for entry in names:
             rel = f"{rel_dir}/{entry}" if rel_dir else entry
-            if _excluded(rel, entry, exclude):
+            if exclude and _excluded(rel, entry, exclude):
                 continue
             path = f"{abs_dir}/{entry}"
             try:
@@ -698,6 +698,7 @@ class Trees:
                                           prepare=self._files.needs_staging(sid))]
 
         def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+            length = tar_length(plan, end)  # while the sandbox makes the FIFO
             ready = helper.first_line() == b"ready"
             self._files.staged(sid, ready)
             if not ready:
@@ -710,7 +711,7 @@ class Trees:
                     user=scripts.ROOT_USER,
                     token=helper.guard,
                     timeout=max(1.0, deadline.remaining()),
-                    length=tar_length(plan, end),
+                    length=length,
                 )
             except E2BHttpError as exc:
                 if exc.status == 502:
