@@ -3,13 +3,16 @@
 Public names are re-exported here; nothing else lives in this module.
 """
 
+from ._background import Command, CommandInfo, CommandOutput
 from ._version import __version__
 from .cancel import CancelReason, CancelToken, Deadline
 from .config import DeploymentConfig
 from .errors import (
     AuthenticationError,
     Cancelled,
+    CommandEnded,
     CommandFailed,
+    CommandNotFound,
     ConfigError,
     Conflict,
     E2BHttpError,
@@ -45,7 +48,12 @@ __all__ = [
     "CancelReason",
     "CancelToken",
     "Cancelled",
+    "Command",
+    "CommandEnded",
     "CommandFailed",
+    "CommandInfo",
+    "CommandNotFound",
+    "CommandOutput",
     "ConfigError",
     "Conflict",
     "Deadline",

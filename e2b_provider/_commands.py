@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -25,6 +26,8 @@ from ._kills import KillBatcher
 from ._lifecycle import Lifecycle
 from ._process import decode_output
 from .cancel import CancelToken
+from .envd import EnvdClient
+from .errors import E2BProviderError, NotFound
 from .models import ExecResult, Target
 
 __all__ = ["TIMEOUT_MARGIN_SECONDS", "Commands"]
@@ -57,6 +60,7 @@ class Commands:
         cancel: Optional[CancelToken],
         on_stdout: Optional[OnText] = None,
         on_stderr: Optional[OnText] = None,
+        stdin: Optional[Callable[[], bytes]] = None,
     ) -> ExecResult:
         ctx = self._ctx
         bounds = ctx.bounds
@@ -71,8 +75,19 @@ class Commands:
             ) -> concurrent.futures.Future[Optional[bool]]:
                 return self._kills.kill(target, ctl, ctl, began, bound, running)
 
+            envd = ctx.envd(target)
+
+            def started(pid: int) -> None:
+                self._kills.answered(sid)
+                if stdin is not None:
+                    feeder = threading.Thread(
+                        target=_feed_stdin, args=(envd, pid, stdin, stop_feeding, timeout + 60.0),
+                        name="e2b-provider-stdin", daemon=True,
+                    )
+                    feeder.start()
+
             return run_process(
-                ctx.envd(target),
+                envd,
                 user=scripts.SANDBOX_USER,
                 cmd="setsid",
                 args=scripts.exec_args(ctl, command, timeout, env),
@@ -84,7 +99,8 @@ class Commands:
                 watchdog=ctx.watchdog,
                 start_kill=start_kill,
                 tag=ctl,
-                on_start=lambda _pid: self._kills.answered(sid),
+                on_start=started,
+                stdin=stdin is not None,
                 kill_seconds=bounds.kill,
                 grace_seconds=bounds.grace,
                 interrupt_kill_seconds=bounds.interrupt_kill,
@@ -94,7 +110,12 @@ class Commands:
                 on_stderr=on_stderr,
             )
 
-        out = ctx.on_target(sid, cancel, run, need=math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
+        stop_feeding = CancelToken()
+        try:
+            out = ctx.on_target(sid, cancel, run,
+                                need=math.ceil(timeout) + TIMEOUT_MARGIN_SECONDS)
+        finally:
+            stop_feeding.cancel("the command ended")
         return ExecResult(
             exit_code=out.exit_code,
             stdout=decode_output(out.stdout, out.truncated),
@@ -117,3 +138,30 @@ class Commands:
         self._sweep(
             sid, scripts.kill_tagged_args(tags), "cannot stop crashed holders' commands", cancel
         )
+
+
+def _feed_stdin(
+    envd: EnvdClient, pid: int, read: Callable[[], bytes], stop: CancelToken, bound: float
+) -> None:
+    """Write what ``read()`` gives (until it gives nothing) to process ``pid``'s standard
+    input, then close it; on a thread of its own (the command may read its input only after
+    writing much output, which the caller's thread must read meanwhile). Ends quietly when
+    the command ended first."""
+    try:
+        while not stop.cancelled:
+            piece = read()
+            if not piece:
+                envd.close_stdin(pid, token=stop)
+                return
+            envd.send_input(pid, piece, token=stop, timeout=bound)
+    except NotFound:
+        pass  # the command ended before it read all of it
+    except E2BProviderError as exc:
+        if not stop.cancelled:
+            log.info("e2b_provider: feeding the standard input of pid %d stopped: %s", pid, exc)
+    except Exception as exc:  # the caller's file object failed: the command sees EOF
+        log.warning("e2b_provider: reading the exec's stdin failed: %s", exc)
+        try:
+            envd.close_stdin(pid, token=stop)
+        except E2BProviderError:
+            pass

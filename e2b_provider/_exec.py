@@ -169,6 +169,7 @@ def run_process(
     on_stderr: Optional[OnText] = None,
     tag: Optional[str] = None,
     on_start: Optional[Callable[[int], None]] = None,
+    stdin: bool = False,
 ) -> RunOutcome:
     """Run one process through envd and return what it produced.
 
@@ -203,6 +204,9 @@ def run_process(
         tag: envd's tag for the process (see :meth:`EnvdClient.signal_tag`).
         on_start: called on the reading thread with the pid when the start event arrives
             (envd answered the request); it must not block or raise.
+        stdin: give the process a standard input pipe (fed through
+            :meth:`EnvdClient.send_input`, e.g. from ``on_start``); else it reads
+            ``/dev/null``.
 
     Returns:
         The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
@@ -300,6 +304,7 @@ def run_process(
                     keepalive_seconds=keepalive_seconds,
                     token=run.abort_token,
                     tag=tag,
+                    stdin=stdin,
                 )
             except E2BProviderError as exc:
                 # As the reference: an opening that fails (or is aborted by us) after a

@@ -866,6 +866,11 @@ def kill_batch_args(ctls: Sequence[str]) -> List[str]:
     return ["-c", KILL_BATCH_SCRIPT, "capybara-killbatch", *ctls]
 
 
+def is_control_path(value: str) -> bool:
+    """Whether ``value`` is a control path :func:`control_path` makes."""
+    return _CONTROL_RE.fullmatch(value) is not None
+
+
 _CONTROL_RE = re.compile(
     re.escape(_CONTROL_PREFIX)
     + r"(?:[A-Za-z0-9_-]{1,64}-)?[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"

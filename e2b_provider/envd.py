@@ -58,6 +58,7 @@ ERROR_BODY_BYTES = 64 * 1024
 SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _READ_SIZE = 64 * 1024
 _START_OP = "process start"
+_CONNECT_OP = "process connect"
 
 
 def _basic(user: str) -> str:
@@ -86,6 +87,12 @@ def _check_pid(pid: object) -> int:
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         raise InvalidArgument("pid must be a positive int")
     return pid
+
+
+def _check_keepalive(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 3600:
+        raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
+    return value
 
 
 def _check_timeout(value: object, what: str) -> float:
@@ -318,12 +325,7 @@ class EnvdClient:
             raise InvalidArgument("cmd must be a non-empty string")
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise InvalidArgument("args must be a sequence of strings")
-        if (
-            isinstance(keepalive_seconds, bool)
-            or not isinstance(keepalive_seconds, int)
-            or not 1 <= keepalive_seconds <= 3600
-        ):
-            raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
+        _check_keepalive(keepalive_seconds)
         process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
         if envs is not None:
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
@@ -338,7 +340,43 @@ class EnvdClient:
             if not isinstance(tag, str) or not tag:
                 raise InvalidArgument("tag must be a non-empty string")
             request["tag"] = tag
-        body = encode_envelope(request)
+        return self._open_events("Start", request, user, keepalive_seconds, token, _START_OP)
+
+    def connect(
+        self,
+        pid: int,
+        *,
+        user: str,
+        keepalive_seconds: int = KEEPALIVE_SECONDS,
+        token: Optional[CancelToken] = None,
+    ) -> ProcessStream:
+        """Follow a running process's events: ``POST /process.Process/Connect``.
+
+        The stream starts with a start event and carries the output produced from now on,
+        then the end event; bounded as :meth:`start`'s. Closing it leaves the process
+        running.
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            E2BHttpError: envd (or the edge) answered with a non-200 status.
+            RemoteError: (from iteration) envd does not know the pid (``not_found``).
+            ProtocolError, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_pid(pid)
+        _check_user(user)
+        _check_keepalive(keepalive_seconds)
+        return self._open_events("Connect", {"process": {"pid": pid}}, user, keepalive_seconds,
+                                 token, _CONNECT_OP)
+
+    def _open_events(
+        self,
+        method: str,
+        request: Dict[str, Any],
+        user: str,
+        keepalive_seconds: int,
+        token: Optional[CancelToken],
+        operation: str,
+    ) -> ProcessStream:
         headers = self._headers(
             {
                 "Content-Type": "application/connect+json",
@@ -349,31 +387,31 @@ class EnvdClient:
         )
         stream = self._transport.open_stream(
             "POST",
-            self._base + "/process.Process/Start",
+            f"{self._base}/process.Process/{method}",
             headers=headers,
-            data=body,
+            data=encode_envelope(request),
             read_timeout=2.0 * keepalive_seconds + 10.0,
             token=token,
-            operation=_START_OP,
+            operation=operation,
             deadline=Deadline.after(START_OPEN_SECONDS),
         )
         try:
             if stream.status != 200:
                 raw = stream.read_all(ERROR_BODY_BYTES, truncate=True)
                 raise error_from_response(
-                    HttpResponse(stream.status, stream.headers, raw), _START_OP
+                    HttpResponse(stream.status, stream.headers, raw), operation
                 )
             ctype = stream.headers.get("content-type", "")
             if ctype and not ctype.lower().startswith("application/connect+json"):
                 raise ProtocolError(
-                    f"E2B {_START_OP} answered 200 with content type {ctype[:80]!r}, "
+                    f"E2B {operation} answered 200 with content type {ctype[:80]!r}, "
                     "not a Connect stream"
                 )
         except BaseException:
             stream.abort()
             stream.close()
             raise
-        return ProcessStream(stream)
+        return ProcessStream(stream, operation=operation)
 
     def _rpc(
         self,

@@ -67,7 +67,9 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "AuthenticationError",
     "Cancelled",
+    "CommandEnded",
     "CommandFailed",
+    "CommandNotFound",
     "ConfigError",
     "Conflict",
     "E2BHttpError",
@@ -401,6 +403,14 @@ class FilesFailed(CommandFailed):
         more = len(items) - len(said)
         tail = f"; and {more} more (see .failed)" if more > 0 else ""
         super().__init__(f"{what}: {len(items)} failed: {'; '.join(said)}{tail}")
+
+
+class CommandNotFound(E2BProviderError, LookupError):
+    """No background command with that id in the sandbox (its record is not there)."""
+
+
+class CommandEnded(E2BProviderError):
+    """The background command has ended: it takes no more input."""
 
 
 class OperationTimeout(E2BProviderError, TimeoutError):

@@ -18,10 +18,22 @@ import contextlib
 import logging
 import os
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import (
+    BinaryIO,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
 
 from . import _validate as v
 from ._agent import FileAgents
+from ._background import Background, Command, CommandInfo, read_stdin_source
 from ._commands import Commands
 from ._context import Bounds, ProviderContext
 from ._files import Files
@@ -159,8 +171,10 @@ class E2BSandboxProvider:
         )
         self._lifecycle = Lifecycle(ctx)
         self._commands = Commands(ctx, self._lifecycle)
-        self._files = Files(ctx, FileAgents(ctx))
+        agents = FileAgents(ctx)
+        self._files = Files(ctx, agents)
         self._trees = Trees(ctx, self._files)
+        self._background = Background(ctx, agents)
         ctx.on_fork(self._lifecycle.after_fork)
 
     # -- housekeeping -------------------------------------------------------------------
@@ -456,6 +470,7 @@ class E2BSandboxProvider:
         cancel: Optional[CancelToken] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
+        stdin: Union[bytes, str, BinaryIO, None] = None,
     ) -> ExecResult:
         """Run a shell command (``/bin/bash -c``) in the sandbox as user ``sandbox``.
 
@@ -501,6 +516,12 @@ class E2BSandboxProvider:
                 ``result.stdout``. An exception it raises stops the command (the remote
                 process tree is killed) and is raised from ``exec``.
             on_stderr: the same for standard error.
+            stdin: what the command reads on its standard input: bytes, a str (sent as
+                UTF-8) or a binary file object (read in pieces until it returns nothing);
+                the input is closed after it. None (default): the command reads
+                ``/dev/null``. It is written from a short-lived thread while this one reads
+                the output; a file object that blocks keeps that thread (a daemon) until it
+                returns.
 
         Returns:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.
@@ -537,6 +558,7 @@ class E2BSandboxProvider:
         for cb_name, cb in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
             if cb is not None and not callable(cb):
                 raise InvalidArgument(f"{cb_name} must be a callable taking a str, or None")
+        read_stdin = read_stdin_source(stdin) if stdin is not None else None
         if cancel is not None:
             cancel.raise_if_cancelled()
         began = time.monotonic()
@@ -557,6 +579,7 @@ class E2BSandboxProvider:
                     cancel=cancel,
                     on_stdout=on_stdout,
                     on_stderr=on_stderr,
+                    stdin=read_stdin,
                 )
             except E2BProviderError as exc:
                 # A pause cuts the command's stream: say so, not "connection dropped".
@@ -570,6 +593,116 @@ class E2BSandboxProvider:
                     sid, "the command ran: its output stream was cut and its exit status is "
                     "unknown (it may have finished, or goes on when the sandbox is resumed)"
                 ) from exc
+
+    # -- commands that outlive the call ---------------------------------------------------
+
+    def start(
+        self,
+        sandbox: SandboxRef,
+        command: str,
+        *,
+        timeout: Optional[float] = None,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        tag: Optional[str] = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        stdin: bool = False,
+        cancel: Optional[CancelToken] = None,
+    ) -> Command:
+        """Start a shell command in the background and return at once with its handle.
+
+        It runs as ``exec`` runs a command (``/bin/bash -c`` as ``sandbox``, own session,
+        ``HOME=/workspace``, ``LANG=C.UTF-8``, ``env`` on top, the exec marker, ``tag``),
+        so :meth:`kill_all`, :meth:`kill_tagged`, a reboot and :meth:`destroy` stop its
+        whole process tree. It keeps running after this call, after the
+        :class:`~e2b_provider.Command` is dropped and after this process exits. The sandbox
+        keeps the last ``max_output_bytes`` of its stdout and, separately, of its stderr
+        (for a server the latest lines matter most), and its exit status once it ended,
+        until the sandbox is destroyed, also through a pause and resume: any process can
+        :meth:`attach` to it by its ``id``. It needs ``python3`` in the sandbox (E2B's
+        base image has it): a small supervisor process keeps the record.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            command: the shell command.
+            timeout: None (default) to let it run until it ends or is killed; a number of
+                seconds (at most 86400) after which it is killed in the sandbox
+                (``timeout -s KILL``), whoever watches.
+            cwd: working directory (default ``/workspace``).
+            env: extra environment variables.
+            tag: a holder tag (``[A-Za-z0-9_-]{1,64}``) for :meth:`kill_tagged`.
+            max_output_bytes: how much of each stream the sandbox keeps (default 1 MiB, at
+                least 1 KiB).
+            stdin: give it a standard input to write to (:meth:`Command.send_stdin`);
+                otherwise it reads ``/dev/null``.
+            cancel: stops the start (not the command once it runs).
+
+        Returns:
+            The :class:`~e2b_provider.Command`, once the command runs.
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            CommandFailed: the supervisor could not start (no ``python3``, say).
+            Cancelled, SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        v.check_text(command, "command")
+        if timeout is not None:
+            v.check_timeout(timeout)
+        v.check_max_bytes(max_output_bytes, "max_output_bytes")
+        if max_output_bytes < 1024:
+            raise InvalidArgument("max_output_bytes of a background command must be at least "
+                                  "1024")
+        if cwd is not None:
+            v.check_path(cwd)
+        run_env = {"HOME": "/workspace", "LANG": "C.UTF-8"}
+        if env is not None:
+            run_env.update(v.check_env(env))
+        if tag is not None:
+            v.check_tag(tag)
+        if not isinstance(stdin, bool):
+            raise InvalidArgument("stdin must be True or False")
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(
+            f"starting a background command in sandbox {sid}",
+            "the command may or may not have started: commands() lists what runs",
+        ):
+            return self._background.start(
+                sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
+                max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
+            )
+
+    def attach(
+        self, sandbox: SandboxRef, command_id: str, *, cancel: Optional[CancelToken] = None
+    ) -> Command:
+        """The handle of a background command, from its ``id`` (any process may have
+        started it, also one that has exited; it may have ended, however long ago).
+
+        Raises:
+            InvalidArgument: not a command id, or one of another sandbox (before any I/O).
+            CommandNotFound: the sandbox has no such command.
+            Cancelled, SandboxGoneError, E2BProviderError.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        with self._doing(f"finding command {str(command_id)[:120]} in sandbox {sid}"):
+            return self._background.attach(sid, command_id, cancel)
+
+    def commands(
+        self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None
+    ) -> List[CommandInfo]:
+        """The background commands (see :meth:`start`) that still run in the sandbox,
+        whoever started them, oldest first.
+
+        Raises:
+            Cancelled, SandboxGoneError, CommandFailed, E2BProviderError.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        with self._doing(f"listing background commands in sandbox {sid}"):
+            return self._background.list(sid, cancel)
 
     # -- files ----------------------------------------------------------------------------
 

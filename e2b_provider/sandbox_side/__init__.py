@@ -9,6 +9,9 @@ run it locally).
 * :mod:`.file_agent` — file work as the sandbox user: a request server for stat, read,
   atomic writes, batches and listings, and the tar packer and extractor behind tree
   uploads and downloads.
+* :mod:`.supervisor` — a background command's supervisor: runs it under the exec
+  wrapper, keeps its last output and its exit status in a record, and writes frames for
+  live followers.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def source(module: str) -> str:
     Raises:
         ValueError: ``module`` is not one of this package's programs.
     """
-    if module not in ("file_agent",):
+    if module not in ("file_agent", "supervisor"):
         raise ValueError(f"no sandbox-side program named {module!r}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), module + ".py")
     with open(path, encoding="utf-8") as f:

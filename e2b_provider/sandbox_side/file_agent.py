@@ -16,7 +16,8 @@ Modes:
     much JSON, then that many bytes of data; ``e`` marks a request's last frame. The first
     frame (id 0) says the server is ready. Requests run on a few worker threads, so a slow
     one does not hold up the others. Operations: ``ping``, ``stat``, ``read``,
-    ``read_many``, ``write``, ``write_many``, ``list``, ``sweep``.
+    ``read_many``, ``write``, ``write_many``, ``list``, ``sweep``, and ``cmd_read`` /
+    ``cmd_list`` over background commands' records (see ``supervisor.py``).
 
 ``pack SRC NAME [EXCLUDE...]``
     (``NAME`` only names the process.) Write to standard output one line of JSON
@@ -428,6 +429,112 @@ def do_list(path: str, depth: int, emit: "Callable[[List[Answer]], None]") -> "A
     return {"count": count, "skipped": skipped}
 
 
+# -- background commands' records (written by the supervisor program) ----------------------
+
+#: Where background commands' records live (as the supervisor writes them).
+RECORDS = "/tmp/.capybara-cmd"
+
+
+def _record(cid: str) -> "Optional[str]":
+    if len(cid) != 32 or any(c not in "0123456789abcdef" for c in cid):
+        return None
+    return os.path.join(RECORDS, cid)
+
+
+def _load(path: str) -> "Optional[Answer]":
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read(1 << 20).decode("utf-8", "surrogateescape"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _alive(meta: "Answer", cid: str) -> bool:
+    """Whether the record's supervisor still runs (and is that supervisor: a reused pid is
+    another program)."""
+    try:
+        with open("/proc/%d/cmdline" % int(meta.get("pid", 0)), "rb") as f:
+            return ("\0%s\0" % cid).encode() in f.read()
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _stream(
+    directory: str, name: str, cap: int, offset: int, limit: int
+) -> "Tuple[int, int, bytes]":
+    """(first offset kept, total written, bytes from ``offset`` on, at most ``limit``) of
+    one stream; ``offset`` -1: the last ``cap`` bytes."""
+    for _ in range(5):  # a generation removed while it is read: read again
+        gens = []
+        for entry in os.listdir(directory):
+            if entry.startswith(name + ".") and entry[len(name) + 1:].isdigit():
+                gens.append(int(entry[len(name) + 1:]))
+        if not gens:
+            return 0, 0, b""
+        gens.sort()
+        gens = gens[-2:]
+        try:
+            last = os.stat(os.path.join(directory, "%s.%d" % (name, gens[-1]))).st_size
+        except FileNotFoundError:
+            continue
+        total = gens[-1] * cap + last
+        first = gens[0] * cap
+        start = max(first, total - cap) if offset < 0 else max(first, offset)
+        out = []  # type: List[bytes]
+        want = max(0, min(limit, total - start))
+        pos = start
+        try:
+            while want > 0:
+                gen = pos // cap
+                with open(os.path.join(directory, "%s.%d" % (name, gen)), "rb") as f:
+                    f.seek(pos - gen * cap)
+                    piece = f.read(min(want, (gen + 1) * cap - pos))
+                if not piece:
+                    break
+                out.append(piece)
+                pos += len(piece)
+                want -= len(piece)
+        except FileNotFoundError:
+            continue
+        return first, total, b"".join(out)
+    raise OSError(errno.EAGAIN, "the record changed while it was read")
+
+
+def do_cmd_read(cid: str, out_from: int, err_from: int, limit: int) -> "Tuple[Answer, bytes]":
+    """A background command's record: what it is, whether it ended, and its output from the
+    given offsets (-1: the last ``cap`` bytes)."""
+    directory = _record(cid)
+    meta = _load(os.path.join(directory, "meta.json")) if directory else None
+    if directory is None or meta is None:
+        return {"absent": True}, b""
+    status = _load(os.path.join(directory, "status.json"))
+    cap = int(meta.get("cap", 1 << 20))
+    o_first, o_total, o_data = _stream(directory, "stdout", cap, out_from, limit)
+    e_first, e_total, e_data = _stream(directory, "stderr", cap, err_from, limit)
+    answer = {"meta": meta, "status": status,
+              "alive": status is None and _alive(meta, cid),
+              "out": [o_first, o_total, len(o_data)], "err": [e_first, e_total, len(e_data)]}
+    return answer, o_data + e_data
+
+
+def do_cmd_list() -> "List[Answer]":
+    """The background commands whose supervisor still runs."""
+    found = []  # type: List[Answer]
+    try:
+        names = sorted(os.listdir(RECORDS))
+    except OSError:
+        return found
+    for cid in names:
+        directory = _record(cid)
+        if directory is None or os.path.exists(os.path.join(directory, "status.json")):
+            continue
+        meta = _load(os.path.join(directory, "meta.json"))
+        if meta is not None and _alive(meta, cid):
+            found.append(meta)
+    return found
+
+
 # -- the server --------------------------------------------------------------------------------
 
 
@@ -489,6 +596,12 @@ def handle(req: "Answer", payload: bytes, frames: Frames) -> None:
         frames.send(rid, True, do_list(req["path"], max(1, int(req.get("depth", 1))), emit))
     elif op == "sweep":
         frames.send(rid, True, {"removed": sweep()})
+    elif op == "cmd_read":
+        answer, data = do_cmd_read(str(req["cid"]), int(req["out"]), int(req["err"]),
+                                   int(req["max"]))
+        frames.send(rid, True, answer, data)
+    elif op == "cmd_list":
+        frames.send(rid, True, {"commands": do_cmd_list()})
     else:
         frames.send(rid, True, {"error": "EINVAL", "message": "unknown operation %r" % (op,)})
 
