@@ -463,7 +463,8 @@ def _alive(meta: "Answer", cid: str) -> bool:
 def _stream(
     directory: str, name: str, cap: int, offset: int, limit: int
 ) -> "Tuple[int, int, bytes]":
-    """(first offset kept, total written, bytes from ``offset`` on, at most ``limit``) of
+    """(offset of the bytes returned, total written, bytes from ``offset`` on (or the
+    first kept), at most ``limit``) of
     one stream; ``offset`` -1: the last ``cap`` bytes."""
     for _ in range(5):  # a generation removed while it is read: read again
         gens = []
@@ -497,7 +498,7 @@ def _stream(
                 want -= len(piece)
         except FileNotFoundError:
             continue
-        return first, total, b"".join(out)
+        return start, total, b"".join(out)
     raise OSError(errno.EAGAIN, "the record changed while it was read")
 
 
