@@ -332,3 +332,16 @@ def test_records_are_the_sandbox_users_own(
         "\n")[:2] == ["sandbox 700", "sandbox 700"], listing
     meta = json.loads(root(p, h, f"cat /tmp/.capybara-cmd/{cid}/meta.json"))
     assert meta["id"] == cid and meta["pid"] == c.pid
+
+
+def test_the_readme_dev_server_example_runs_as_written() -> None:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+        readme = f.read()
+    section = readme.split("### Long-running commands", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "200" and lines[-1] == "True"
+    assert '"GET / HTTP/1.1" 200' in out.stdout  # the server's own log, read back
