@@ -57,6 +57,7 @@ from .errors import (
     InvalidArgument,
     NotFound,
     OperationTimeout,
+    ProtocolError,
     RemoteError,
     TransportError,
 )
@@ -71,6 +72,8 @@ log = logging.getLogger("e2b_provider")
 OnText = Callable[[str], None]
 #: How long ``start`` may take until the supervisor says it runs.
 START_SECONDS = 60.0
+#: The most output of one stream a follower holds (``start`` accepts no larger cap).
+MAX_KEPT = 1 << 30
 #: Pieces of standard input per ``SendInput`` request.
 STDIN_PIECE = 256 * 1024
 #: A follower reconnects after a broken stream at most this many times in a row without
@@ -172,13 +175,17 @@ class Command:
         self.sandbox_id = sid
         self._cid = cid
         self.id = command_id(sid, cid)
-        self.pid = int(meta.get("pid", 0))
-        self._ctl = str(meta.get("ctl", ""))
+        try:
+            self.pid = int(meta["pid"])
+            self._ctl = str(meta.get("ctl", ""))
+            self.command = str(meta.get("command", ""))
+            self.started_at = float(meta.get("started_at", 0.0))
+            # the record is the sandbox user's: a cap past what start accepts is not believed
+            self._cap = max(1024, min(int(meta.get("cap", 1 << 20)), MAX_KEPT))
+        except (KeyError, TypeError, ValueError):
+            raise CommandFailed(f"the record of command {self.id} is damaged") from None
         self.tag = tag_of_control_path(self._ctl)
-        self.command = str(meta.get("command", ""))
-        self.started_at = float(meta.get("started_at", 0.0))
-        self.stdin = bool(meta.get("stdin"))
-        self._cap = int(meta.get("cap", 1 << 20))
+        self.stdin = meta.get("stdin") is True
         self._stdin_closed = False
 
     def __repr__(self) -> str:
@@ -574,7 +581,7 @@ class _Follower:
             try:
                 progressed = self._connect_once()
                 failures = 0 if progressed else failures + 1
-            except (TransportError, RemoteError, NotFound) as exc:
+            except (TransportError, RemoteError, NotFound, ProtocolError) as exc:
                 self._check()
                 failures += 1
                 if failures > _RECONNECTS:

@@ -6,7 +6,8 @@ by name or id, live command output to our stdout/stderr, file copies with a prog
 a terminal, a table of sandboxes, and exit codes:
 
 * ``exec`` exits with the command's own status, 124 when it timed out, 130 after Ctrl-C
-  (once the remote process tree was killed);
+  (once the remote process tree was killed); so does ``logs -f`` once the background
+  command ended (130 after Ctrl-C, which leaves the command running);
 * 2 for a usage error (a bad option, a bad name, a missing or invalid setting);
 * 1 for any other error, printed on one line without a traceback.
 
@@ -15,6 +16,12 @@ Commands::
     e2b-provider create NAME [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
                              [--allow-host HOST]...
     e2b-provider exec SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... -- CMD [ARG...]
+                             (our stdin goes to CMD unless it is a terminal)
+    e2b-provider start SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... [--tag T]
+                              [--max-output-bytes N] -- CMD [ARG...]
+    e2b-provider logs [-f] SANDBOX ID
+    e2b-provider kill SANDBOX ID
+    e2b-provider ps [--no-trunc] SANDBOX
     e2b-provider cp [-r] [--exclude PATTERN]... SRC DST   (one side is SANDBOX:/path)
     e2b-provider ls [--name NAME]
     e2b-provider ls [-l] [--depth N] SANDBOX:/path
@@ -29,17 +36,21 @@ from __future__ import annotations
 import argparse
 import os
 import posixpath
+import re
+import shutil
 import signal
 import sys
 import threading
 import time
-from typing import IO, Callable, List, Optional, Sequence, TextIO, Tuple
+from datetime import datetime
+from typing import IO, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from . import _validate as v
+from ._background import Command
 from ._version import __version__
 from .config import DeploymentConfig
 from .errors import E2BProviderError, InvalidArgument
-from .models import SandboxHandle, SandboxLimits
+from .models import ExecResult, SandboxHandle, SandboxLimits
 from .provider import E2BSandboxProvider
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_TIMED_OUT", "EXIT_USAGE", "main"]
@@ -51,6 +62,8 @@ EXIT_TIMED_OUT = 124
 EXIT_INTERRUPTED = 130
 #: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise.
 DEFAULT_EXEC_OUTPUT = 64 << 20
+#: Output the sandbox keeps per stream of a ``start``-ed command unless told otherwise.
+DEFAULT_START_OUTPUT = 1 << 20
 #: Transfers at least this large show a progress line on a terminal.
 PROGRESS_FROM_BYTES = 4 << 20
 
@@ -88,6 +101,63 @@ def _resolve(p: E2BSandboxProvider, ref: str) -> SandboxHandle:
     if not any(s.id == ref for s in p.list_sandboxes()):
         raise UsageError(f"no sandbox is named {ref!r} or has that id")
     return SandboxHandle(ref)
+
+
+def _env(items: Sequence[str]) -> Dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--env takes KEY=VALUE, not {item!r}")
+        env[key] = value
+    return env
+
+
+def _command_line(argv: Sequence[str], cmd: str) -> str:
+    if not argv:
+        raise UsageError(f"{cmd} needs a command after --")
+    # As ssh does: the words are joined with spaces and the remote shell parses them.
+    return " ".join(argv)
+
+
+def _our_stdin() -> Optional[BinaryIO]:
+    """Our standard input for the command, unless it is a terminal (or closed).
+
+    A raw reader of file descriptor 0, not ``sys.stdin.buffer``: the library reads it on
+    a daemon thread, which may still be blocked in a read when we exit (the command ended
+    without reading all of it), and a buffered reader's lock held there makes the
+    interpreter's shutdown abort.
+    """
+    if sys.stdin is None:
+        return None
+    try:
+        fd = sys.stdin.fileno()
+        if os.isatty(fd):
+            return None
+        return os.fdopen(fd, "rb", buffering=0, closefd=False)
+    except (OSError, ValueError):
+        return None
+
+
+def _exit_status(r: ExecResult, timed_out: str) -> int:
+    """The exit status to give for a command's result (``timed_out``: what to say then)."""
+    if r.timed_out:
+        print(f"{PROG}: {timed_out}", file=sys.stderr)
+        return EXIT_TIMED_OUT
+    if r.exit_code is None:
+        why = "was killed" if r.cancelled else "ended without an exit status"
+        print(f"{PROG}: the command {why}", file=sys.stderr)
+        return EXIT_ERROR
+    return r.exit_code if 0 <= r.exit_code <= 255 else EXIT_ERROR
+
+
+_CID = re.compile(r"[0-9a-f]{32}")
+
+
+def _attach(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Command:
+    """The background command ``ref`` of the sandbox: its id, or the 32 hex digits after
+    its ``:``."""
+    return p.attach(h, f"{h.id}:{ref}" if _CID.fullmatch(ref) else ref)
 
 
 def _split_remote(spec: str) -> Optional[tuple[str, str]]:
@@ -172,17 +242,8 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:
-    argv: List[str] = list(args.command)
-    if not argv:
-        raise UsageError("exec needs a command after --")
-    env = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--env takes KEY=VALUE, not {item!r}")
-        env[key] = value
-    # As ssh does: the words are joined with spaces and the remote shell parses them.
-    command = " ".join(argv)
+    command = _command_line(args.command, "exec")
+    env = _env(args.env)
     with E2BSandboxProvider(_config()) as p:
         h = _resolve(p, args.sandbox)
         r = p.exec(
@@ -194,18 +255,75 @@ def _cmd_exec(args: argparse.Namespace) -> int:
             max_output_bytes=args.max_output_bytes,
             on_stdout=_writer(sys.stdout),
             on_stderr=_writer(sys.stderr),
+            stdin=_our_stdin(),
         )
     if r.truncated:
         print(f"{PROG}: output past {args.max_output_bytes} bytes was dropped", file=sys.stderr)
-    if r.timed_out:
-        print(
-            f"{PROG}: timed out after {args.timeout:g} s (the command was killed)", file=sys.stderr
+    return _exit_status(r, f"timed out after {args.timeout:g} s (the command was killed)")
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    command = _command_line(args.command, "start")
+    env = _env(args.env)
+    with E2BSandboxProvider(_config()) as p:
+        h = _resolve(p, args.sandbox)
+        c = p.start(
+            h,
+            command,
+            timeout=args.timeout,
+            cwd=args.cwd,
+            env=env or None,
+            tag=args.tag,
+            max_output_bytes=args.max_output_bytes,
         )
-        return EXIT_TIMED_OUT
-    if r.exit_code is None:
-        print(f"{PROG}: the command ended without an exit status", file=sys.stderr)
-        return EXIT_ERROR
-    return r.exit_code if 0 <= r.exit_code <= 255 else EXIT_ERROR
+    print(c.id)
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        c = _attach(p, _resolve(p, args.sandbox), args.id)
+        if not args.follow:
+            out = c.output()
+            sys.stdout.write(out.stdout)
+            sys.stdout.flush()
+            sys.stderr.write(out.stderr)
+            if out.truncated:
+                print(f"{PROG}: earlier output was not kept (the sandbox keeps the last "
+                      "--max-output-bytes of each stream)", file=sys.stderr)
+            return 0
+        try:
+            r = c.wait(on_stdout=_writer(sys.stdout), on_stderr=_writer(sys.stderr))
+        except KeyboardInterrupt:
+            print(f"{PROG}: interrupted (command {c.id} goes on)", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    return _exit_status(r, "the command timed out (it was killed)")
+
+
+def _cmd_kill(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        c = _attach(p, _resolve(p, args.sandbox), args.id)
+        c.kill()
+    print(c.id)
+    return 0
+
+
+def _cmd_ps(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        rows = p.commands(_resolve(p, args.sandbox))
+    table = [("ID", "PID", "TAG", "STARTED")]
+    commands = ["COMMAND"]
+    for c in rows:
+        started = datetime.fromtimestamp(c.started_at).strftime("%Y-%m-%d %H:%M:%S")
+        table.append((c.id, str(c.pid), c.tag or "-", started))
+        commands.append(" ".join(c.command.split()))  # one line, as docker ps shows it
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    room = max(20, shutil.get_terminal_size().columns - sum(widths) - 2 * len(widths))
+    for row, command in zip(table, commands):
+        if not args.no_trunc and len(command) > room:
+            command = command[: room - 3] + "..."
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + command)
+    return 0
 
 
 def _cmd_cp(args: argparse.Namespace) -> int:
@@ -410,9 +528,11 @@ def parser() -> argparse.ArgumentParser:
         "exec",
         help="run a command, output streamed live",
         description="Run CMD ARG... in the sandbox (joined with spaces and run "
-        "by bash -c, as ssh does) as user sandbox, streaming its output. Exits "
-        "with the command's status; 124 if it timed out; 130 on Ctrl-C, after "
-        "the remote command was killed.",
+        "by bash -c, as ssh does) as user sandbox, streaming its output. When our "
+        "standard input is not a terminal (a pipe, a file), CMD reads it, e.g. "
+        "'echo hi | e2b-provider exec SB -- cat'; on a terminal CMD reads nothing "
+        "(</dev/null). Exits with the command's status; 124 if it timed out; 130 on "
+        "Ctrl-C, after the remote command was killed.",
     )
     e.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
     e.add_argument(
@@ -438,6 +558,73 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("command", nargs="*", metavar="CMD [ARG...]",
                    help="the command, after -- (so that its options are not taken as ours)")
     e.set_defaults(func=_cmd_exec)
+
+    st = sub.add_parser(
+        "start",
+        help="start a command in the background and print its id",
+        description="Start CMD ARG... in the sandbox in the background (joined with "
+        "spaces and run by bash -c as user sandbox, as exec runs it) and print its id. "
+        "It runs on after we exit; the sandbox keeps the last --max-output-bytes of its "
+        "stdout and of its stderr, and its exit status: see logs, ps and kill. It reads "
+        "nothing on its standard input.",
+    )
+    st.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    st.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help="seconds before the command is killed (default: none, it runs until it ends)",
+    )
+    st.add_argument("--cwd", default=None, help="working directory (default /workspace)")
+    st.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="an environment variable (repeatable)")
+    st.add_argument("--tag", default=None, help="a tag, shown by ps")
+    st.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=DEFAULT_START_OUTPUT,
+        help=f"output kept per stream, the latest (default {DEFAULT_START_OUTPUT}, "
+        "at least 1024)",
+    )
+    st.add_argument("command", nargs="*", metavar="CMD [ARG...]",
+                    help="the command, after -- (so that its options are not taken as ours)")
+    st.set_defaults(func=_cmd_start)
+
+    id_help = "a command id, as start and ps print it (or its 32 hex digits after the ':')"
+    lg = sub.add_parser(
+        "logs",
+        help="show the output of a background command",
+        description="Print the output the sandbox keeps of a background command "
+        "(stdout to stdout, stderr to stderr). With -f, then follow it live until the "
+        "command ends and exit with its status (124 if it timed out, 1 if it was killed "
+        "or its status is unknown); Ctrl-C stops following (exit 130), not the command.",
+    )
+    lg.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    lg.add_argument("id", metavar="ID", help=id_help)
+    lg.add_argument("-f", "--follow", action="store_true",
+                    help="follow the output until the command ends")
+    lg.set_defaults(func=_cmd_logs)
+
+    k = sub.add_parser(
+        "kill",
+        help="stop a background command",
+        description="Stop a background command and its whole process tree (killing "
+        "one that has ended does nothing). Prints its id.",
+    )
+    k.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    k.add_argument("id", metavar="ID", help=id_help)
+    k.set_defaults(func=_cmd_kill)
+
+    ps = sub.add_parser(
+        "ps",
+        help="list the background commands that run in a sandbox",
+        description="List the background commands that still run in the sandbox, "
+        "whoever started them, oldest first: id, pid, tag, start time (local) and "
+        "command line (cut to the terminal's width unless --no-trunc).",
+    )
+    ps.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    ps.add_argument("--no-trunc", action="store_true", help="show whole command lines")
+    ps.set_defaults(func=_cmd_ps)
 
     cp = sub.add_parser(
         "cp",
@@ -507,8 +694,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         words, tail = words[:i], words[i + 1 :]
     args = p.parse_args(words)
     if tail is not None:
-        if args.cmd != "exec":
-            p.error("only exec takes a command after --")
+        if args.cmd not in ("exec", "start"):
+            p.error("only exec and start take a command after --")
         args.command = [*args.command, *tail]
     try:
         return int(args.func(args))

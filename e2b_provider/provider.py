@@ -521,7 +521,10 @@ class E2BSandboxProvider:
                 the input is closed after it. None (default): the command reads
                 ``/dev/null``. It is written from a short-lived thread while this one reads
                 the output; a file object that blocks keeps that thread (a daemon) until it
-                returns.
+                returns. For a pipe that may stay open after the command ended (the
+                process's own standard input, say) pass an unbuffered reader such as
+                ``open(0, "rb", buffering=0, closefd=False)``: Python cannot exit while a
+                daemon thread is blocked in a buffered reader (``sys.stdin.buffer``).
 
         Returns:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.

@@ -172,7 +172,8 @@ def test_usage_and_config_errors_are_one_line(env: Dict[str, str]) -> None:
 def test_every_command_has_help() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     names: List[str] = list(sub.choices)  # type: ignore[union-attr]
-    assert set(names) == {"create", "exec", "cp", "ls", "rm", "suspend", "resume", "emulator"}
+    assert set(names) == {"create", "exec", "start", "logs", "kill", "ps", "cp", "ls", "rm",
+                          "suspend", "resume", "emulator"}
     for name in [*names, None]:
         args = [name, "--help"] if name else ["--help"]
         r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
