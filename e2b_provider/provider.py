@@ -7,7 +7,8 @@ cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and fi
 (read_file, write_file, stat). It is a thin facade: it documents and validates every call
 before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
 its API client: :mod:`._lifecycle` (whole sandboxes), :mod:`._commands` (exec and its kill
-job), :mod:`._files` (files), all sharing one :mod:`._context` (clients, watchdog, bounds).
+job), :mod:`._background` (commands that outlive the call), :mod:`._files` and
+:mod:`._trees` (files), all sharing one :mod:`._context` (clients, watchdog, bounds).
 It speaks no HTTP itself. Every error a call raises is said in the caller's terms — what was
 being done, to which sandbox and path, and what to do (:mod:`._messages`).
 """
