@@ -345,3 +345,19 @@ def test_the_readme_dev_server_example_runs_as_written() -> None:
     lines = out.stdout.splitlines()
     assert lines[0] == "200" and lines[-1] == "True"
     assert '"GET / HTTP/1.1" 200' in out.stdout  # the server's own log, read back
+
+
+def test_kill_tagged_reaches_background_commands_and_spares_others(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    p, h = shared_provider, sandbox
+    mine = p.start(h, "sleep 300", tag="holder-a")
+    other = p.start(h, "sleep 300", tag="holder-b")
+    untagged = p.start(h, "sleep 300")
+    p.kill_tagged(h, ["holder-a"])
+    r = mine.wait(timeout=30)
+    assert r.exit_code == 137 and not r.cancelled
+    assert other.running and untagged.running
+    for c in (other, untagged):
+        c.kill()
+        assert c.wait(timeout=30).cancelled
