@@ -35,6 +35,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "notebook": ["--runs", "3", "--sdk-runs", "1", "--lines", "10"],
     "batch_files": ["--rounds", "5"],
     "trees": ["--rounds", "1", "--files", "500", "--mib", "10", "--big-mib", "128"],
+    "background": ["--rounds", "5"],
 }
 
 

@@ -54,6 +54,7 @@ from .errors import (
     CommandEnded,
     CommandFailed,
     CommandNotFound,
+    E2BProviderError,
     InvalidArgument,
     NotFound,
     OperationTimeout,
@@ -543,53 +544,68 @@ class _Follower:
             if piece:
                 cb(piece)
 
-    def _catch_up(self, first_read: bool) -> None:
-        """Read the record from where each stream was read to (the start: the last bytes
-        kept) and deliver what is new."""
+    def _catch_up(self) -> None:
+        """Read the record from where each stream was read to (at first: the last bytes
+        kept) and deliver what is new; note the end if the record has it."""
         out, err = self.kept["o"], self.kept["e"]
-        r = self.owner.read(
-            self.cmd.sandbox_id, self.cmd._cid,
-            out.end if out.known else -1, err.end if err.known else -1,
-            self.cmd._cap, self.cancel,
-        )
-        for kind, (first, _total, data) in (("o", r.out), ("e", r.err)):
-            kept = self.kept[kind]
-            if not kept.known or first > kept.end:
-                # first read, or the record dropped bytes we never saw: start again there
-                kept.reset(first, data)
-                self._deliver(kind, data)
-            else:
-                self._deliver(kind, kept.add(first, data))
-        if r.status is not None:
-            self.status = r.status
-            self.ended = True
-            # everything written before the end is in the record: read to the totals
-            if (out.end < int(r.status.get("stdout_total", out.end))
-                    or err.end < int(r.status.get("stderr_total", err.end))):
-                if r.out[2] or r.err[2]:
-                    self._catch_up(False)
-        elif not r.alive:
-            self.ended = True  # its supervisor is gone without a status: a restart
+        while True:
+            r = self.owner.read(
+                self.cmd.sandbox_id, self.cmd._cid,
+                out.end if out.known else -1, err.end if err.known else -1,
+                self.cmd._cap, self.cancel,
+            )
+            for kind, (first, _total, data) in (("o", r.out), ("e", r.err)):
+                kept = self.kept[kind]
+                if not kept.known or first > kept.end:
+                    # first read, or the record dropped bytes never seen: go on from there
+                    kept.reset(first, data)
+                    self._deliver(kind, data)
+                else:
+                    self._deliver(kind, kept.add(first, data))
+            if r.status is None:
+                if not r.alive:
+                    self.ended = True  # its supervisor is gone without a status: a restart
+                return
+            self._ended(r.status)
+            if self._complete() or not (r.out[2] or r.err[2]):
+                return
+
+    def _ended(self, status: Dict[str, Any]) -> None:
+        self.status = status
+        self.ended = True
+
+    def _complete(self) -> bool:
+        """Whether everything the ended command wrote was read (the status has totals)."""
+        assert self.status is not None
+        for kind, key in (("o", "stdout_total"), ("e", "stderr_total")):
+            total = self.status.get(key)
+            if isinstance(total, int) and self.kept[kind].end < total:
+                return False
+        return True
 
     def run(self) -> ExecResult:
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
-        self._catch_up(True)
         failures = 0
-        while not self.ended:
-            self._check()
+        while True:
+            error: Optional[E2BProviderError] = None
             try:
-                progressed = self._connect_once()
-                failures = 0 if progressed else failures + 1
-            except (TransportError, RemoteError, NotFound, ProtocolError) as exc:
-                self._check()
+                self._connect_once()
+            except (TransportError, RemoteError, NotFound, ProtocolError, Cancelled) as exc:
+                if self.cancel is not None and self.cancel.cancelled:
+                    raise Cancelled(self.cancel.reason) from None
+                error = exc
+            if not self.ended or not self._complete():
+                self._catch_up()  # what the stream did not bring, and whether it ended
+            if self.ended:
+                break
+            self._check()
+            if error is not None:
                 failures += 1
                 if failures > _RECONNECTS:
-                    raise
-                log.info("e2b_provider: following command %s: %s; reading its record",
-                         self.cmd.id, exc)
-            self._catch_up(False)
-            if not self.ended and failures:
+                    raise error
+                log.info("e2b_provider: following command %s: %s; connecting again",
+                         self.cmd.id, error)
                 pause = min(0.2 * failures, max(0.0, self.deadline.remaining()))
                 if self.cancel is not None:
                     self.cancel.wait(pause)
@@ -602,9 +618,8 @@ class _Follower:
                     cb(rest)
         return _result(self.status, self.kept["o"], self.kept["e"])
 
-    def _connect_once(self) -> bool:
-        """Follow the supervisor's frames until it ends; False when the stream ended
-        without its last frame."""
+    def _connect_once(self) -> None:
+        """Follow the supervisor's frames until its last one (or the stream's end)."""
         owner, cmd = self.owner, self.cmd
         ctx = owner._ctx
 
@@ -615,35 +630,33 @@ class _Follower:
             )
 
         stream = ctx.on_target(cmd.sandbox_id, self.cancel, open_stream)
-        guard = _Guard(ctx, stream, self.deadline, self.cancel)
-        try:
-            with guard:
-                decoder = FrameDecoder()
-                started = False
-                for ev in stream:
-                    if not started:
-                        started = True
-                        # subscribed: what came before is in the record
-                        self._catch_up(False)
-                        if self.ended:
-                            return True
-                    if isinstance(ev, DataEvent) and ev.stdout:
-                        for frame in decoder.feed(ev.stdout):
-                            if frame.kind in ("o", "e"):
-                                kept = self.kept[frame.kind]
-                                if frame.offset > kept.end:
-                                    self._catch_up(False)  # frames were dropped: read them
-                                if frame.offset <= kept.end:
-                                    self._deliver(frame.kind, kept.add(frame.offset, frame.data))
-                            elif frame.kind == "x":
-                                return True  # the record has the status: read last
-                    elif isinstance(ev, EndEvent):
-                        return True
-                return False
-        except (TransportError, Cancelled) as exc:
-            if guard.expired or (self.cancel is not None and self.cancel.cancelled):
-                self._check()
-            raise exc
+        with _Guard(ctx, stream, self.deadline, self.cancel):
+            decoder = FrameDecoder()
+            started = False
+            for ev in stream:
+                if not started:
+                    started = True
+                    self._catch_up()  # subscribed: what came before is in the record
+                    if self.ended:
+                        return
+                if isinstance(ev, DataEvent) and ev.stdout:
+                    for frame in decoder.feed(ev.stdout):
+                        if frame.kind in ("o", "e"):
+                            kept = self.kept[frame.kind]
+                            if frame.offset > kept.end:
+                                self._catch_up()  # frames were dropped: read them
+                            if frame.offset <= kept.end:
+                                self._deliver(frame.kind, kept.add(frame.offset, frame.data))
+                        elif frame.kind == "x":
+                            try:
+                                status = json.loads(frame.data.decode("utf-8"))
+                            except ValueError:
+                                return  # the record has it
+                            if isinstance(status, dict):
+                                self._ended(status)
+                            return
+                elif isinstance(ev, EndEvent):
+                    return
 
 
 def read_stdin_source(source: Union[bytes, str, BinaryIO]) -> Callable[[], bytes]:
