@@ -48,6 +48,7 @@ from .process import (
     ProcessManager,
     Subscriber,
     decode_input,
+    parse_pty_size,
     parse_selector,
     parse_signal,
     parse_start_request,
@@ -336,9 +337,8 @@ class Agent:
     async def send_signal(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
         """``SendSignal`` (SIGKILL/SIGTERM) to one pid or tag."""
         self._user(request)
-        selector = parse_selector(body)
-        sig = parse_signal(body.get("signal"))
-        self.processes.get_live(selector).send_signal(sig)
+        proc = self.processes.get_live(parse_selector(body))  # envd: the lookup comes first
+        proc.send_signal(parse_signal(body.get("signal")))
         return {}
 
     async def send_input(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -359,16 +359,10 @@ class Agent:
     async def update(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
         """``Update``: resize a PTY (``{"pty": {"size": {"cols", "rows"}}}``)."""
         self._user(request)
+        size = parse_pty_size(body.get("pty"))  # envd: unmarshalled before the lookup
         proc = self.processes.get_live(parse_selector(body))
-        pty = body.get("pty")
-        if isinstance(pty, dict):
-            size = pty.get("size")
-            if not isinstance(size, dict):
-                size = {}
-            cols, rows = size.get("cols", 0), size.get("rows", 0)
-            if not isinstance(cols, int) or not isinstance(rows, int):
-                raise RpcError("invalid_argument", "unmarshal message: pty.size is not numeric")
-            proc.resize(cols, rows)
+        if size is not None:
+            proc.resize(*size)
         return {}
 
     async def stream_input(self, request: web.Request) -> web.StreamResponse:

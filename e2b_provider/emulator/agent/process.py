@@ -50,6 +50,7 @@ __all__ = [
     "decode_input",
     "exit_info_from_status",
     "go_signal_name",
+    "parse_pty_size",
     "parse_selector",
     "parse_signal",
     "parse_start_request",
@@ -177,6 +178,25 @@ def _uint(value: Any, what: str) -> int:
     return value
 
 
+def parse_pty_size(pty_obj: Any) -> Optional[Tuple[int, int]]:
+    """The ``(cols, rows)`` of a ``PTY`` message (``None`` when unset), as uint32 values.
+
+    Raises:
+        RpcError: ``invalid_argument`` for a value that is not an object or a uint32.
+    """
+    if pty_obj is None:
+        return None
+    if not isinstance(pty_obj, dict):
+        raise _bad("pty is not an object")
+    size = pty_obj.get("size") or {}
+    if not isinstance(size, dict):
+        raise _bad("pty.size is not an object")
+    return (
+        _uint(size.get("cols", 0), "pty.size.cols"),
+        _uint(size.get("rows", 0), "pty.size.rows"),
+    )
+
+
 def parse_start_request(obj: Mapping[str, Any]) -> StartSpec:
     """Validate a ``StartRequest`` JSON object (unknown fields are ignored).
 
@@ -208,18 +228,7 @@ def parse_start_request(obj: Mapping[str, Any]) -> StartSpec:
     stdin = obj.get("stdin")
     if stdin is not None and not isinstance(stdin, bool):
         raise _bad("stdin is not a boolean")
-    pty_obj = obj.get("pty")
-    pty: Optional[Tuple[int, int]] = None
-    if pty_obj is not None:
-        if not isinstance(pty_obj, dict):
-            raise _bad("pty is not an object")
-        size = pty_obj.get("size") or {}
-        if not isinstance(size, dict):
-            raise _bad("pty.size is not an object")
-        pty = (
-            _uint(size.get("cols", 0), "pty.size.cols"),
-            _uint(size.get("rows", 0), "pty.size.rows"),
-        )
+    pty = parse_pty_size(obj.get("pty"))
     return StartSpec(
         cmd=cmd,
         args=tuple(args),
@@ -230,6 +239,10 @@ def parse_start_request(obj: Mapping[str, Any]) -> StartSpec:
         pty=pty,
     )
 
+
+#: service.go getProcess: ``fmt.Errorf("invalid input type %T", selector)`` of the (possibly
+#: nil) ``*rpc.ProcessSelector`` when neither pid nor tag is set.
+_NO_SELECTOR = "invalid input type *process.ProcessSelector"
 
 Selector = Union[int, str]
 """A ``ProcessSelector``: a pid (int) or a tag (str)."""
@@ -243,7 +256,7 @@ def parse_selector(obj: Mapping[str, Any]) -> Selector:
     """
     sel = obj.get("process")
     if not isinstance(sel, dict):
-        raise RpcError("unimplemented", "invalid process selector type: <nil>")
+        raise RpcError("unimplemented", _NO_SELECTOR)
     if "pid" in sel:
         return _uint(sel["pid"], "process.pid")
     if "tag" in sel:
@@ -251,7 +264,7 @@ def parse_selector(obj: Mapping[str, Any]) -> Selector:
         if not isinstance(tag, str):
             raise _bad("process.tag is not a string")
         return tag
-    raise RpcError("unimplemented", "invalid process selector type: <nil>")
+    raise RpcError("unimplemented", _NO_SELECTOR)
 
 
 def parse_signal(value: Any) -> int:
@@ -266,7 +279,12 @@ def parse_signal(value: Any) -> int:
         return value
     if isinstance(value, str) and value.strip() in ("9", "15"):
         return int(value.strip())
-    raise RpcError("unimplemented", f"invalid signal: {value}")
+    # envd prints the decoded enum: unset, 0 and names protojson ignores (connect-go decodes
+    # with DiscardUnknown) are SIGNAL_UNSPECIFIED, another number prints as itself
+    shown = "SIGNAL_UNSPECIFIED"
+    if isinstance(value, int) and not isinstance(value, bool) and value != 0:
+        shown = str(value)
+    raise RpcError("unimplemented", f"invalid signal: {shown}")
 
 
 class Subscriber:
@@ -362,7 +380,8 @@ def _set_controlling_tty() -> None:  # pragma: no cover - runs in the forked chi
 
 
 def _set_winsize(fd: int, cols: int, rows: int) -> None:
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    # envd converts the uint32 sizes with Go's uint16(…), which keeps the low 16 bits
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows & 0xFFFF, cols & 0xFFFF, 0, 0))
 
 
 class ManagedProcess:
@@ -408,6 +427,7 @@ class ManagedProcess:
         self._reaped = False
         self._pidfd: Optional[int] = None
         self._timer: Optional[asyncio.TimerHandle] = None
+        self._deadline_killed = False
         self._finish_task: Optional[asyncio.Task[None]] = None
         self.exit: Optional[ExitInfo] = None
         self.done = asyncio.Event()
@@ -458,6 +478,7 @@ class ManagedProcess:
         self._timer = None
         if not self._reaped:
             log.info("process %d: Connect-Timeout-Ms expired, sending SIGKILL", self.pid)
+            self._deadline_killed = True
             self._signal(signal.SIGKILL)
 
     def _signal(self, sig: int) -> None:
@@ -510,6 +531,10 @@ class ManagedProcess:
         except ChildProcessError:
             info = ExitInfo(-1, False, "unknown status", "wait: no child processes")
             self._popen.returncode = -1
+        if self._deadline_killed and info.error is None:
+            # Go's exec.Cmd.Wait: a context that killed the process (here one that had
+            # already exited, its output still open) turns a clean exit into ctx.Err()
+            info = attrs.evolve(info, error="context deadline exceeded")
         # From here on the pid may belong to someone else: never signal it again.
         self._reaped = True
         self.exit = info
