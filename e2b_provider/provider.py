@@ -552,13 +552,7 @@ class E2BSandboxProvider:
         v.check_text(command, "command")
         v.check_timeout(timeout)
         v.check_max_bytes(max_output_bytes, "max_output_bytes")
-        if cwd is not None:
-            v.check_path(cwd)
-        run_env = {"HOME": "/workspace", "LANG": "C.UTF-8"}
-        if env is not None:
-            run_env.update(v.check_env(env))
-        if tag is not None:
-            v.check_tag(tag)
+        run_env = _command_env(cwd, env, tag)
         for cb_name, cb in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
             if cb is not None and not callable(cb):
                 raise InvalidArgument(f"{cb_name} must be a callable taking a str, or None")
@@ -658,13 +652,7 @@ class E2BSandboxProvider:
         if max_output_bytes < 1024:
             raise InvalidArgument("max_output_bytes of a background command must be at least "
                                   "1024")
-        if cwd is not None:
-            v.check_path(cwd)
-        run_env = {"HOME": "/workspace", "LANG": "C.UTF-8"}
-        if env is not None:
-            run_env.update(v.check_env(env))
-        if tag is not None:
-            v.check_tag(tag)
+        run_env = _command_env(cwd, env, tag)
         if not isinstance(stdin, bool):
             raise InvalidArgument("stdin must be True or False")
         if cancel is not None:
@@ -1124,6 +1112,20 @@ class E2BSandboxProvider:
         if errors:
             raise FilesFailed(what, _entry_failures(errors), summary=summary)
         return summary
+
+
+def _command_env(
+    cwd: Optional[str], env: Optional[Mapping[str, str]], tag: Optional[str]
+) -> Dict[str, str]:
+    """Check a command's ``cwd``, ``env`` and ``tag``; the environment it runs with."""
+    if cwd is not None:
+        v.check_path(cwd)
+    run_env = {"HOME": "/workspace", "LANG": "C.UTF-8"}
+    if env is not None:
+        run_env.update(v.check_env(env))
+    if tag is not None:
+        v.check_tag(tag)
+    return run_env
 
 
 def _checked_files(
