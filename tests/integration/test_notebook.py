@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, List
@@ -78,3 +80,22 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
 
         client.execute_cell(cleanup, nb.cells.index(cleanup))
         assert _error(cleanup) == []
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [["execute"], ["nbconvert", "--execute", "--to", "notebook", "--stdout"]],
+    ids=["jupyter-execute", "nbconvert-execute"],
+)
+def test_the_notebook_runs_unattended_as_shipped(tool: List[str], tmp_path: pathlib.Path) -> None:
+    """``jupyter execute`` / ``jupyter nbconvert --execute`` with no extra flags: the long
+    cell ends by its own timeout when nobody interrupts it."""
+    jupyter = os.path.join(os.path.dirname(sys.executable), "jupyter")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    t0 = time.monotonic()
+    done = subprocess.run([jupyter, *tool, str(NOTEBOOK)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - t0 < 240
+    if "nbconvert" in tool:  # the executed notebook: the long cell timed out, then nothing left
+        assert "timed out: True" in done.stdout and "nothing left" in done.stdout
