@@ -4,6 +4,7 @@ stale lease (a sandbox paused or deleted by another client) still ends every cal
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator, List
 
 import pytest
@@ -92,8 +93,13 @@ def test_suspend_and_destroy_drop_the_lease(emu, provider, fresh) -> None:  # ty
     emu.clear_requests()
     assert provider.exec(fresh, "echo back", timeout=30.0).stdout == "back\n"
     assert _connects(emu, fresh.id) == 1  # resumed by the call
+    assert provider._ctx.leases.lease(fresh.id) is not None
+    provider.suspend(fresh)
+    assert provider._ctx.leases.lease(fresh.id) is None  # dropped, not just outdated
     h = provider.create(unique_name("gone"))
+    assert provider._ctx.leases.lease(h.id) is not None  # the create's answer
     provider.destroy(h)
+    assert provider._ctx.leases.lease(h.id) is None
     with pytest.raises(SandboxGoneError):
         provider.exec(h, "true", timeout=30.0)
 
@@ -129,3 +135,20 @@ def test_lease_cache_is_shared_across_threads(emu, provider, fresh, run_in_threa
     run_in_threads(work, 10, 60.0)
     assert codes == [0] * 10
     assert _connects(emu, fresh.id) == 0
+
+
+def test_continued_use_keeps_a_sandbox_alive_past_its_timeout(emu) -> None:  # type: ignore[no-untyped-def]
+    """The configured lifetime is 60 s; calls every few seconds for longer than that renew
+    the lease ahead of its end (in the background), so the sandbox is never reaped."""
+    with E2BSandboxProvider(emu.config(template="base", timeout_seconds=60)) as p:
+        h = p.create(unique_name("renew"))
+        try:
+            began = time.monotonic()
+            while time.monotonic() - began < 75:
+                assert p.exec(h, "true", timeout=30.0).exit_code == 0
+                time.sleep(3)  # a pause between uses, not a synchronisation
+            renewals = len(emu.requests(sandbox_id=h.id, path="/connect"))
+            assert renewals >= 1
+            assert p.exec(h, "echo alive", timeout=30.0).stdout == "alive\n"
+        finally:
+            p.destroy(h)
