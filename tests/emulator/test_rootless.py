@@ -1,14 +1,18 @@
 """Tests of the emulator runtime's rootless mode (unprivileged user namespaces).
 
-Run as root, these tests create a throwaway system user, give it (or not) a subuid/subgid range
-in /etc/subuid and /etc/subgid, and run a small Python script as that user (``setpriv``) that
-uses :class:`SandboxRuntime` with the real agent: boot, ``runuser -u sandbox -- id`` and a file
-write through the agent, SIGSTOP freeze/thaw, halt, reboot keeping files, destroy, and sandboxes
-dying with their server. The user, its subid lines and every file are removed afterwards.
+Run as root, these tests create a throwaway system user, give it (or not) a subuid/subgid range,
+and run a small Python script as that user (``setpriv``) that uses :class:`SandboxRuntime` with
+the real agent: boot, ``runuser -u sandbox -- id`` and a file write through the agent, SIGSTOP
+freeze/thaw, halt, reboot keeping files, destroy, sandboxes dying with their server, and the
+host ids of files and processes when the subuid and subgid ranges differ. The user and every
+file are removed afterwards.
 
-If the interpreter is not reachable for that user (e.g. under /root, mode 700), the script runs
-in a private mount namespace in which only the interpreter's directories are visible below the
-blocking directory; nothing changes on the host. The pure helpers are tested without root.
+The ranges are never written to the host's /etc/subuid and /etc/subgid: the script runs in a
+private mount namespace whose /etc is an overlay holding copies of those two files with the
+user's lines (``newuidmap``/``newgidmap`` and the runtime read them there). If the interpreter
+is not reachable for that user (e.g. under /root, mode 700), only the interpreter's directories
+are visible below the blocking directory in that namespace; nothing changes on the host. The
+pure helpers are tested without root.
 """
 
 from __future__ import annotations
@@ -129,18 +133,8 @@ def _throwaway_user() -> Iterator[Tuple[str, int, int]]:
         entry = pwd.getpwnam(name)
         yield name, entry.pw_uid, entry.pw_gid
     finally:
-        _remove_subid_lines(name)
         done = _run(["userdel", name])
         assert done.returncode == 0, f"userdel {name}: {done.stderr}"
-
-
-def _rewrite(path: str, lines: List[str]) -> None:
-    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".e2b-test-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 def _read_lines(path: str) -> List[str]:
@@ -151,29 +145,23 @@ def _read_lines(path: str) -> List[str]:
         return []
 
 
-def _remove_subid_lines(name: str) -> None:
-    for path in ("/etc/subuid", "/etc/subgid"):
-        lines = _read_lines(path)
-        kept = [line for line in lines if not line.startswith(name + ":")]
-        if kept != lines:
-            _rewrite(path, kept)
-
-
-def _add_subid_range(name: str) -> int:
-    """Give ``name`` 65536 ids after every range in use; return the start."""
+def _free_subid_start() -> int:
+    """The first multiple of 65536 after every subuid and subgid range in use (>= 100000)."""
     end = 100000
     for path in ("/etc/subuid", "/etc/subgid"):
         for line in _read_lines(path):
             fields = line.strip().split(":")
             if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
                 end = max(end, int(fields[1]) + int(fields[2]))
-    start = -(-end // 65536) * 65536
-    for path in ("/etc/subuid", "/etc/subgid"):
-        lines = _read_lines(path)
-        if lines and not lines[-1].endswith("\n"):
-            lines[-1] += "\n"
-        _rewrite(path, [*lines, f"{name}:{start}:65536\n"])
-    return start
+    return -(-end // 65536) * 65536
+
+
+def _with_line(path: str, line: str) -> List[str]:
+    """The lines of ``path`` with ``line`` appended."""
+    lines = _read_lines(path)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return [*lines, line]
 
 
 def _blocked_dirs(uid: int, gid: int, paths: List[str]) -> Dict[str, List[str]]:
@@ -196,23 +184,45 @@ def _blocked_dirs(uid: int, gid: int, paths: List[str]) -> Dict[str, List[str]]:
     return blocked
 
 
-def _as_user(uid: int, gid: int, argv: List[str], scratch: str) -> List[str]:
-    """Return a command line running ``argv`` as ``uid``, the interpreter made reachable."""
+def _as_user(
+    uid: int, gid: int, argv: List[str], scratch: str,
+    subids: Optional[Tuple[List[str], List[str]]] = None,
+) -> List[str]:
+    """Return a command line running ``argv`` as ``uid``, the interpreter made reachable.
+
+    With ``subids`` (the lines of /etc/subuid and of /etc/subgid), ``argv`` runs in a private
+    mount namespace in which those two files have these lines: ``newuidmap``/``newgidmap``
+    and the runtime read them, the host's files stay untouched. /etc is then an overlay whose
+    upper layer holds the two files (bind mounts over the files would be locked submounts of
+    /etc, which the sandbox's own overlay of /etc in its user namespace must not hide).
+    """
     drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--"]
     needed = sorted(set(runtime.python_bind_paths()) | {os.path.realpath(sys.prefix)})
     blocked = _blocked_dirs(uid, gid, needed)
-    if not blocked:
+    if not blocked and subids is None:
         return drop + argv
-    print(
-        "test_rootless: the interpreter is not reachable for an unprivileged user "
-        + ", ".join(f"({d} is mode {oct(stat.S_IMODE(os.stat(d).st_mode))})" for d in blocked)
-        + "; running the script in a private mount namespace where only "
-        + ", ".join(p for ps in blocked.values() for p in ps)
-        + " are visible below "
-        + ", ".join(blocked),
-        file=sys.stderr,
-    )
+    if blocked:
+        print(
+            "test_rootless: the interpreter is not reachable for an unprivileged user "
+            + ", ".join(f"({d} is mode {oct(stat.S_IMODE(os.stat(d).st_mode))})" for d in blocked)
+            + "; running the script in a private mount namespace where only "
+            + ", ".join(p for ps in blocked.values() for p in ps)
+            + " are visible below "
+            + ", ".join(blocked),
+            file=sys.stderr,
+        )
     script = ["set -e"]
+    if subids is not None:
+        upper, work = os.path.join(scratch, "etc-upper"), os.path.join(scratch, "etc-work")
+        os.mkdir(upper, 0o755)
+        os.mkdir(work, 0o700)
+        for name, lines in zip(("subuid", "subgid"), subids):
+            with open(os.path.join(upper, name), "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            os.chmod(os.path.join(upper, name), 0o644)
+        script.append(
+            f"mount -t overlay overlay -o 'lowerdir=/etc,upperdir={upper},workdir={work}' /etc"
+        )
     n = 0
     for anc, paths in blocked.items():
         keep = []
@@ -362,7 +372,56 @@ SCRIPT = textwrap.dedent(
         emit(step="orphan", pids=rt2.host_pids())
         await asyncio.sleep(120)
 
-    asyncio.run(scenario())
+    def host_ids(pid):
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii") as f:
+                rows = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # gone meanwhile
+            return None
+        return [int(i) for i in rows["Uid"].split()], [int(i) for i in rows["Gid"].split()]
+
+    async def ids():
+        # The host ids of a sandbox's users, files and processes (the test gives the user
+        # subuid and subgid ranges that differ).
+        vol = os.path.join(base, "vol")
+        os.mkdir(vol)
+        os.chmod(vol, 0o777)
+        spec = SandboxSpec("rl3", "ids-box", volume_binds=[(vol, "/mnt/vol")])
+        rt = SandboxRuntime(spec, os.path.join(base, "rl3"))
+        await rt.boot(timeout=30)
+        try:
+            emit(step="maps", extents=sandbox_id_extents(), health=call(rt, "GET", "/health")[0],
+                 result=run(rt, "cat /proc/self/uid_map; echo --; cat /proc/self/gid_map"))
+            emit(step="id", sandbox=run(rt, "id", user="sandbox"), user=run(rt, "id", user="user"))
+            emit(step="write", sandbox=run(rt, "echo w > /workspace/f", user="sandbox"),
+                 user=run(rt, "echo v > /mnt/vol/f; (setsid sleep 301 >/dev/null 2>&1 &)",
+                          user="user"))
+            mine = os.stat(os.path.join(rt.state_dir, "root", "workspace", "f"))
+            theirs = os.stat(os.path.join(vol, "f"))
+            entry = VolumeRoot(vol, IdMap(*sandbox_id_extents(), can_chown=False)).stat("/f")
+            emit(step="files", workspace=[mine.st_uid, mine.st_gid],
+                 volume=[theirs.st_uid, theirs.st_gid], entry=[entry["uid"], entry["gid"]],
+                 inside=run(rt, "stat -c '%n %u:%g %U:%G' /workspace/f /mnt/vol/f"))
+            deadline = time.monotonic() + 10
+            sleeps = []
+            while not sleeps and time.monotonic() < deadline:
+                for pid in rt.host_pids():
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as f:
+                            if f.read() == b"sleep\0" + b"301\0":
+                                sleeps.append(pid)
+                    except OSError:
+                        pass
+                if not sleeps:
+                    await asyncio.sleep(0.02)  # the poll interval of this bounded wait
+            every = [host_ids(p) for p in rt.host_pids()]
+            emit(step="process", sleeps=[host_ids(p) for p in sleeps],
+                 every=[i for i in every if i is not None])
+        finally:
+            await rt.destroy()
+        emit(step="destroy", exists=os.path.exists(rt.state_dir), pids=rt.host_pids())
+
+    asyncio.run(scenario() if mode == "run" else ids())
     """
 )
 
@@ -411,11 +470,15 @@ def test_rootless_sandbox_lifecycle(scratch: str) -> None:
         reason = _userns_allowed(uid, gid, scratch)
         if reason is not None:
             pytest.skip(reason=f"the kernel refuses unprivileged user namespaces here: {reason}")
-        start = _add_subid_range(name)
+        start = _free_subid_start()
+        subids = (
+            _with_line("/etc/subuid", f"{name}:{start}:65536\n"),
+            _with_line("/etc/subgid", f"{name}:{start}:65536\n"),
+        )
         base = _user_base(scratch, uid, gid)
         argv = [sys.executable, "-c", SCRIPT, "run", base]
         child = subprocess.Popen(
-            _as_user(uid, gid, argv, scratch),
+            _as_user(uid, gid, argv, scratch, subids),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
             env={"PATH": _HOST_PATH, "LANG": "C.UTF-8"},
         )  # fmt: skip
@@ -452,6 +515,72 @@ def test_rootless_sandbox_lifecycle(scratch: str) -> None:
                     stream.close()
         # Nothing left of the user once the host's init reaped the zombies (unshare, PID 1).
         assert _wait_for(lambda: _run(["pgrep", "-u", str(uid)]).stdout == "")
+
+
+@needs_root
+def test_rootless_ids_when_the_subuid_and_subgid_ranges_differ(scratch: str) -> None:
+    """Hosts where /etc/subuid and /etc/subgid disagree: the user's subgid range starts
+    elsewhere and is longer than its subuid range. Sandbox users' uids come from the one,
+    their gids from the other, for ``id``, files and processes. The two files are private
+    copies (in the script's own mount namespace): the host's stay untouched."""
+    with _throwaway_user() as (name, uid, gid):
+        reason = _userns_allowed(uid, gid, scratch)
+        if reason is not None:
+            pytest.skip(reason=f"the kernel refuses unprivileged user namespaces here: {reason}")
+        uid_start = _free_subid_start()
+        gid_start = uid_start + 5 * 65536 + 4096  # another start, not 65536-aligned
+        gid_count = 100000  # and another length
+        subids = (
+            _with_line("/etc/subuid", f"{name}:{uid_start}:65536\n"),
+            _with_line("/etc/subgid", f"{name}:{gid_start}:{gid_count}\n"),
+        )
+        base = _user_base(scratch, uid, gid)
+        argv = [sys.executable, "-c", SCRIPT, "ids", base]
+        done = _run(_as_user(uid, gid, argv, scratch, subids), timeout=120)
+        assert done.returncode == 0, done.stderr
+        steps: Dict[str, Dict[str, Any]] = {}
+        for line in done.stdout.splitlines():
+            item = json.loads(line)
+            print(item)
+            if "refused" in item:
+                pytest.fail(f"rootless refused: {item['refused']}")
+            steps[item["step"]] = item
+        assert "destroy" in steps, f"scenario stopped after {list(steps)}:\n{done.stderr}"
+    # the id maps: 0 is the user (its group), 1-65535 its own subuid / subgid range
+    maps = steps["maps"]
+    assert maps["health"] in (200, 204)
+    assert maps["extents"] == [[[0, uid, 1], [1, uid_start, 65535]],
+                               [[0, gid, 1], [1, gid_start, 65535]]], maps
+    code, text = maps["result"]
+    uid_map, gid_map = (
+        [[int(n) for n in row.split()] for row in part.strip().splitlines()]
+        for part in text.split("--")
+    )
+    assert code == 0 and [0, uid, 1] in uid_map and [0, gid, 1] in gid_map, text
+    assert [1, uid_start] in [row[:2] for row in uid_map], text
+    assert [1, gid_start] in [row[:2] for row in gid_map], text
+    # inside, the users are who they should be
+    code, text = steps["id"]["sandbox"]
+    assert code == 0 and text.startswith("uid=1000(sandbox) gid=1000(sandbox)"), text
+    code, text = steps["id"]["user"]
+    assert code == 0 and text.startswith("uid=1001(user) gid=1001(user)"), text
+    assert steps["write"]["sandbox"][0] == 0 and steps["write"]["user"][0] == 0, steps["write"]
+    # files: sandbox:sandbox and user:user inside; on the host each id from its own range
+    files = steps["files"]
+    assert files["inside"] == [
+        0, "/workspace/f 1000:1000 sandbox:sandbox\n/mnt/vol/f 1001:1001 user:user\n"
+    ], files
+    assert files["workspace"] == [uid_start + 999, gid_start + 999], files
+    assert files["volume"] == [uid_start + 1000, gid_start + 1000], files
+    assert files["entry"] == [1001, 1001], files  # the volume API maps them back
+    # processes: user's sleep runs as the user's ids of each range on the host
+    process = steps["process"]
+    ids_of_user = [[uid_start + 1000] * 4, [gid_start + 1000] * 4]
+    assert process["sleeps"] == [ids_of_user], process
+    for uids, gids in process["every"]:
+        assert set(uids) <= {uid, uid_start, uid_start + 999, uid_start + 1000}, process
+        assert set(gids) <= {gid, gid_start, gid_start + 999, gid_start + 1000}, process
+    assert steps["destroy"] == {"step": "destroy", "exists": False, "pids": []}
 
 
 def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:

@@ -548,6 +548,73 @@ def test_sandbox_root_is_not_host_root(make: Callable[..., SandboxRuntime]) -> N
                    "stat -c %U /workspace/f; echo s > /skills/s && cat /skills/s") == "sandbox\ns"
 
 
+def _host_ids(pid: int) -> Optional[List[List[int]]]:
+    """The host's real/effective/saved/fs uids and gids of ``pid`` (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            rows = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return None
+    return [[int(i) for i in rows["Uid"].split()], [int(i) for i in rows["Gid"].split()]]
+
+
+def test_root_mode_ids_when_roots_subuid_and_subgid_ranges_differ(
+    make: Callable[..., SandboxRuntime], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # Root's ranges in /etc/subuid and /etc/subgid disagree (start and length, as on hosts
+    # that set them up separately): uids come from the one, gids from the other. The runtime
+    # is pointed at temporary copies; the host's files are not touched.
+    uid_start, gid_start = 0x70000000, 0x60000000 + 4096
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text(f"someone:100000:65536\nroot:{uid_start}:65536\n")
+    subgid.write_text(f"0:{gid_start}:100000\nroot:200000:65536\n")  # by uid, first counts
+    monkeypatch.setattr(namespaces, "SUBUID_FILE", str(subuid))
+    monkeypatch.setattr(namespaces, "SUBGID_FILE", str(subgid))
+    assert runtime.root_id_range() == (uid_start, gid_start)
+    assert runtime.sandbox_id_extents() == (
+        ((0, uid_start, 65536),), ((0, gid_start, 65536),)
+    )
+    rt = make()
+    asyncio.run(rt.boot(timeout=20))
+    assert out(rt, "cat /proc/self/uid_map /proc/self/gid_map").split() == [
+        "0", str(uid_start), "65536", "0", str(gid_start), "65536"
+    ]
+    assert out(rt, "runuser -u sandbox -- id").startswith("uid=1000(sandbox) gid=1000(sandbox)")
+    assert out(rt, "runuser -u user -- id").startswith("uid=1001(user) gid=1001(user)")
+    out(rt, "runuser -u sandbox -- sh -c 'echo w > /workspace/f'; "
+            "runuser -u user -- sh -c 'echo v > /tmp/g; (setsid sleep 302 >/dev/null 2>&1 &)'")
+    assert out(rt, "stat -c '%n %u:%g %U:%G' /workspace/f /tmp/g").splitlines() == [
+        "/workspace/f 1000:1000 sandbox:sandbox", "/tmp/g 1001:1001 user:user"
+    ]
+    # seen from the host, each id comes from its own range
+    st = os.stat(inside(rt, "/workspace/f"))
+    assert (st.st_uid, st.st_gid) == (uid_start + 1000, gid_start + 1000)
+    st = os.stat(inside(rt, "/tmp/g"))
+    assert (st.st_uid, st.st_gid) == (uid_start + 1001, gid_start + 1001)
+
+    def sleeps() -> List[int]:
+        found = []
+        for pid in rt.host_pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read() == b"sleep\0" + b"302\0":
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    assert wait_for(lambda: bool(sleeps())), "the sandbox's sleep is not among its processes"
+    (pid,) = sleeps()
+    assert _host_ids(pid) == [[uid_start + 1001] * 4, [gid_start + 1001] * 4]
+    # every process of the sandbox but PID 1 (host root) runs as ids of the two ranges
+    for pid in rt.host_pids():
+        ids = _host_ids(pid)
+        if ids is None or pid in (rt.init_pid, rt._proc.pid if rt._proc else None):
+            continue
+        assert set(ids[0]) <= {uid_start, uid_start + 1000, uid_start + 1001}, (pid, ids)
+        assert set(ids[1]) <= {gid_start, gid_start + 1000, gid_start + 1001}, (pid, ids)
+
+
 def test_agent_output_cannot_be_written_from_inside(
     make: Callable[..., SandboxRuntime],
 ) -> None:

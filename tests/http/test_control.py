@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer, assert_no_secret
+from waiting import wait_until
 
 from e2b_provider._http import HttpResponse, Transport
 from e2b_provider.cancel import CancelToken
@@ -70,6 +71,22 @@ def err(status: int, message: str, error_code: str | None = None,
 def cp(server: ScriptedServer, transport: Transport) -> Iterator[ControlPlane]:
     yield ControlPlane(transport, api_url=server.url + "/", api_key=API_KEY, domain="e2b.test",
                        request_timeout=5)
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> List[float]:
+    """The waits (seconds) the client makes between tries; each is still made for real."""
+    import e2b_provider.control as control
+
+    seen: List[float] = []
+    real = control._wait
+
+    def spy(token: Any, seconds: float) -> None:
+        seen.append(seconds)
+        real(token, seconds)
+
+    monkeypatch.setattr(control, "_wait", spy)
+    return seen
 
 
 def test_config_is_validated(transport: Transport) -> None:
@@ -219,7 +236,9 @@ def test_connect_sandbox_id_fallback_and_answer_checks(
         cp.connect(SID, timeout_seconds=60)
 
 
-def test_attach_retries_409_then_succeeds(server: ScriptedServer, cp: ControlPlane) -> None:
+def test_attach_retries_409_then_succeeds(
+    server: ScriptedServer, cp: ControlPlane, waits: List[float]
+) -> None:
     busy = err(409, "resume in flight")
     server.on("POST", CONNECT, busy, busy, answer(201, sandbox()))
     t0 = time.monotonic()
@@ -227,17 +246,21 @@ def test_attach_retries_409_then_succeeds(server: ScriptedServer, cp: ControlPla
     elapsed = time.monotonic() - t0
     assert info.resumed
     assert len(server.received()) == 3
-    assert 0.9 <= elapsed < 2.0
+    assert waits == [0.5, 0.5]  # the reference's wait between tries
+    assert 0.9 <= elapsed < 5.0  # waited for real (the upper bound is wide for load)
 
 
-def test_attach_gives_up_after_five_retries(server: ScriptedServer, cp: ControlPlane) -> None:
+def test_attach_gives_up_after_five_retries(
+    server: ScriptedServer, cp: ControlPlane, waits: List[float]
+) -> None:
     server.on("POST", CONNECT, err(409, f'Sandbox "{SID}" is being killed'))
     t0 = time.monotonic()
     with pytest.raises(Conflict):
         cp.attach(SID, timeout_seconds=300)
     elapsed = time.monotonic() - t0
     assert len(server.received()) == 6
-    assert 2.4 <= elapsed < 4.0
+    assert waits == [0.5] * 5
+    assert 2.4 <= elapsed < 6.0
 
 
 def test_attach_permanent_409_is_raised_at_once(server: ScriptedServer, cp: ControlPlane) -> None:
@@ -274,19 +297,32 @@ def test_attach_unresponsive_agent_twice_is_raised(
     assert len(server.received()) == 2
 
 
-def test_attach_cancel_during_409_wait(server: ScriptedServer, cp: ControlPlane) -> None:
+def test_attach_cancel_during_409_wait(
+    server: ScriptedServer, cp: ControlPlane, waits: List[float],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import e2b_provider.control as control
+
+    # a 30 s wait between tries: one not ended by the cancel takes far past the bound
+    monkeypatch.setattr(control, "CONNECT_CONFLICT_WAIT_S", 30.0)
     server.on("POST", CONNECT, err(409, "busy"))
     tok = CancelToken()
-    timer = threading.Timer(0.15, tok.cancel, args=("stop",))
-    timer.start()
+
+    def cancel_in_the_wait() -> None:
+        wait_until(lambda: waits, 10.0, "attach to wait after the 409")
+        tok.cancel("stop")
+
+    canceller = threading.Thread(target=cancel_in_the_wait)
+    canceller.start()
     t0 = time.monotonic()
     try:
         with pytest.raises(Cancelled):
             cp.attach(SID, timeout_seconds=300, token=tok)
     finally:
-        timer.join()
-    assert time.monotonic() - t0 < 0.6
-    assert len(server.received()) <= 2
+        canceller.join(30)
+    assert time.monotonic() - t0 < 5.0
+    assert waits == [30.0]
+    assert len(server.received()) == 1
 
 
 def test_attach_gone(server: ScriptedServer, cp: ControlPlane) -> None:
@@ -298,12 +334,15 @@ def test_attach_gone(server: ScriptedServer, cp: ControlPlane) -> None:
 # -- retries -----------------------------------------------------------------------------
 
 
-def test_503_is_retried_with_retry_after(server: ScriptedServer, cp: ControlPlane) -> None:
+def test_503_is_retried_with_retry_after(
+    server: ScriptedServer, cp: ControlPlane, waits: List[float]
+) -> None:
     server.on("POST", CONNECT, err(503, "busy", headers={"Retry-After": "1"}),
               answer(200, sandbox()))
     t0 = time.monotonic()
     cp.connect(SID, timeout_seconds=60)
-    assert 0.9 <= time.monotonic() - t0 < 2.0
+    assert waits == [1.0]  # the answer's Retry-After, not the 0.2 s backoff
+    assert 0.9 <= time.monotonic() - t0 < 5.0
     assert len(server.received()) == 2
 
 
