@@ -184,11 +184,11 @@ def test_entries_and_filesystem_calls_sync(envd_sandbox: Sandbox) -> None:
     )
     assert f.symlink_target is None and f.modified_time.tzinfo is not None
     link = sb.files.get_info(f"{d}/to-file")
-    assert (link.type, link.symlink_target, link.mode) == (FileType.SYMLINK, f"{d}/f.txt", 0o640)
+    assert (link.type, link.symlink_target, link.mode) == (FileType.FILE, f"{d}/f.txt", 0o640)
     assert link.permissions == "Lrwxrwxrwx"
     assert sb.files.get_info(f"{d}/to-dir").symlink_target == f"{d}/dir"
     dangling = sb.files.get_info(f"{d}/dangling")
-    assert (dangling.type, dangling.symlink_target) == (FileType.SYMLINK, f"{d}/dangling")
+    assert (dangling.type, dangling.symlink_target) == (None, f"{d}/dangling")
     # list skips entries whose type is unknown (the dangling link)
     assert sorted(e.name for e in sb.files.list(d)) == ["dir", "f.txt", "to-dir", "to-file"]
     assert [e.path for e in sb.files.list(f"{d}/to-dir")] == []
@@ -219,9 +219,9 @@ def test_entries_and_filesystem_calls_async(envd_sandbox: Sandbox) -> None:
     async def body(sb: AsyncSandbox) -> None:
         await sb.commands.run(_links_script(d))
         link = await sb.files.get_info(f"{d}/to-file")
-        assert (link.type, link.symlink_target, link.size) == (FileType.SYMLINK, f"{d}/f.txt", 5)
+        assert (link.type, link.symlink_target, link.size) == (FileType.FILE, f"{d}/f.txt", 5)
         to_dir = await sb.files.get_info(f"{d}/to-dir")
-        assert (to_dir.type, to_dir.symlink_target) == (FileType.SYMLINK, f"{d}/dir")
+        assert (to_dir.type, to_dir.symlink_target) == (FileType.DIR, f"{d}/dir")
         names = sorted(e.name for e in await sb.files.list(d, depth=2))
         assert names == ["dir", "f.txt", "to-dir", "to-file"]
         assert await sb.files.make_dir(f"{d}/n") is True
@@ -235,6 +235,40 @@ def test_entries_and_filesystem_calls_async(envd_sandbox: Sandbox) -> None:
             await sb.files.list(d)
 
     run_async(envd_sandbox, body)
+
+
+def test_symlink_entries_carry_the_target_type(envd_sandbox: Sandbox) -> None:
+    """envd 0.6.13's EntryInfo of a link (shared filesystem.GetEntryInfo): the final target's
+    type and mode, ``symlinkTarget`` fully resolved, no ``is_symlink``; a dangling link or a
+    loop has no type and itself as target. The SDK's ``test_file_symlink`` shape: FILE."""
+    sb, d = envd_sandbox, tmpdir()
+    sb.commands.run(
+        _links_script(d) + f" && ln -s to-file {d}/chain && ln -s to-dir {d}/dir-chain"
+        f" && ln -s loop {d}/loop"
+    )
+    for name, kind, target in (
+        ("to-file", FileType.FILE, "f.txt"),
+        ("chain", FileType.FILE, "f.txt"),
+        ("to-dir", FileType.DIR, "dir"),
+        ("dir-chain", FileType.DIR, "dir"),
+        ("dangling", None, "dangling"),
+        ("loop", None, "loop"),
+    ):
+        info = sb.files.get_info(f"{d}/{name}")
+        assert (info.type, info.symlink_target, info.name) == (kind, f"{d}/{target}", name)
+        assert info.permissions == "Lrwxrwxrwx", name
+    assert sb.files.get_info(f"{d}/chain").mode == 0o640
+    assert sb.files.get_info(f"{d}/dangling").mode == 0
+    listed = {e.name: (e.type, e.symlink_target) for e in sb.files.list(d)}
+    assert listed == {  # the typeless links are skipped by the SDK
+        "dir": (FileType.DIR, None),
+        "f.txt": (FileType.FILE, None),
+        "to-file": (FileType.FILE, f"{d}/f.txt"),
+        "chain": (FileType.FILE, f"{d}/f.txt"),
+        "to-dir": (FileType.DIR, f"{d}/dir"),
+        "dir-chain": (FileType.DIR, f"{d}/dir"),
+    }
+    sb.files.remove(d)
 
 
 # -- watch_dir -------------------------------------------------------------------------------
@@ -401,6 +435,32 @@ def test_commands_input_list_connect_kill_sync(envd_sandbox: Sandbox) -> None:
         again.wait()
     assert info.value.exit_code == -1
     assert sb.commands.kill(sleeper.pid) is False
+
+
+def test_cwd_rights_and_the_template_workdir(envd_sandbox: Sandbox) -> None:
+    """The base template's ``/init`` ``defaultWorkdir`` (/home/user) is the cwd of a command
+    without one and the directory of an empty path, whoever runs it; relative paths are
+    under the user's home (permissions.ExpandAndResolve); a cwd is entered with the
+    command's user's rights (handler.go Credential + Dir: Go switches ids before chdir)."""
+    sb = envd_sandbox
+    assert sb.commands.run("pwd").stdout == "/home/user\n"
+    assert sb.commands.run("pwd", user="root").stdout == "/home/user\n"
+    assert sb.commands.run("pwd", user="root", cwd="/root").stdout == "/root\n"
+    with pytest.raises(InvalidArgumentException) as denied:
+        sb.commands.run("pwd", cwd="/root")
+    assert (
+        "error starting process '/bin/bash -l -c pwd': fork/exec /bin/sh: permission denied"
+        in str(denied.value)
+    )
+    name = f"rel-{uuid.uuid4().hex[:8]}.txt"
+    sb.files.write(name, "as root", user="root")
+    sb.files.write(name, "as user")
+    assert sb.files.read(f"/root/{name}", user="root") == "as root"
+    assert sb.files.read(f"/home/user/{name}") == "as user"
+    listed = [e.path for e in sb.files.list("", user="root")]
+    assert f"/home/user/{name}" in listed and all(p.startswith("/home/user/") for p in listed)
+    sb.files.remove(f"/root/{name}", user="root")
+    sb.files.remove(f"/home/user/{name}")
 
 
 def test_commands_input_list_connect_kill_async(envd_sandbox: Sandbox) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import struct
 from typing import Any, Callable, Dict, List
 
@@ -19,6 +20,7 @@ from waiting import wait_until
 from e2b_provider.emulator import Emulator
 from e2b_provider.emulator.api.logs import parse_line
 from e2b_provider.emulator.runtime import SandboxOutput
+from e2b_provider.emulator.runtime.init import log_line
 
 from .test_server import envd_headers, read_events, run
 
@@ -125,9 +127,9 @@ def test_logs_of_a_sandbox_filters_cursor_direction_limit(
     for entry in (written, read):
         assert entry["fields"]["path"] == "/tmp/logged.txt"
         assert entry["fields"]["logger"] == "filesystem"
-    # PID 1's plain lines are info entries with the raw text
-    plain = [e for e in forward if e["message"].startswith("e2b-init: ")]
-    assert plain and all(e["level"] == "info" and e["fields"] == {} for e in plain)
+    # PID 1's lines are JSON too: logger "init"
+    init = [e for e in forward if e["fields"].get("logger") == "init"]
+    assert init and all(e["level"] == "info" and e["fields"] == {"logger": "init"} for e in init)
 
     # level is the least level kept; search is a case-sensitive substring of the message
     warned = _entries(api, emu, sid, level="warn")
@@ -223,7 +225,7 @@ def test_logs_across_pause_and_after_kill_404_for_unknown(
     sid = make_sandbox()["sandboxID"]
 
     def boots() -> int:
-        entries = _entries(api, emu, sid, search="e2b-init: agent started")
+        entries = _entries(api, emu, sid, search="agent started (pid")
         return len(entries)
 
     wait_until(lambda: boots() == 1, 10, "the first boot's lines")
@@ -246,6 +248,52 @@ def test_logs_across_pause_and_after_kill_404_for_unknown(
         assert r.status_code == 404, r.text
         assert _logs(api, emu, unknown, v2=False).status_code == 404
     assert _logs(api, emu, "Not_An_Id").status_code == 400
+
+
+def test_every_log_line_is_a_json_object_the_cli_can_parse(
+    emu: Emulator, api: requests.Session, make_sandbox: Make
+) -> None:
+    """E2B's ``e2b sandbox logs`` does ``JSON.parse(line)`` on every v1 line, then reads
+    ``level`` (upper-cased) and ``logger``: PID 1's lines are JSON objects like the agent's."""
+    sb = make_sandbox()
+    sid = sb["sandboxID"]
+    run(emu, sb, "echo hi")
+    wait_until(
+        lambda: _events(_entries(api, emu, sid), "process_end"), 10, "the agent's lines"
+    )
+    r = _logs(api, emu, sid, v2=False)
+    assert r.status_code == 200, r.text
+    lines = [json.loads(log["line"]) for log in r.json()["logs"]]
+    assert lines and all(isinstance(line, dict) for line in lines)
+    for line in lines:
+        assert line["level"] in ("debug", "info", "warn", "error"), line
+        assert isinstance(line["logger"], str) and isinstance(line["message"], str), line
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]), line
+    init = [line for line in lines if line["logger"] == "init"]
+    assert any(re.fullmatch(r"agent started \(pid \d+\)", line["message"]) for line in init)
+    assert any(re.fullmatch(r"sandbox \S+ set up in \d+ ms", line["message"]) for line in init)
+    assert not any("e2b-init" in log["line"] for log in r.json()["logs"])
+    v2 = _entries(api, emu, sid, search="agent started (pid")
+    assert v2 and all(e["fields"] == {"logger": "init"} for e in v2)
+
+
+def test_init_log_lines_and_raw_lines_become_json_objects() -> None:
+    raw = log_line("setup failed:\nTraceback (most recent call last):\n  boom", "error")
+    assert raw.endswith("\n") and raw.count("\n") == 1
+    entry = parse_line(7, raw.rstrip("\n"))
+    assert (entry.level, entry.message, dict(entry.fields)) == (
+        "error",
+        "setup failed:\nTraceback (most recent call last):\n  boom",
+        {"logger": "init"},
+    )
+    assert json.loads(entry.line_json()["line"])["time"].endswith("Z")
+    cut = parse_line(8, '{"level": "info", "message": "cut at the length li')
+    assert json.loads(cut.line_json()["line"]) == {
+        "level": "info",
+        "time": "1970-01-01T00:00:00.008Z",
+        "logger": "output",
+        "message": '{"level": "info", "message": "cut at the length li',
+    }
 
 
 def test_logs_need_the_api_key(emu: Emulator, make_sandbox: Make) -> None:
@@ -286,8 +334,10 @@ def test_parse_line_maps_levels_and_fields() -> None:
     assert parse_line(1, '{"level":"loud"}').level == "info"
     for raw in ("plain text", "{not json", "[1, 2]", '"just a string"'):
         plain = parse_line(1, raw)
-        assert (plain.level, plain.message, dict(plain.fields)) == ("info", raw, {})
+        assert (plain.level, plain.message) == ("info", raw)
+        assert dict(plain.fields) == {"logger": "output"}
     assert parse_line(1234, "x").line_json() == {
         "timestamp": "1970-01-01T00:00:01.234Z",
-        "line": "x",
+        "line": '{"level": "info", "time": "1970-01-01T00:00:01.234Z", "logger": "output", '
+        '"message": "x"}',
     }

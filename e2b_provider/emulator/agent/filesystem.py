@@ -289,10 +289,12 @@ def eval_symlinks(path: str) -> str:
 def entry_info(path: str) -> Dict[str, Any]:
     """envd's ``EntryInfo`` JSON for ``path`` (lstat; a symlink reports its target's type).
 
-    For a symlink, ``symlinkTarget`` is the fully resolved path (``path`` itself when it
-    cannot be resolved: dangling, a loop, a non-path magic link), ``type`` and ``mode`` are
-    the target's (omitted when it does not resolve) and ``isSymlink`` is set; ``size``,
-    ``permissions``, owner, group and time are the link's own.
+    For a symlink (shared ``filesystem.GetEntryInfo``), ``symlinkTarget`` is the fully
+    resolved path (``path`` itself when it cannot be resolved: dangling, a loop, a non-path
+    magic link), ``type`` and ``mode`` are the final target's (omitted when it does not
+    resolve); ``size``, ``permissions``, owner, group and time are the link's own. envd
+    0.6.13's ``EntryInfo`` has no ``is_symlink``: only ``symlinkTarget`` tells a link apart
+    (newer SDKs map a set ``isSymlink`` to ``SYMLINK``, so it must stay unset).
 
     Raises:
         OSError: ``lstat`` failed.
@@ -331,8 +333,6 @@ def entry_info(path: str) -> Dict[str, Any]:
     meta = read_metadata(path)
     if meta:
         entry["metadata"] = meta
-    if target is not None:
-        entry["isSymlink"] = True
     return entry
 
 

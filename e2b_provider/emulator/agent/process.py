@@ -21,6 +21,7 @@ import base64
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import shutil
 import signal
@@ -29,7 +30,7 @@ import subprocess
 import termios
 import threading
 from collections import deque
-from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import attrs
 
@@ -778,6 +779,11 @@ class ProcessManager:
     ) -> Tuple[ManagedProcess, Subscriber]:
         """Launch ``spec`` as ``user``; return it with a subscriber attached before any output.
 
+        The cwd is entered with ``user``'s rights, after the switch to its uid, gids and
+        groups (Go's ``forkAndExecInChild`` sets the ``Credential`` envd gives every command
+        before its ``chdir``): a ``user`` command cannot start in ``/root``. As in Go, every
+        failure in the child, the ``chdir`` included, is ``fork/exec /bin/sh: <errno>``.
+
         Args:
             spec: the validated request.
             user: who runs it (uid, gid and all groups; ``HOME``/``USER``/``LOGNAME``).
@@ -805,8 +811,16 @@ class ProcessManager:
         env.update(spec.envs)
         argv = ["/bin/sh", "-c", self._wrapper(), "--", spec.cmd, *spec.args]
         kwargs: Dict[str, Any] = {}
+        preexec: List[Callable[[], None]] = []
+        # the errno of a chdir done in the child after the credential switch
+        chdir_errno: Optional[mmap.mmap] = None
+        popen_cwd: Optional[str] = cwd
         if os.geteuid() == 0:
             kwargs.update(user=user.uid, group=user.gid, extra_groups=list(user.groups))
+            if user.uid != 0:
+                chdir_errno = mmap.mmap(-1, 4)
+                preexec.append(_chdir_in_child(cwd, chdir_errno))
+                popen_cwd = None
         elif user.uid != os.geteuid():
             raise RpcError(
                 "invalid_argument",
@@ -822,13 +836,8 @@ class ProcessManager:
                 _set_winsize(slave, cols, rows)
                 if os.geteuid() == 0:
                     os.fchown(slave, user.uid, -1)
-                kwargs.update(
-                    stdin=slave,
-                    stdout=slave,
-                    stderr=slave,
-                    start_new_session=True,
-                    preexec_fn=_set_controlling_tty,
-                )
+                kwargs.update(stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+                preexec.append(_set_controlling_tty)
             else:
                 kwargs.update(
                     stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
@@ -836,17 +845,23 @@ class ProcessManager:
                     stderr=subprocess.PIPE,
                     bufsize=0,
                 )
-            popen = subprocess.Popen(argv, cwd=cwd, env=env, close_fds=True, **kwargs)
+            if preexec:
+                kwargs["preexec_fn"] = _chain(preexec)
+            popen = subprocess.Popen(argv, cwd=popen_cwd, env=env, close_fds=True, **kwargs)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if master is not None:
                 os.close(master)
-            raise RpcError(
-                "invalid_argument",
-                f"error starting process '{_cmdline(spec)}': {_spawn_error(exc, cwd)}",
-            ) from None
+            failure: BaseException = exc
+            if chdir_errno is not None:
+                (code,) = struct.unpack("=i", chdir_errno[:4])
+                if code:
+                    failure = OSError(code, os.strerror(code), cwd)
+            raise RpcError("invalid_argument", _start_error(spec, cwd, failure, argv[0])) from None
         finally:
             if slave is not None:
                 os.close(slave)
+            if chdir_errno is not None:
+                chdir_errno.close()
         proc = ManagedProcess(self, popen, spec, master)
         sub = proc.subscribe()
         self._live[proc.pid] = proc
@@ -945,14 +960,43 @@ def _cmdline(spec: StartSpec) -> str:
     return " ".join([spec.cmd, *spec.args])
 
 
-def _spawn_error(exc: BaseException, cwd: str) -> str:
+def _chdir_in_child(cwd: str, errno_out: mmap.mmap) -> Callable[[], None]:
+    """A ``preexec_fn`` part: enter ``cwd`` (already as the command's user); on failure the
+    errno goes to the shared ``errno_out`` (the exception's own is lost on the way back)."""
+
+    def enter() -> None:  # pragma: no cover - runs in the forked child
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            errno_out[:4] = struct.pack("=i", exc.errno or errno.EIO)
+            raise
+
+    return enter
+
+
+def _chain(steps: List[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:  # pragma: no cover - runs in the forked child
+        for step in steps:
+            step()
+
+    return run
+
+
+def _start_error(spec: StartSpec, cwd: str, exc: BaseException, shell: str) -> str:
+    """envd's message for a failed spawn: Go's ``os.StartProcess`` reports any failure in the
+    child (with ``SysProcAttr`` set, ``chdir`` included) as ``fork/exec <argv0>: <errno>``;
+    handler.go wraps it per mode (a PTY command fails in ``pty.StartWithSize``)."""
     if isinstance(exc, OSError):
-        reason = errno_text(exc)
-        if exc.filename is not None:
-            op = "chdir" if exc.filename == cwd else "fork/exec"
-            return f"{op} {exc.filename}: {reason}"
-        return reason
-    return str(exc)
+        reason = f"fork/exec {shell}: {errno_text(exc)}"
+    else:
+        reason = str(exc)
+    if spec.pty is not None:
+        cols, rows = spec.pty
+        return (
+            f"error starting pty with command '{_cmdline(spec)}' in dir '{cwd}' "
+            f"with '{cols}' cols and '{rows}' rows: {reason}"
+        )
+    return f"error starting process '{_cmdline(spec)}': {reason}"
 
 
 def decode_input(obj: Mapping[str, Any]) -> Tuple[bytes, bool]:

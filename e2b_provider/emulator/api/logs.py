@@ -5,9 +5,12 @@ with the host's time in ms as it arrived: :class:`~e2b_provider.emulator.runtime
 into E2B's log entries, the two routes' queries and the entries they select, and keeping the
 logs of killed sandboxes for a while (the handlers are :mod:`.control`'s). Pure: no I/O.
 
-The agent writes one JSON object per line (``level``, ``message``, ``logger``, ``event_type``,
-…); such a line becomes an entry with that level and message and every other key as a string
-field; any other line is an ``info`` entry whose message is the raw text.
+The agent and PID 1 write one JSON object per line (``level``, ``time``, ``message``,
+``logger``, ``event_type``, …); such a line becomes an entry with that level and message and
+every other key as a string field. E2B's lines are always JSON objects (its CLI's ``e2b
+sandbox logs`` parses each ``line`` as JSON), so any other line (stray output on the pipe, a
+line cut at the length limit) is served as one: ``{"level": "info", "time", "logger":
+"output", "message": <the raw text>}``.
 
 v2 (``cursor`` ms, ``limit`` 0-1000 default 1000, ``direction`` ``backward`` (default, newest
 first) or ``forward`` (oldest first), ``level`` (the least level kept), ``search`` (a
@@ -66,6 +69,8 @@ _ALIASES = {
     "trace": "debug",
 }
 _NOT_FIELDS = frozenset({"level", "message", "msg", "time"})
+#: The ``logger`` of a line that was not a JSON object.
+RAW_LOGGER = "output"
 
 Lines = Sequence[Tuple[int, str]]
 
@@ -120,7 +125,8 @@ def _field_text(value: Any) -> str:
 
 
 def parse_line(timestamp_ms: int, line: str) -> LogEntry:
-    """The entry of one output line (a JSON object line, or plain text → ``info``)."""
+    """The entry of one output line (a JSON object line, or plain text → an ``info`` JSON
+    object line whose message is the text)."""
     obj: Any = None
     if line.startswith("{"):
         try:
@@ -128,7 +134,13 @@ def parse_line(timestamp_ms: int, line: str) -> LogEntry:
         except ValueError:
             obj = None
     if not isinstance(obj, dict):
-        return LogEntry(timestamp_ms, "info", line, {}, line)
+        obj = {
+            "level": "info",
+            "time": _rfc3339_ms(timestamp_ms),
+            "logger": RAW_LOGGER,
+            "message": line,
+        }
+        line = json.dumps(obj, ensure_ascii=False)
     raw_level = str(obj.get("level", "info")).lower()
     level = _ALIASES.get(raw_level, raw_level)
     message = obj.get("message", obj.get("msg", ""))

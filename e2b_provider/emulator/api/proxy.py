@@ -35,7 +35,7 @@ from aiohttp import web
 from .faults import Fault, TrailerCut, bad_frame
 from .lifecycle import SandboxLifecycle
 from .routing import api_error
-from .state import ENVD_PORT, SandboxRecord
+from .state import ENVD_PORT, TEMPLATE_USER, TEMPLATE_WORKDIR, SandboxRecord
 
 __all__ = ["EnvdProxy", "envd_route"]
 
@@ -213,8 +213,9 @@ class EnvdProxy:
             return False
 
     async def init(self, rec: SandboxRecord, timeout: float = 10.0) -> None:
-        """Send envd's ``POST /init`` with the sandbox's ``envVars`` (as E2B's orchestrator
-        does after every boot), so every process gets them.
+        """Send envd's ``POST /init`` as E2B's orchestrator does after every boot: the
+        sandbox's ``envVars`` (every process gets them) and the template's ``defaultUser``
+        and ``defaultWorkdir`` (the cwd of a command given none, and of an empty path).
 
         Raises:
             RuntimeError: the agent did not accept it.
@@ -222,7 +223,11 @@ class EnvdProxy:
         try:
             async with self.session(rec).post(
                 "http://envd/init",
-                json={"envVars": dict(rec.env_vars)},
+                json={
+                    "envVars": dict(rec.env_vars),
+                    "defaultUser": TEMPLATE_USER,
+                    "defaultWorkdir": TEMPLATE_WORKDIR,
+                },
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
                 await resp.read()

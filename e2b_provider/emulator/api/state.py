@@ -63,6 +63,12 @@ ENVD_PORT = 49983
 DEFAULT_TEMPLATE = "base"
 #: Templates that always exist.
 KNOWN_TEMPLATES = frozenset({DEFAULT_TEMPLATE})
+#: The base template's envd defaults (its build's ``Context.User`` and ``Context.WorkDir``),
+#: which E2B's orchestrator sends in every ``/init`` (``defaultUser``, ``defaultWorkdir``):
+#: a command without ``cwd`` and an empty path start in ``/home/user``, whoever runs them.
+#: Snapshot templates inherit them from ``base``.
+TEMPLATE_USER = "user"
+TEMPLATE_WORKDIR = "/home/user"
 #: The largest ``timeout`` accepted (E2B Pro: 24 hours).
 MAX_TIMEOUT_SECONDS = 24 * 3600
 

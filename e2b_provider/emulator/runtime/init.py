@@ -35,6 +35,7 @@ helpers (``render_*``, ``locked_flags``) are importable for tests.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import errno
 import fcntl
 import json
@@ -50,7 +51,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 
 __all__ = [
     "KEEP_CAPS",
+    "LOGGER",
     "SANDBOX_USERS",
+    "log_line",
     "main",
     "render_group",
     "render_gshadow",
@@ -134,8 +137,22 @@ _OUTSIDE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _SUDO_DIRS = ("/usr/libexec/sudo", "/usr/lib/sudo")
 
 
-def _log(msg: str) -> None:
-    sys.stderr.write(f"e2b-init: {msg}\n")
+#: The ``logger`` of PID 1's log lines (the agent's are envd's: ``process``, ``filesystem``…).
+LOGGER = "init"
+
+
+def log_line(message: str, level: str = "info") -> str:
+    """One of PID 1's log lines: a JSON object with the agent's keys (``level``, ``time``,
+    ``logger``, ``message``) on one line, so every line of the sandbox's logs is JSON (E2B's
+    ``e2b sandbox logs`` parses each as JSON)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    record = {"level": level, "time": stamp, "logger": LOGGER, "message": message}
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _log(msg: str, level: str = "info") -> None:
+    sys.stderr.write(log_line(msg, level))
     sys.stderr.flush()
 
 
@@ -828,7 +845,7 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) ->
             os.chdir(cwd)
             os.execve(argv[0], list(argv), agent_env)
         except BaseException as exc:  # report, then leave the child
-            os.write(2, f"e2b-init: cannot start the agent: {exc!r}\n".encode())
+            os.write(2, log_line(f"cannot start the agent: {exc!r}", "error").encode())
         os._exit(127)
     return pid
 
@@ -886,7 +903,10 @@ def serve(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) -> 
                 ran = time.monotonic() - started
                 failures = failures + 1 if ran < 5.0 else 0
                 delay = min(2.0, 0.05 * (2 ** min(failures, 6)))
-                _log(f"agent {_describe(status)} after {ran:.1f}s; restarting in {delay:.2f}s")
+                _log(
+                    f"agent {_describe(status)} after {ran:.1f}s; restarting in {delay:.2f}s",
+                    "warn",
+                )
                 agent = None
                 restart_at = time.monotonic() + delay
 
@@ -903,7 +923,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     """Entry point: ``init.py <boot config json>``; must run as PID 1 of fresh namespaces."""
     args = list(sys.argv[1:] if args is None else args)
     if len(args) != 1:
-        _log("usage: init.py <boot-config.json>")
+        _log("usage: init.py <boot-config.json>", "error")
         return 2
     t0 = time.monotonic()
     try:
@@ -912,7 +932,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         cfg = _load(args[0])
         boot = setup(cfg)
     except BaseException:  # the log is the only channel out
-        _log("setup failed:\n" + traceback.format_exc())
+        _log("setup failed:\n" + traceback.format_exc(), "error")
         return 1
     _log(f"sandbox {cfg['sandbox_id']} set up in {1000 * (time.monotonic() - t0):.0f} ms")
     return serve(cfg["agent_argv"], cfg["agent_env"], cfg["agent_cwd"], boot)
