@@ -273,7 +273,7 @@ class Link:
 
 
 class EmulatorInNetns:
-    """``python -m e2b_provider.emulator`` started inside a namespace; its ready line."""
+    """``python -m e2b_provider.emulator`` started inside a namespace; its export lines."""
 
     def __init__(self, ns_path: str) -> None:
         self.ns_path = ns_path
@@ -301,16 +301,22 @@ class EmulatorInNetns:
             stderr=self.stderr,
         )
         assert self.proc.stdout is not None
+        # once it serves, stdout has the export lines alone, E2B_TEMPLATE last
+        fields: Dict[str, str] = {}
+        deadline = time.monotonic() + timeout
         try:
-            line = readline(self.proc.stdout, timeout, "the emulator")
+            while "E2B_TEMPLATE" not in fields:
+                left = max(0.1, deadline - time.monotonic())
+                line = readline(self.proc.stdout, left, "the emulator")
+                key, _, value = line.removeprefix("export ").partition("=")
+                fields[key] = value
         except RuntimeError:
             self.stderr.seek(0)
             raise RuntimeError(
                 "the emulator did not start: " + self.stderr.read().decode()[-2000:]
             ) from None
-        fields = dict(p.split("=", 1) for p in line.split()[2:] if "=" in p)
-        self.port = int(fields["api_url"].rsplit(":", 1)[1])
-        self.api_key = fields["api_key"]
+        self.port = int(fields["E2B_API_URL"].rsplit(":", 1)[1])
+        self.api_key = fields["E2B_API_KEY"]
 
     def stop(self) -> None:
         stop_process(self.proc)

@@ -8,8 +8,18 @@ a terminal, a table of sandboxes, and exit codes:
 * ``exec`` exits with the command's own status, 124 when it timed out, 130 after Ctrl-C
   (once the remote process tree was killed); so does ``logs -f`` once the background
   command ended (130 after Ctrl-C, which leaves the command running);
-* 2 for a usage error (a bad option, a bad name, a missing or invalid setting);
-* 1 for any other error, printed on one line without a traceback.
+* 2 for a usage error (a bad option, a word that can be no sandbox name or id, a missing or
+  invalid setting);
+* 1 for any other error (no such sandbox, an API or connection error, a local file error),
+  printed on one line without a traceback;
+* 130 after Ctrl-C in any other command, or while it starts (one line: ``e2b-provider:
+  interrupted``);
+* ``emulator`` exits 0 once Ctrl-C or SIGTERM stopped it, 1 when it cannot run here.
+
+``exec`` and ``start`` take the command after ``--``, as ``docker exec`` does: one word is a
+shell command line (``-- 'make && ./run'``), run by ``bash -c``; several words are the
+command's argument vector, each reaching it unchanged (``-- python3 -c 'print(1)'``): they are
+quoted with :func:`shlex.join` for ``bash -c``.
 
 Commands::
 
@@ -28,30 +38,36 @@ Commands::
     e2b-provider rm SANDBOX...
     e2b-provider suspend SANDBOX
     e2b-provider resume SANDBOX
-    e2b-provider emulator [--port N]
+    e2b-provider emulator [--host H] [--port N] [--api-key KEY] [--state-dir DIR]
+                          [--cpu-count N] [--memory-mb N] [--disk-mb N] [--max-processes N]
+                          [--log-level LEVEL] ...  (as python -m e2b_provider.emulator)
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import posixpath
-import re
-import shutil
-import signal
 import sys
-import threading
-import time
-from datetime import datetime
-from typing import IO, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from . import _validate as v
-from ._background import Command
-from ._version import __version__
-from .config import DeploymentConfig
-from .errors import E2BProviderError, InvalidArgument
-from .models import ExecResult, SandboxHandle, SandboxLimits
-from .provider import E2BSandboxProvider
+try:
+    import argparse
+    import os
+    import posixpath
+    import re
+    import shlex
+    import shutil
+    import time
+    from datetime import datetime
+    from typing import IO, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+
+    from . import _validate as v
+    from ._background import Command
+    from ._version import __version__
+    from .config import DeploymentConfig
+    from .errors import E2BProviderError, InvalidArgument
+    from .models import ExecResult, SandboxHandle, SandboxLimits
+    from .provider import E2BSandboxProvider
+except KeyboardInterrupt:  # Ctrl-C while the command line starts: one line, no traceback
+    sys.stderr.write("e2b-provider: interrupted\n")
+    raise SystemExit(130) from None
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_TIMED_OUT", "EXIT_USAGE", "main"]
 
@@ -81,25 +97,34 @@ def _config() -> DeploymentConfig:
     return DeploymentConfig.from_env()
 
 
-def _resolve(p: E2BSandboxProvider, ref: str) -> SandboxHandle:
-    """A sandbox by name (created by this library) or by id."""
-    named = []
+def _valid(check: Callable[[str], object], ref: str) -> bool:
     try:
-        v.check_name(ref)
-        named = p.list_sandboxes(ref)
+        check(ref)
     except InvalidArgument:
-        pass
+        return False
+    return True
+
+
+def _resolve(p: E2BSandboxProvider, ref: str) -> SandboxHandle:
+    """A sandbox by name (created by this library) or by id.
+
+    Raises:
+        UsageError: ``ref`` can be neither a name nor an id.
+        E2BProviderError: no such sandbox, or several of that name (exit status 1).
+    """
+    is_name, is_id = _valid(v.check_name, ref), _valid(v.check_sandbox_id, ref)
+    if not is_name and not is_id:
+        raise UsageError(f"{ref!r} is neither a sandbox name nor a sandbox id")
+    named = p.list_sandboxes(ref) if is_name else []
     if len(named) == 1:
         return named[0].handle
     if len(named) > 1:
         ids = ", ".join(s.id for s in named)
-        raise UsageError(f"{len(named)} sandboxes are named {ref!r} ({ids}); give an id")
-    try:
-        v.check_sandbox_id(ref)
-    except InvalidArgument:
-        raise UsageError(f"no sandbox is named {ref!r}") from None
+        raise E2BProviderError(f"{len(named)} sandboxes are named {ref!r} ({ids}); give an id")
+    if not is_id:
+        raise E2BProviderError(f"no sandbox is named {ref!r}")
     if not any(s.id == ref for s in p.list_sandboxes()):
-        raise UsageError(f"no sandbox is named {ref!r} or has that id")
+        raise E2BProviderError(f"no sandbox is named {ref!r} or has that id")
     return SandboxHandle(ref)
 
 
@@ -114,10 +139,14 @@ def _env(items: Sequence[str]) -> Dict[str, str]:
 
 
 def _command_line(argv: Sequence[str], cmd: str) -> str:
+    """The line ``bash -c`` runs for the words after ``--``: one word is a shell command
+    line, taken as it is; several are an argument vector, quoted so that each word reaches
+    the command unchanged (as ``docker exec`` and ``kubectl exec`` pass them)."""
     if not argv:
         raise UsageError(f"{cmd} needs a command after --")
-    # As ssh does: the words are joined with spaces and the remote shell parses them.
-    return " ".join(argv)
+    if len(argv) == 1:
+        return argv[0]
+    return shlex.join(argv)
 
 
 def _our_stdin() -> Optional[BinaryIO]:
@@ -436,34 +465,13 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_emulator(args: argparse.Namespace) -> int:
-    from .emulator import Emulator, EmulatorUnavailable
+    from .emulator.__main__ import EXIT_UNAVAILABLE, run
 
-    try:
-        emu = Emulator(port=args.port, host=args.host).start()
-    except EmulatorUnavailable as exc:
-        raise E2BProviderError(f"the local emulator cannot run here: {exc}") from None
-    try:
-        env = emu.sdk_env()
-        for key in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY"):
-            print(f"export {key}={env[key]}")
-        print("export E2B_TEMPLATE=base")
-        print(
-            f"# {PROG}: local E2B emulator running (template 'base'); Ctrl-C stops it",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.stdout.flush()
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        while emu.running and not stop.wait(0.5):
-            pass
-        if not emu.running:
-            raise E2BProviderError("the emulator stopped unexpectedly")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        emu.stop()
-    return 0
+    # The same options, output and signal handling as python -m e2b_provider.emulator: the
+    # export lines alone on stdout, the ready line on stderr; Ctrl-C and SIGTERM stop it.
+    status = run(args, name=f"{PROG} emulator")
+    # "cannot run here" is a runtime error for this command line (2 is for usage errors)
+    return EXIT_ERROR if status == EXIT_UNAVAILABLE else status
 
 
 # --------------------------------------------------------------------------------------
@@ -487,8 +495,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests)."""
+def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests).
+
+    ``emulator_options=False`` leaves the options of ``emulator`` out: they come from
+    :mod:`e2b_provider.emulator.__main__`, whose import the other commands need not pay for.
+    """
     env_help = (
         "Configuration comes from the environment: E2B_API_KEY, E2B_TEMPLATE, and optionally "
         "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL, E2B_TIMEOUT_SECONDS. "
@@ -527,10 +539,12 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser(
         "exec",
         help="run a command, output streamed live",
-        description="Run CMD ARG... in the sandbox (joined with spaces and run "
-        "by bash -c, as ssh does) as user sandbox, streaming its output. When our "
-        "standard input is not a terminal (a pipe, a file), CMD reads it, e.g. "
-        "'echo hi | e2b-provider exec SB -- cat'; on a terminal CMD reads nothing "
+        description="Run a command in the sandbox as user sandbox, streaming its output. "
+        "After --, one word is a shell command line, run by bash -c (-- 'make && ./run'); "
+        "several words are the command and its arguments, each passed unchanged (-- python3 "
+        "-c 'print(1)'), as docker exec does. When our standard input is not a terminal "
+        "(a pipe, a file), the command reads it, e.g. 'echo hi | e2b-provider exec SB -- "
+        "cat'; on a terminal it reads nothing "
         "(</dev/null). Exits with the command's status; 124 if it timed out; 130 on "
         "Ctrl-C, after the remote command was killed.",
     )
@@ -556,14 +570,15 @@ def parser() -> argparse.ArgumentParser:
         help=f"output shown at most (default {DEFAULT_EXEC_OUTPUT})",
     )
     e.add_argument("command", nargs="*", metavar="CMD [ARG...]",
-                   help="the command, after -- (so that its options are not taken as ours)")
+                   help="after --: one shell command line, or a command and its arguments")
     e.set_defaults(func=_cmd_exec)
 
     st = sub.add_parser(
         "start",
         help="start a command in the background and print its id",
-        description="Start CMD ARG... in the sandbox in the background (joined with "
-        "spaces and run by bash -c as user sandbox, as exec runs it) and print its id. "
+        description="Start a command in the sandbox in the background, as user sandbox, "
+        "and print its id. After --, as for exec: one word is a shell command line, run by "
+        "bash -c; several words are the command and its arguments, each passed unchanged. "
         "It runs on after we exit; the sandbox keeps the last --max-output-bytes of its "
         "stdout and of its stderr, and its exit status: see logs, ps and kill. It reads "
         "nothing on its standard input.",
@@ -587,7 +602,7 @@ def parser() -> argparse.ArgumentParser:
         "at least 1024)",
     )
     st.add_argument("command", nargs="*", metavar="CMD [ARG...]",
-                    help="the command, after -- (so that its options are not taken as ours)")
+                    help="after --: one shell command line, or a command and its arguments")
     st.set_defaults(func=_cmd_start)
 
     id_help = "a command id, as start and ps print it (or its 32 hex digits after the ':')"
@@ -673,25 +688,36 @@ def parser() -> argparse.ArgumentParser:
     em = sub.add_parser(
         "emulator",
         help="run the local E2B emulator in the foreground",
-        description="Run the local E2B emulator in the foreground until "
-        "Ctrl-C. It prints the export lines another shell needs, e.g. "
+        description="Run the local E2B emulator in the foreground until Ctrl-C or "
+        "SIGTERM (which destroy its sandboxes), as python -m e2b_provider.emulator does, "
+        "with the same options. Once it serves, it writes the export lines another shell "
+        "needs, and only them, on stdout, then a ready line on stderr: e.g. "
         "'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there.",
     )
-    em.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    em.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    if emulator_options:
+        from .emulator.__main__ import add_arguments
+
+        add_arguments(em)
     em.set_defaults(func=_cmd_emulator)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    p = parser()
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while it starts (parsing, configuration) or waits
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(words: List[str]) -> int:
     tail: Optional[List[str]] = None
     if "--" in words:
         # argparse's sub-commands do not pass "--" on: split it off here.
         i = words.index("--")
         words, tail = words[:i], words[i + 1 :]
+    p = parser(emulator_options="emulator" in words)
     args = p.parse_args(words)
     if tail is not None:
         if args.cmd not in ("exec", "start"):
@@ -705,12 +731,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except E2BProviderError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # stdout closed early (| head): not an error of ours
         sys.stderr.close()
+        return EXIT_ERROR
+    except OSError as exc:  # a local file (cp, ls) or our own output
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -1,9 +1,10 @@
 """Command line of the local E2B emulator: ``python -m e2b_provider.emulator``.
 
-This module owns argument parsing, the isolation pre-check (exit status 2 with one clear
-message when namespaces/cgroups are unavailable), the state directory (a fresh temporary one
-unless ``--state-dir`` is given; removed at exit), what it prints on stdout once it serves (the
-ready line, then the shell lines), and signal handling (SIGINT/SIGTERM: every sandbox is
+This module owns argument parsing (one definition, :func:`add_arguments`, shared with
+``e2b-provider emulator``), the isolation pre-check (exit status 2 with one clear message when
+namespaces/cgroups are unavailable), the state directory (a fresh temporary one unless
+``--state-dir`` is given; removed at exit), what it prints once it serves (the shell lines on
+stdout, the ready line on stderr), and signal handling (SIGINT/SIGTERM: every sandbox is
 destroyed, then exit 0).
 
 Usage::
@@ -16,20 +17,21 @@ Usage::
 The resource options size the template every sandbox runs (E2B sizes sandboxes by template, not
 by create request); with ``--log-level info`` each boot logs which of them the host enforces.
 
-Once it serves, it prints (in one flushed write) the machine-readable ready line, always the
-first line of stdout (one line; wrapped here), then what a shell needs to point this library or
-the official SDK at it::
+Once it serves, it writes (in one flushed write) what a shell needs to point this library or
+the official SDK at it, and nothing else, on stdout; so ``python -m e2b_provider.emulator >
+e2b.env`` makes a file for ``. ./e2b.env``::
 
-    e2b-emulator ready api_url=http://127.0.0.1:PORT sandbox_url=http://127.0.0.1:PORT
-        api_key=KEY template=base
-    # point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:
     export E2B_API_KEY=KEY
     export E2B_API_URL=http://127.0.0.1:PORT
     export E2B_SANDBOX_URL=http://127.0.0.1:PORT
     export E2B_VOLUME_API_URL=http://127.0.0.1:PORT
     export E2B_TEMPLATE=base
 
-Nothing else is printed on stdout.
+The last of them is always ``export E2B_TEMPLATE=...``: a reader has all of them once it has
+read that line (the :class:`~e2b_provider.emulator.Emulator` handle parses them). Then, once
+those are flushed, one line for people on stderr::
+
+    e2b-emulator: ready at http://127.0.0.1:PORT (template base); Ctrl-C stops it
 
 The API key is printed on purpose: it is a local throwaway key (random ``e2b_`` + 40 hex unless
 ``--api-key`` or ``$E2B_EMULATOR_API_KEY`` gives one) that clients need.
@@ -51,17 +53,18 @@ from typing import Callable, List, Optional
 from .api.state import DEFAULT_TEMPLATE, TemplateResources
 from .handle import remove_state_dir
 
-__all__ = ["main"]
+__all__ = ["add_arguments", "main", "run"]
 
 EXIT_UNAVAILABLE = 2
+EXIT_INTERRUPTED = 130
+#: The name this command line gives itself in its messages.
+NAME = "e2b-emulator"
 log = logging.getLogger("e2b_provider.emulator")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m e2b_provider.emulator",
-        description="A local E2B: control plane + envd on one port, real namespaced sandboxes.",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the emulator's options to ``p`` (``python -m e2b_provider.emulator`` and
+    ``e2b-provider emulator`` take the same ones); :func:`run` takes what it parsed."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to bind (0 = a free port)")
     p.add_argument(
@@ -110,6 +113,16 @@ def _parser() -> argparse.ArgumentParser:
         help="with --exit-with-parent: the pid of the parent to watch (default: the parent "
         "at startup)",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m e2b_provider.emulator",
+        description="A local E2B: control plane + envd on one port, real namespaced sandboxes. "
+        "Once it serves, it prints the export lines a shell needs on stdout (e.g. '> e2b.env', "
+        "then '. ./e2b.env' in another shell) and a ready line on stderr.",
+    )
+    add_arguments(p)
     return p
 
 
@@ -132,8 +145,9 @@ def _url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def ready_text(url: str, api_key: str) -> str:
-    """What the emulator prints once it serves: the ready line, then the shell lines."""
+def shell_text(url: str, api_key: str) -> str:
+    """What the emulator writes on stdout once it serves: the export lines, and only them
+    (``E2B_TEMPLATE`` last)."""
     env = {
         "E2B_API_KEY": api_key,
         "E2B_API_URL": url,
@@ -141,16 +155,15 @@ def ready_text(url: str, api_key: str) -> str:
         "E2B_VOLUME_API_URL": url,
         "E2B_TEMPLATE": DEFAULT_TEMPLATE,
     }
-    lines = [
-        f"e2b-emulator ready api_url={url} sandbox_url={url} api_key={api_key} "
-        f"template={DEFAULT_TEMPLATE}",
-        "# point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:",
-        *(f"export {name}={shlex.quote(value)}" for name, value in env.items()),
-    ]
-    return "\n".join(lines) + "\n"
+    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items())
 
 
-async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None:
+def ready_line(url: str, name: str = NAME) -> str:
+    """The line for people the emulator writes on stderr once the shell lines are out."""
+    return f"{name}: ready at {url} (template {DEFAULT_TEMPLATE}); Ctrl-C stops it\n"
+
+
+async def _serve(args: argparse.Namespace, api_key: str, state_dir: str, name: str) -> None:
     from .api.server import EmulatorServer
 
     resources = TemplateResources(
@@ -168,8 +181,11 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str) -> None
     try:
         host, port = await server.start(args.host, args.port)
         url = _url(host, port)
-        sys.stdout.write(ready_text(url, api_key))
+        # stdout first: whoever waits for the ready line may read the file stdout went to
+        sys.stdout.write(shell_text(url, api_key))
         sys.stdout.flush()
+        sys.stderr.write(ready_line(url, name))
+        sys.stderr.flush()
         if args.exit_with_parent:
             watcher = asyncio.ensure_future(_watch_parent(stop, args.parent_pid))
         await stop.wait()
@@ -188,11 +204,23 @@ async def _watch_parent(stop: asyncio.Event, parent: int) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the emulator until SIGINT/SIGTERM; returns the exit status (2 = unavailable)."""
+    """Run the emulator until SIGINT/SIGTERM; returns the exit status (2 = unavailable,
+    130 = interrupted before it served)."""
     parent_pid = os.getppid()  # before anything else: the parent may die at any moment
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+        return run(args, parent_pid=parent_pid)
+    except KeyboardInterrupt:
+        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def run(args: argparse.Namespace, *, parent_pid: Optional[int] = None, name: str = NAME) -> int:
+    """Run the emulator with the options :func:`add_arguments` defined until SIGINT/SIGTERM;
+    returns the exit status (0; 1: it could not serve; 2: it cannot run here). ``name``
+    starts its messages; ``parent_pid``: the default of ``--parent-pid``."""
     if args.parent_pid is None:
-        args.parent_pid = parent_pid
+        args.parent_pid = os.getppid() if parent_pid is None else parent_pid
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
@@ -204,7 +232,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import runtime
     except ImportError as exc:
         print(
-            f"e2b-emulator: cannot start: {exc}. Install the emulator extra: "
+            f"{name}: cannot start: {exc}. Install the emulator extra: "
             "pip install 'e2b-provider[emulator]'",
             file=sys.stderr,
             flush=True,
@@ -213,7 +241,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         runtime.check_isolation()
     except runtime.IsolationUnavailable as exc:
-        print(f"e2b-emulator: {exc}", file=sys.stderr, flush=True)
+        print(f"{name}: {exc}", file=sys.stderr, flush=True)
         return EXIT_UNAVAILABLE
     api_key = (
         args.api_key or os.environ.get("E2B_EMULATOR_API_KEY") or ("e2b_" + secrets.token_hex(20))
@@ -221,9 +249,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     temporary = args.state_dir is None or args.remove_state_dir
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="e2b-emulator-")
     try:
-        asyncio.run(_serve(args, api_key, state_dir))
+        asyncio.run(_serve(args, api_key, state_dir, name))
     except (OSError, ValueError) as exc:
-        print(f"e2b-emulator: cannot serve: {exc}", file=sys.stderr, flush=True)
+        print(f"{name}: cannot serve: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
         if temporary:

@@ -1,14 +1,14 @@
 """The :class:`Emulator` handle: run the local E2B emulator as a subprocess from Python.
 
-This module owns starting ``python -m e2b_provider.emulator`` (bounded wait for its ready
-line), the URLs and key clients need, configuration helpers for this library and for the
-official SDK, the fault-injection and inspection calls of the admin API, and stopping the
-subprocess (SIGTERM, bounded wait, then SIGKILL) — on every exit path, including exceptions
-and KeyboardInterrupt. The subprocess runs in a session of its own, so an interrupt sent to
-the caller's process group (Ctrl-C in a terminal, a notebook kernel interrupt) does not reach
-it; it exits when the caller's process does. It uses only the standard library
-(``subprocess``, ``urllib``) and the emulator's :mod:`.runtime` helpers, so importing it needs
-neither aiohttp nor requests.
+This module owns starting ``python -m e2b_provider.emulator`` (bounded wait for the export
+lines it writes on stdout once it serves), the URLs and key clients need, configuration
+helpers for this library and for the official SDK, the fault-injection and inspection calls of
+the admin API, and stopping the subprocess (SIGTERM, bounded wait, then SIGKILL) — on every
+exit path, including exceptions and KeyboardInterrupt. The subprocess runs in a session of its
+own, so an interrupt sent to the caller's process group (Ctrl-C in a terminal, a notebook
+kernel interrupt) does not reach it; it exits when the caller's process does. It uses only the
+standard library (``subprocess``, ``urllib``) and the emulator's :mod:`.runtime` helpers, so
+importing it needs neither aiohttp nor requests.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import selectors
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,12 +42,15 @@ EXIT_UNAVAILABLE = 2
 #: The domain the emulator reports (matches ``state.DEFAULT_DOMAIN``).
 DOMAIN = "e2b.local"
 _ADMIN_TIMEOUT = 30.0
-_KEY_FIELD = re.compile(r"api_key=\S*")
+_KEY_FIELD = re.compile(r"(api_key=|E2B_API_KEY=)\S*")
+#: The emulator's last line on stdout once it serves (see ``python -m e2b_provider.emulator``).
+_LAST_EXPORT = b"export E2B_TEMPLATE="
 
 
 def _hide_key(line: str) -> str:
-    """``line`` with the value of an ``api_key=`` field masked (for error messages)."""
-    return _KEY_FIELD.sub("api_key=***", line)
+    """``line`` with the value of an ``api_key=``/``E2B_API_KEY=`` field masked (for error
+    messages)."""
+    return _KEY_FIELD.sub(r"\1***", line)
 
 
 class EmulatorError(RuntimeError):
@@ -79,7 +83,7 @@ class Emulator:
         port: port to bind; 0 picks a free one.
         state_dir: where sandboxes keep their files; default: a temporary directory created
             here and removed by :meth:`stop`.
-        startup_timeout: seconds to wait for the ready line.
+        startup_timeout: seconds to wait until it serves (its export lines).
         log_level: the emulator's stderr log level (``debug``/``info``/``warning``/``error``).
         cpu_count: CPUs of every sandbox (the template's; default 2).
         memory_mb: memory limit of every sandbox in MiB (default 512).
@@ -138,7 +142,7 @@ class Emulator:
         self.stop()
 
     def start(self) -> Emulator:
-        """Start the subprocess and wait (bounded) for its ready line. Idempotent."""
+        """Start the subprocess and wait (bounded) until it serves. Idempotent."""
         if self._proc is not None:
             return self
         try:
@@ -194,24 +198,25 @@ class Emulator:
             close_fds=True,
             start_new_session=True,
         )
-        line = self._read_ready_line(self._proc, self._startup_timeout)
-        fields = dict(part.split("=", 1) for part in line.split()[2:] if "=" in part)
+        exports = self._read_exports(self._proc, self._startup_timeout)
         try:
-            self._api_url = fields["api_url"]
-            self._sandbox_url = fields["sandbox_url"]
-            self._api_key = fields["api_key"]
-        except KeyError:
-            raise EmulatorError(
-                f"unexpected ready line from the emulator: {_hide_key(line)!r}"
-            ) from None
+            self._api_url = exports["E2B_API_URL"]
+            self._sandbox_url = exports["E2B_SANDBOX_URL"]
+            self._api_key = exports["E2B_API_KEY"]
+        except KeyError as exc:
+            raise EmulatorError(f"the emulator did not export {exc.args[0]}") from None
 
-    def _read_ready_line(self, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    def _read_exports(self, proc: subprocess.Popen[bytes], timeout: float) -> Dict[str, str]:
+        """The ``export NAME=VALUE`` lines the emulator writes on stdout once it serves (up
+        to ``export E2B_TEMPLATE=...``, its last), as a dict."""
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
         buf = b""
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
-            while b"\n" not in buf:
+            while not any(
+                line.startswith(_LAST_EXPORT) for line in buf.split(b"\n")[:-1]
+            ):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise EmulatorError(
@@ -225,10 +230,20 @@ class Emulator:
                     buf += chunk
                 elif proc.poll() is not None:
                     self._raise_exited(proc, deadline)
-        line = buf.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-        if not line.startswith("e2b-emulator ready "):
-            raise EmulatorError(f"unexpected output from the emulator: {_hide_key(line)!r}")
-        return line
+        exports: Dict[str, str] = {}
+        for raw in buf.split(b"\n")[:-1]:
+            line = raw.decode("utf-8", "replace").strip()
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                words = []
+            if len(words) != 2 or words[0] != "export" or "=" not in words[1]:
+                raise EmulatorError(f"unexpected output from the emulator: {_hide_key(line)!r}")
+            key, _, value = words[1].partition("=")
+            exports[key] = value
+            if raw.startswith(_LAST_EXPORT):
+                break
+        return exports
 
     def _raise_exited(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         try:

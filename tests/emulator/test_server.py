@@ -493,20 +493,26 @@ def test_user_selection_and_streaming(emu: Emulator, make_sandbox: Make) -> None
     sb = make_sandbox()
     assert run(emu, sb, "id -un", user="sandbox")[0] == "sandbox\n"
     assert run(emu, sb, "id -un", user="root")[0] == "root\n"
-    # output flows as it is produced, not buffered until the end
-    resp = open_start(emu, sb, "echo first; sleep 2; echo second")
+    # output flows as it is produced, not buffered until the end: the command waits (20 s
+    # at most) for a gate the test opens only once it has seen the first line
+    gate = f"/tmp/gate-{time.monotonic_ns()}"
+    cmd = (
+        f"echo first; i=0; while [ ! -e {gate} ] && [ $i -lt 400 ]; do sleep 0.05; "
+        f"i=$((i+1)); done; [ -e {gate} ] && echo second || echo timed-out"
+    )
+    resp = open_start(emu, sb, cmd)
     dec = EnvelopeDecoder()
-    t0 = time.monotonic()
-    first_at = None
+    seen: List[bytes] = []
     for chunk in resp.raw.stream(65536, decode_content=False):
         dec.feed(chunk)
         for item in dec:
             if isinstance(item, Message) and "data" in item.data["event"]:
-                if first_at is None:
-                    first_at = time.monotonic() - t0
+                seen.append(base64.b64decode(item.data["event"]["data"].get("stdout", "")))
+                if len(seen) == 1:
+                    assert seen == [b"first\n"]
+                    run(emu, sb, f"touch {gate}")
     resp.close()
-    assert first_at is not None and first_at < 1.5
-    assert time.monotonic() - t0 >= 1.9
+    assert b"".join(seen) == b"first\nsecond\n"
 
 
 def test_large_output_streams(emu: Emulator, make_sandbox: Make) -> None:
@@ -870,11 +876,11 @@ def _cli(tmp_path: Any, *args: str) -> Tuple[subprocess.Popen[bytes], Dict[str, 
         stderr=subprocess.PIPE,
         env=env,
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
+    assert proc.stdout is not None and proc.stderr is not None
+    # stdout: the export lines alone; stderr: the ready line, once they are written
+    line = proc.stderr.readline().decode()
     m = re.fullmatch(
-        r"e2b-emulator ready api_url=(http://127\.0\.0\.1:\d+) "
-        r"sandbox_url=(http://127\.0\.0\.1:\d+) api_key=(\S+) template=base\n",
+        r"e2b-emulator: ready at (http://127\.0\.0\.1:\d+) \(template base\); Ctrl-C stops it\n",
         line,
     )
     if m is None:
@@ -882,7 +888,15 @@ def _cli(tmp_path: Any, *args: str) -> Tuple[subprocess.Popen[bytes], Dict[str, 
         err = proc.communicate()[1]
         _close(proc)
         raise AssertionError(f"bad ready line {line!r}: {err!r}")
-    return proc, {"api_url": m.group(1), "sandbox_url": m.group(2), "api_key": m.group(3)}
+    shell = "".join(proc.stdout.readline().decode() for _ in range(5))
+    exports = dict(x.removeprefix("export ").split("=", 1) for x in shell.splitlines())
+    return proc, {
+        "api_url": exports["E2B_API_URL"],
+        "sandbox_url": exports["E2B_SANDBOX_URL"],
+        "api_key": exports["E2B_API_KEY"],
+        "url": m.group(1),
+        "shell": shell,
+    }
 
 
 _FROM_SHELL = """
@@ -899,7 +913,7 @@ def test_cli_ready_line_and_sigterm_cleanup(short_tmp: str) -> None:
     proc, info = _cli(tmp_path)
     try:
         assert re.fullmatch(r"e2b_[0-9a-f]{40}", info["api_key"])
-        assert info["api_url"] == info["sandbox_url"]
+        assert info["api_url"] == info["sandbox_url"] == info["url"]
         assert os.listdir(tmp_path)  # the temporary state dir
         headers = {"X-API-KEY": info["api_key"]}
         pids: Dict[int, Optional[str]] = {}
@@ -913,11 +927,10 @@ def test_cli_ready_line_and_sigterm_cleanup(short_tmp: str) -> None:
             assert got
             pids.update({p: proc_start_time(p) for p in got})
         requests.post(f"{info['api_url']}/sandboxes/{sid}/pause", headers=headers)
-        # after the ready line: what a shell needs, and it works as printed
+        # on stdout: what a shell needs, and it works as printed
         assert proc.stdout is not None
-        shell = "".join(proc.stdout.readline().decode() for _ in range(6))
+        shell = info["shell"]
         assert shell == (
-            "# point e2b_provider (DeploymentConfig.from_env) or the e2b SDK at this emulator:\n"
             f"export E2B_API_KEY={info['api_key']}\n"
             f"export E2B_API_URL={info['api_url']}\n"
             f"export E2B_SANDBOX_URL={info['sandbox_url']}\n"

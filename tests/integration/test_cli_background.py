@@ -209,6 +209,25 @@ def test_start_ps_logs_and_kill(env: Dict[str, str], sb: SandboxHandle) -> None:
     assert r.stderr.splitlines() == ["err", "e2b-provider: the command was killed"]
 
 
+def test_start_takes_an_argument_vector_or_one_command_line(
+    env: Dict[str, str], sb: SandboxHandle
+) -> None:
+    def ended(cid: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+        return run(env, "logs", "-f", str(sb.name), cid)  # once it ended, with its status
+
+    # several words after --: each reaches the command unchanged
+    cid = start(env, sb, "--", "printf", "%s|", "a b", "c'd", "$HOME")
+    r = ended(cid)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "a b|c'd|$HOME|", "")
+    r = run(env, "logs", str(sb.name), cid)
+    assert (r.returncode, r.stdout) == (0, "a b|c'd|$HOME|"), r.stderr
+    r = ended(start(env, sb, "--", "sh", "-c", "echo hi; exit 3"))
+    assert (r.returncode, r.stdout) == (3, "hi\n"), r.stderr
+    # one word: a shell command line
+    r = ended(start(env, sb, "--", "echo $((1+2))"))
+    assert (r.returncode, r.stdout) == (0, "3\n"), r.stderr
+
+
 def test_ps_cuts_long_command_lines_unless_no_trunc(
     env: Dict[str, str], sb: SandboxHandle
 ) -> None:
@@ -285,9 +304,10 @@ def test_bad_ids_are_one_line_errors(env: Dict[str, str], sb: SandboxHandle) -> 
         # a command of another sandbox
         line = one_error_line(run(env, cmd, name, f"iother0sandbox0000000:{hexes}"), 2)
         assert "belongs to sandbox iother0sandbox0000000" in line
-    line = one_error_line(run(env, "logs", "-f", "no-such-sandbox", hexes), 2)
+    # no such sandbox: a runtime error, as an API error is
+    line = one_error_line(run(env, "logs", "-f", "no-such-sandbox", hexes), 1)
     assert "no sandbox is named 'no-such-sandbox'" in line
-    one_error_line(run(env, "ps", "no-such-sandbox"), 2)
+    one_error_line(run(env, "ps", "no-such-sandbox"), 1)
 
 
 def test_start_usage_errors(env: Dict[str, str], sb: SandboxHandle) -> None:
