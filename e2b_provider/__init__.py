@@ -1,47 +1,112 @@
 """e2b-provider: run agent workloads in E2B sandboxes from blocking Python code.
 
-Public names are re-exported here; nothing else lives in this module.
+Public names are re-exported here; nothing else lives in this module. They are imported on
+first use (PEP 562), so ``import e2b_provider.cli`` (the command line) starts without loading
+the whole library first, and a Ctrl-C during start-up stays a one-line message.
 """
 
-from ._background import Command, CommandInfo, CommandOutput
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List
+
 from ._version import __version__
-from .cancel import CancelReason, CancelToken, Deadline
-from .config import DeploymentConfig
-from .errors import (
-    AuthenticationError,
-    Cancelled,
-    CommandEnded,
-    CommandFailed,
-    CommandNotFound,
-    ConfigError,
-    Conflict,
-    E2BHttpError,
-    E2BProviderError,
-    FilesFailed,
-    InvalidArgument,
-    MissingAccessToken,
-    NotFound,
-    OperationTimeout,
-    ProtocolError,
-    ProviderClosed,
-    RemoteError,
-    SandboxGoneError,
-    SandboxPaused,
-    TransportError,
-    TransportTimeout,
-    UnsafePath,
-)
-from .models import (
-    DirEntry,
-    ExecResult,
-    FileContent,
-    FileStat,
-    SandboxHandle,
-    SandboxLimits,
-    SandboxSummary,
-    TransferSummary,
-)
-from .provider import E2BSandboxProvider
+
+if TYPE_CHECKING:
+    from ._background import Command, CommandInfo, CommandOutput
+    from .cancel import CancelReason, CancelToken, Deadline
+    from .config import DeploymentConfig
+    from .errors import (
+        AuthenticationError,
+        Cancelled,
+        CommandEnded,
+        CommandFailed,
+        CommandNotFound,
+        ConfigError,
+        Conflict,
+        E2BHttpError,
+        E2BProviderError,
+        FilesFailed,
+        InvalidArgument,
+        MissingAccessToken,
+        NotFound,
+        OperationTimeout,
+        ProtocolError,
+        ProviderClosed,
+        RemoteError,
+        SandboxGoneError,
+        SandboxPaused,
+        TransportError,
+        TransportTimeout,
+        UnsafePath,
+    )
+    from .models import (
+        DirEntry,
+        ExecResult,
+        FileContent,
+        FileStat,
+        SandboxHandle,
+        SandboxLimits,
+        SandboxSummary,
+        TransferSummary,
+    )
+    from .provider import E2BSandboxProvider
+
+#: Public name -> the module that defines it.
+_HOMES: Dict[str, str] = {
+    "AuthenticationError": ".errors",
+    "CancelReason": ".cancel",
+    "CancelToken": ".cancel",
+    "Cancelled": ".errors",
+    "Command": "._background",
+    "CommandEnded": ".errors",
+    "CommandFailed": ".errors",
+    "CommandInfo": "._background",
+    "CommandNotFound": ".errors",
+    "CommandOutput": "._background",
+    "ConfigError": ".errors",
+    "Conflict": ".errors",
+    "Deadline": ".cancel",
+    "DeploymentConfig": ".config",
+    "DirEntry": ".models",
+    "E2BHttpError": ".errors",
+    "E2BProviderError": ".errors",
+    "E2BSandboxProvider": ".provider",
+    "ExecResult": ".models",
+    "FileContent": ".models",
+    "FileStat": ".models",
+    "FilesFailed": ".errors",
+    "InvalidArgument": ".errors",
+    "MissingAccessToken": ".errors",
+    "NotFound": ".errors",
+    "OperationTimeout": ".errors",
+    "ProtocolError": ".errors",
+    "ProviderClosed": ".errors",
+    "RemoteError": ".errors",
+    "SandboxGoneError": ".errors",
+    "SandboxHandle": ".models",
+    "SandboxLimits": ".models",
+    "SandboxPaused": ".errors",
+    "SandboxSummary": ".models",
+    "TransferSummary": ".models",
+    "TransportError": ".errors",
+    "TransportTimeout": ".errors",
+    "UnsafePath": ".errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_HOMES))
+
 
 __all__ = [
     "AuthenticationError",

@@ -264,11 +264,6 @@ def test_ctrl_c_while_the_command_line_imports_is_one_line(tmp_path, how: str) -
     assert err == "e2b-provider: interrupted\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="e2b_provider/__init__.py imports the whole library before e2b_provider.cli runs: "
-    "a Ctrl-C there needs a lazy package __init__ (outside this change)",
-)
 def test_ctrl_c_while_the_library_imports_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     err = _interrupt_while_importing(tmp_path, [SCRIPT, "ls"], "e2b_provider.provider")
     assert err == "e2b-provider: interrupted\n"
