@@ -43,6 +43,7 @@ from .errors import (
     E2BProviderError,
     OperationTimeout,
     ProviderClosed,
+    SandboxGoneError,
     SandboxPaused,
     TransportTimeout,
 )
@@ -302,10 +303,20 @@ class ProviderContext:
         """Whether ``sid`` was paused after ``began`` (monotonic): by this provider (its own
         mark), or as the control plane says now (another client, or E2B itself). A failed
         look-up counts as "not known to be paused"."""
+        return self.fate_during(sid, began, cancel) == "paused"
+
+    def fate_during(
+        self, sid: str, began: float, cancel: Optional[CancelToken]
+    ) -> Optional[str]:
+        """What became of ``sid`` while a call that began at ``began`` (monotonic) ran and
+        its connection broke: ``"paused"`` (by this provider, as its own mark says, or as
+        the control plane says now), ``"gone"`` (the control plane no longer knows it: it
+        was deleted, by another client say), or None (running, or the look-up failed).
+        At most one control-plane GET, bounded by :data:`PAUSE_LOOKUP_BOUND`."""
         with self._lock:
             mark = self._paused.get(sid)
         if mark is not None and mark >= began:
-            return True
+            return "paused"
         # One look-up, bounded (an error path must not add minutes) and cancellable.
         guard = CancelToken()
 
@@ -318,14 +329,16 @@ class ProviderContext:
         unlink = cancel.on_cancel(stop) if cancel is not None else None
         try:
             state = self.control.get(sid, token=guard).get("state")
+        except SandboxGoneError:
+            return "gone"
         except (E2BProviderError, Cancelled) as exc:
             log.debug("e2b_provider: could not look up the state of sandbox %s: %s", sid, exc)
-            return False
+            return None
         finally:
             timer.cancel()
             if unlink is not None:
                 unlink()
-        return state in ("paused", "pausing")
+        return "paused" if state in ("paused", "pausing") else None
 
     def paused_error(self, sid: str, what: str) -> SandboxPaused:
         """The error for a call on ``sid`` that a pause cut short; ``what`` says what the

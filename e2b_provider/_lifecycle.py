@@ -29,7 +29,7 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from . import _scripts as scripts
 from ._context import MAX_TIMEOUT_SECONDS, KeyedLocks, ProviderContext
@@ -46,6 +46,7 @@ from ._reboot import (
     Waited,
 )
 from .cancel import CancelReason, CancelToken, Deadline
+from .control import sizes
 from .errors import (
     Cancelled,
     Conflict,
@@ -69,6 +70,11 @@ ResumeOutcome = Literal["resumed", "gone"]
 BY_NAME_BOUND_S = 300.0
 #: Deleting a sandbox created without an access token (cleaning up after a failed create).
 CLEANUP_BOUND_S = 30.0
+#: Reading the new sandbox's sizes after a create (within the create's own bound).
+SIZES_BOUND_S = 30.0
+
+#: A sandbox's ``(cpu_count, memory_mb, disk_mb)``, each None when unknown.
+Sizes = Tuple[Optional[int], Optional[int], Optional[int]]
 
 #: Sandboxes whose last reboot time is remembered (least recently rebooted dropped first;
 #: forgetting one costs at most an extra reboot of a sandbox that needs one).
@@ -193,7 +199,88 @@ class Lifecycle:
                 code=None,
             ) from None
         ctx.leases.remember(info.sandbox_id, target, ctx.config.timeout_seconds, sent_at)
-        return SandboxHandle(info.sandbox_id, name)
+        got = (info.cpu_count, info.memory_mb, info.disk_mb)
+        if None in got:
+            # E2B's create answer carries no sizes: its GET /sandboxes/{id} does.
+            got = self._sizes(info.sandbox_id, limits, cancel, deadline)
+        self._check_sizes(info.sandbox_id, name, limits, got)
+        cpu_count, memory_mb, disk_mb = got
+        return SandboxHandle(
+            info.sandbox_id, name, cpu_count=cpu_count, memory_mb=memory_mb, disk_mb=disk_mb
+        )
+
+    def _sizes(
+        self,
+        sid: str,
+        limits: SandboxLimits,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> Sizes:
+        """The sizes E2B reports for the new sandbox (one ``GET /sandboxes/{id}``, bounded
+        by :data:`SIZES_BOUND_S`); unknown (None) when the look-up fails: the sandbox was
+        created, so the create does not fail for it."""
+        try:
+            answer = self._ctx.control.get(
+                sid, token=cancel, deadline=deadline.earliest(Deadline.after(SIZES_BOUND_S))
+            )
+        except (E2BProviderError, Cancelled) as exc:
+            requested = any(x is not None for x in (limits.cpu, limits.memory_mb, limits.disk_mb))
+            log.log(
+                logging.WARNING if requested else logging.DEBUG,
+                "e2b_provider: could not read the sizes of the new sandbox %s, so the sizes "
+                "requested were not checked: %s",
+                sid,
+                exc,
+            )
+            return (None, None, None)
+        return sizes(answer)
+
+    def _check_sizes(self, sid: str, name: str, limits: SandboxLimits, got: Sizes) -> None:
+        """Log one warning for each size requested that the sandbox did not get (E2B sizes
+        sandboxes by template: a request is never applied)."""
+        template = self._ctx.config.template
+        cpu_count, memory_mb, disk_mb = got
+        checks = (
+            ("cpu", limits.cpu, cpu_count, "{} CPUs", "{} CPUs"),
+            ("memory_mb", limits.memory_mb, memory_mb, "{} MiB of memory", "{} MiB"),
+            ("disk_mb", limits.disk_mb, disk_mb, "a {} MiB disk", "{} MiB"),
+        )
+        for field, asked, actual, has, wanted in checks:
+            if asked is None or actual is None or asked == actual:
+                continue
+            log.warning(
+                "e2b_provider: sandbox %s (%r) has %s, not the %s requested (%s=%s): E2B "
+                "gives every sandbox its template's sizes (template %r); build a template "
+                "with the sizes you need",
+                sid,
+                name,
+                has.format(actual),
+                wanted.format(_amount(asked)),
+                field,
+                _amount(asked),
+                template,
+            )
+
+    def info(self, sid: str, cancel: Optional[CancelToken]) -> SandboxSummary:
+        """The sandbox as the control plane describes it now (one ``GET /sandboxes/{id}``;
+        a paused sandbox is not resumed)."""
+        answer = self._ctx.control.get(sid, token=cancel)
+        meta = answer.get("metadata")
+        name = meta.get(scripts.METADATA_NAME) if isinstance(meta, dict) else None
+        state = answer.get("state")
+        started = answer.get("startedAt")
+        template_id = answer.get("templateID")
+        cpu_count, memory_mb, disk_mb = sizes(answer)
+        return SandboxSummary(
+            id=sid,
+            name=name if isinstance(name, str) else None,
+            state=state if isinstance(state, str) else "",
+            started_at=parse_time(started) if isinstance(started, str) else None,
+            template_id=template_id if isinstance(template_id, str) else "",
+            cpu_count=cpu_count,
+            memory_mb=memory_mb,
+            disk_mb=disk_mb,
+        )
 
     def resume(self, sid: str, cancel: Optional[CancelToken]) -> ResumeOutcome:
         try:
@@ -250,6 +337,9 @@ class Lifecycle:
                 state=s.state,
                 started_at=parse_time(s.started_at),
                 template_id=s.template_id,
+                cpu_count=s.cpu_count,
+                memory_mb=s.memory_mb,
+                disk_mb=s.disk_mb,
             )
             for s in listed
             if name is None or s.metadata.get(scripts.METADATA_NAME) == name
@@ -356,6 +446,13 @@ class Lifecycle:
             timer.cancel()
             # Whatever happened, the next call connects afresh (it may have to resume).
             ctx.leases.forget(sid)
+
+
+def _amount(value: float) -> str:
+    """A requested size as written: ``4``, ``0.5``, ``1024``."""
+    if isinstance(value, float) and not value.is_integer():
+        return repr(value)
+    return str(int(value))
 
 
 def _answer(call: Callable[..., object], *args: Any, **kwargs: Any) -> Answer:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 from .errors import (
     AuthenticationError,
@@ -41,11 +41,15 @@ from .errors import (
 __all__ = [
     "clean_stderr",
     "command_failed",
+    "cwd_refused",
     "describe",
     "is_ambiguous",
+    "looks_like_sandbox_id",
     "mark_worded",
+    "name_not_id",
     "reword",
     "script_reason",
+    "unknown_sandbox_id",
 ]
 
 _WORDED = "_e2b_worded"
@@ -64,7 +68,12 @@ _SCRIPT_PREFIX = re.compile(
 )
 _INTERNAL_NAME = re.compile(r"capybara-[\w-]+")
 #: How the control-plane client says a sandbox is gone.
-_GONE = re.compile(r"E2B sandbox \S+ no longer exists")
+_GONE = re.compile(r"E2B sandbox (\S+) no longer exists")
+#: What E2B sandbox ids look like (``i`` and 20 of ``[a-z0-9]`` today; older ones had a
+#: ``-<client id>`` suffix): a "gone" id of another shape was most likely a name.
+_E2B_ID = re.compile(r"[a-z0-9]{20,}(?:-[a-z0-9]+)?", re.ASCII)
+#: envd's answer to a process start whose working directory does not exist.
+_CWD_MISSING = re.compile(r"cwd '(.*)' does not exist", re.DOTALL)
 #: errno texts (as coreutils and sh print them) and the reason users read.
 _ERRNO_REASONS: Tuple[Tuple[str, str], ...] = (
     ("Permission denied", "permission denied"),
@@ -97,6 +106,10 @@ def _reason(exc: E2BProviderError) -> str:
     if isinstance(exc, SandboxGoneError):
         text = str(exc)
         return "the sandbox no longer exists" if _GONE.fullmatch(text) else text
+    if isinstance(exc, AuthenticationError) and exc.credential == "access_token":
+        text = f"the sandbox refused its access token (HTTP {exc.status}"
+        text += f": {exc.message})" if exc.message else ")"
+        return text
     if isinstance(exc, E2BHttpError):
         text = f"E2B answered HTTP {exc.status}"
         if exc.message:
@@ -120,6 +133,13 @@ def _hint(exc: E2BProviderError) -> str:
     if isinstance(exc, SandboxGoneError):
         return "create a new sandbox" if _GONE.fullmatch(str(exc)) else ""
     if isinstance(exc, AuthenticationError):
+        if exc.credential == "access_token":
+            return (
+                "the API key is not involved: envd checks the sandbox's own access token, "
+                "which E2B issued when the sandbox was created or connected; check that "
+                "E2B_SANDBOX_URL or E2B_DOMAIN reaches this deployment's sandboxes, and "
+                "try again with a new provider (it connects afresh)"
+            )
         return "check the API key (E2B_API_KEY) and that it belongs to the sandbox's team"
     if isinstance(exc, Conflict):
         return "the sandbox is changing state (pausing, resuming or being deleted); try again"
@@ -227,3 +247,59 @@ def is_ambiguous(exc: BaseException) -> bool:
     if isinstance(exc, (SandboxPaused, MissingAccessToken)):
         return False
     return isinstance(exc, (TransportError, ProtocolError, RemoteError))
+
+
+def cwd_refused(exc: BaseException) -> Optional[str]:
+    """Why envd refused to start a process, when it was its working directory: envd checks
+    the directory before it starts anything (``invalid_argument: cwd '/x' does not exist``),
+    so the process did not run. None for any other error."""
+    if not isinstance(exc, RemoteError) or exc.code != "invalid_argument":
+        return None
+    m = _CWD_MISSING.fullmatch(exc.message)
+    if m is None:
+        return None
+    return (
+        f"the working directory {m.group(1)} does not exist in the sandbox, so the command "
+        "did not run; create the directory first (mkdir -p) or pass an existing cwd"
+    )
+
+
+def unknown_sandbox_id(exc: BaseException) -> Optional[str]:
+    """The id E2B knows no sandbox by, from an unworded error for it: "sandbox no longer
+    exists" (a 404) or "Invalid sandbox ID" (a 400 for an id of a shape E2B never issues);
+    None for any other error."""
+    if getattr(exc, _WORDED, False):
+        return None
+    if isinstance(exc, SandboxGoneError):
+        m = _GONE.fullmatch(str(exc))
+        return m.group(1) if m is not None else None
+    given = getattr(exc, "sandbox_id", None)
+    if isinstance(exc, E2BHttpError) and exc.status == 400 and isinstance(given, str):
+        return given
+    return None
+
+
+def looks_like_sandbox_id(text: str) -> bool:
+    """True when ``text`` has the shape of an E2B sandbox id (not of a typical name)."""
+    return _E2B_ID.fullmatch(text) is not None
+
+
+def name_not_id(exc: E2BProviderError, doing: str, given: str, named: Sequence[str]) -> None:
+    """Word ``exc`` (E2B knows no sandbox by the id ``given``) as ``"<doing> failed: ..."``
+    saying that ``given`` is a sandbox name (of the sandboxes ``named``), or looks like one,
+    where calls take the handle or the id."""
+    if named:
+        which = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+        noun = "sandbox" if len(named) == 1 else "sandboxes"
+        text = f"no sandbox has the id {given!r}: that is the name of {noun} {which}"
+    else:
+        text = (
+            f"no sandbox has the id {given!r}, which looks like a sandbox name rather than an "
+            "E2B sandbox id (and no sandbox has that name either)"
+        )
+    text += (
+        "; calls take the handle create() returned, or the sandbox id, not the name "
+        f"(list_sandboxes(name={given!r}) gives the handles of a name)"
+    )
+    exc.args = (redact(f"{doing} failed: {text}"),)
+    mark_worded(exc)

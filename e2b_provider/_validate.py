@@ -449,9 +449,10 @@ def _positive_number(value: Any) -> bool:
 def check_limits(limits: object) -> SandboxLimits:
     """Check a :class:`~e2b_provider.models.SandboxLimits`.
 
-    ``cpu``, ``memory_mb`` and ``disk_mb`` must be positive finite numbers (not bool, not
-    NaN); ``egress`` one of ``"none"``, ``"allowlist"``, ``"open"``; with ``"allowlist"`` every
-    entry of ``allow_hosts`` (at most 256) must pass :func:`check_allow_host`.
+    ``cpu``, ``memory_mb`` and ``disk_mb`` must be None (no request) or positive finite
+    numbers (not bool, not NaN); ``egress`` one of ``"none"``, ``"allowlist"``, ``"open"``;
+    with ``"allowlist"`` every entry of ``allow_hosts`` (at most 256) must pass
+    :func:`check_allow_host`.
 
     Returns:
         The limits, unchanged.
@@ -465,7 +466,7 @@ def check_limits(limits: object) -> SandboxLimits:
         )
     for field in ("cpu", "memory_mb", "disk_mb"):
         value = getattr(limits, field)
-        if not _positive_number(value):
+        if value is not None and not _positive_number(value):
             raise InvalidArgument(
                 f"invalid sandbox limits: {field} must be a positive finite number, "
                 f"not {show(value)}"

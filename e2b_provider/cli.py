@@ -49,6 +49,7 @@ import sys
 
 try:
     import argparse
+    import logging
     import os
     import posixpath
     import re
@@ -267,6 +268,11 @@ def _cmd_create(args: argparse.Namespace) -> int:
     with E2BSandboxProvider(_config()) as p:
         h = p.create(args.name, limits)
     print(h.id)
+    if any(val is not None for val in given.values()):
+        sizes = (f"{h.cpu_count if h.cpu_count is not None else '?'} CPUs, "
+                 f"{h.memory_mb if h.memory_mb is not None else '?'} MiB memory, "
+                 f"{h.disk_mb if h.disk_mb is not None else '?'} MiB disk")
+        print(f"{PROG}: sandbox {h.id} has {sizes} (its template's sizes)", file=sys.stderr)
     return 0
 
 
@@ -518,9 +524,12 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "same name are destroyed first.",
     )
     c.add_argument("name", metavar="NAME")
-    c.add_argument("--cpu", type=int, default=None, help="vCPUs")
-    c.add_argument("--memory-mb", type=int, default=None, help="memory in MiB")
-    c.add_argument("--disk-mb", type=int, default=None, help="disk in MiB")
+    c.add_argument("--cpu", type=int, default=None,
+                   help="vCPUs: a request; E2B gives the template's sizes (a warning says "
+                   "when they differ)")
+    c.add_argument("--memory-mb", type=int, default=None,
+                   help="memory in MiB: a request, as --cpu")
+    c.add_argument("--disk-mb", type=int, default=None, help="disk in MiB: a request, as --cpu")
     c.add_argument(
         "--egress",
         choices=("none", "allowlist", "open"),
@@ -702,8 +711,28 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+class _WarningLines(logging.Formatter):
+    """The library's warnings as the command line's own lines: ``e2b-provider: warning: ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if text.startswith("e2b_provider: "):
+            text = text[len("e2b_provider: "):]
+        return f"{PROG}: warning: {text}"
+
+
+def _show_warnings() -> None:
+    lib = logging.getLogger("e2b_provider")
+    if not lib.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(_WarningLines())
+        lib.addHandler(handler)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status."""
+    _show_warnings()
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:  # while it starts (parsing, configuration) or waits

@@ -70,7 +70,21 @@ def _api_key_problem(value: Any) -> Optional[str]:
     return None
 
 
+#: What an E2B API key (``e2b_`` and 40 hex digits), an access token (``sk_e2b_...``) or
+#: a bare 40-hex key looks like; no template name or id does (ids are 20 of ``[a-z0-9]``;
+#: a name such as ``e2b_code_interpreter`` has more than one word).
+_KEY_LIKE_RE = re.compile(r"(?:sk_)?e2b_[0-9a-z]{16,}|[0-9a-f]{40,}", re.ASCII | re.IGNORECASE)
+
+
 def _template_problem(value: Any) -> Optional[str]:
+    if isinstance(value, str) and _KEY_LIKE_RE.fullmatch(value) is not None:
+        # api_key and template swapped, most likely: the value is a secret, never quoted.
+        errors.register_secret(value)
+        return (
+            "looks like an E2B API key, not a template name or id (its value is not shown; "
+            "were the API key and the template swapped? The order is "
+            "DeploymentConfig(api_key, template))"
+        )
     if not isinstance(value, str) or value == "":
         return f"must be a non-empty string, not {show(value)}"
     if len(value) > MAX_TEMPLATE_CHARS:

@@ -33,7 +33,7 @@ import math
 import re
 import time
 import urllib.parse
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -69,6 +69,7 @@ __all__ = [
     "ControlPlane",
     "ListedSandbox",
     "SandboxInfo",
+    "sizes",
 ]
 
 log = logging.getLogger("e2b_provider")
@@ -106,6 +107,8 @@ LIST_MAX_PAGES = 1000
 _LIST_MAX_BODY = 8 << 20
 _IDEMPOTENCY_KEY_RE = re.compile(r"[a-z0-9-]{1,255}", re.ASCII)
 _VALIDATION_PREFIX = "validation error:"
+#: E2B's 400 message for a sandbox id of a shape it never issues (lowercased).
+_INVALID_ID = "invalid sandbox id"
 #: What an OpenAPI validator says when the route itself is missing (as opposed to a bad body,
 #: which is also a "validation error: ...").
 _ROUTE_MISSING = ("method not allowed", "no matching operation")
@@ -131,6 +134,10 @@ class SandboxInfo:
         envd_access_token: the token envd requires, or None when the answer had none.
         raw_status: the HTTP status: 201 created, 200 was running, 201 resumed.
         resumed: True when a connect resumed a paused sandbox (status 201 on connect).
+        cpu_count: ``cpuCount``, or None when the answer had none (E2B's create and
+            connect answers carry no sizes; ``GET /sandboxes/{id}`` does, see :func:`sizes`).
+        memory_mb: ``memoryMB``, or None.
+        disk_mb: ``diskSizeMB``, or None.
     """
 
     sandbox_id: str
@@ -141,6 +148,9 @@ class SandboxInfo:
     envd_access_token: Optional[str] = attrs.field(default=None, repr=False)
     raw_status: int = 200
     resumed: bool = False
+    cpu_count: Optional[int] = None
+    memory_mb: Optional[int] = None
+    disk_mb: Optional[int] = None
 
     def __attrs_post_init__(self) -> None:
         register_secret(self.envd_access_token, owner=self)
@@ -158,6 +168,9 @@ class ListedSandbox:
             answer (resuming it needs ``memory: false``).
         started_at: ``startedAt`` as the server wrote it (RFC 3339), or "".
         template_id: the template id, or "".
+        cpu_count: ``cpuCount``, or None.
+        memory_mb: ``memoryMB``, or None.
+        disk_mb: ``diskSizeMB``, or None.
     """
 
     sandbox_id: str
@@ -166,6 +179,22 @@ class ListedSandbox:
     envd_unresponsive_at_pause: bool = False
     started_at: str = ""
     template_id: str = ""
+    cpu_count: Optional[int] = None
+    memory_mb: Optional[int] = None
+    disk_mb: Optional[int] = None
+
+
+def sizes(data: Mapping[str, Any]) -> Tuple[Optional[int], Optional[int], Optional[int]]:
+    """The sizes a sandbox answer reports: ``(cpuCount, memoryMB, diskSizeMB)``, each None
+    when missing or not a non-negative int."""
+
+    def size(key: str) -> Optional[int]:
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        return value
+
+    return size("cpuCount"), size("memoryMB"), size("diskSizeMB")
 
 
 def _show(value: object, limit: int = 100) -> str:
@@ -347,7 +376,8 @@ class ControlPlane:
 
     def _error(self, resp: HttpResponse, operation: str, sandbox_id: Optional[str] = None
                ) -> E2BHttpError:
-        """The exception for an error answer: "gone" for a real 404, else by status."""
+        """The exception for an error answer: "gone" for a real 404, else by status (a 400
+        "Invalid sandbox ID" keeps the id in ``sandbox_id``)."""
         message, code, error_code = parse_error_body(resp.body)
         if (
             sandbox_id is not None
@@ -364,6 +394,13 @@ class ControlPlane:
             )
         else:
             err = error_from_response(resp, operation)
+            if (
+                sandbox_id is not None
+                and resp.status == 400
+                and message.strip().lower() == _INVALID_ID
+            ):
+                # E2B refuses the id's shape (a name passed as an id, say): keep which id.
+                err.sandbox_id = sandbox_id  # type: ignore[attr-defined]
         err.retry_after = _retry_after(resp)  # type: ignore[attr-defined]
         return err
 
@@ -388,6 +425,7 @@ class ControlPlane:
         token = data.get("envdAccessToken")
         if not isinstance(token, str) or token == "":
             token = None
+        cpu_count, memory_mb, disk_mb = sizes(data)
         return SandboxInfo(
             sandbox_id=sid,
             domain=domain,
@@ -397,6 +435,9 @@ class ControlPlane:
             envd_access_token=token,
             raw_status=resp.status,
             resumed=resumed,
+            cpu_count=cpu_count,
+            memory_mb=memory_mb,
+            disk_mb=disk_mb,
         )
 
     # -- calls ---------------------------------------------------------------------------
@@ -857,6 +898,7 @@ def _listed(item: object, op: str, wanted: Mapping[str, str]) -> Optional[Listed
     )
     if any(metadata.get(k) != v for k, v in wanted.items()):
         return None
+    cpu_count, memory_mb, disk_mb = sizes(item)
     sid = item.get("sandboxID")
     if not isinstance(sid, str) or _validate.SANDBOX_ID_RE.fullmatch(sid) is None:
         raise ProtocolError(f"E2B {op} returned an invalid sandbox id: {_show(sid)}")
@@ -867,6 +909,9 @@ def _listed(item: object, op: str, wanted: Mapping[str, str]) -> Optional[Listed
         envd_unresponsive_at_pause=item.get("envdUnresponsiveAtPause") is True,
         started_at=_str(item.get("startedAt")),
         template_id=_str(item.get("templateID")),
+        cpu_count=cpu_count,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
     )
 
 

@@ -185,6 +185,11 @@ def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit]
 
 
+#: How the control-plane client names its requests (``"POST /v2/sandboxes"``); envd's
+#: operations are named in words (``"process start"``, ``"file upload"``).
+_CONTROL_OPERATION = re.compile(r"(?:GET|POST|PUT|PATCH|DELETE) /")
+
+
 class E2BProviderError(Exception):
     """Root of every error e2b_provider raises on purpose."""
 
@@ -262,7 +267,18 @@ class E2BHttpError(E2BProviderError):
 
 
 class AuthenticationError(E2BHttpError):
-    """401 or 403: the API key or envd access token was refused."""
+    """401 or 403: the API key or envd access token was refused.
+
+    Attributes:
+        credential: what was refused: ``"api_key"`` when the control plane answered (its
+            requests are named ``"<METHOD> /<path>"``), ``"access_token"`` when a
+            sandbox's envd did (the sandbox's own token, not the API key).
+    """
+
+    @property
+    def credential(self) -> str:
+        op = self.operation or ""
+        return "api_key" if not op or _CONTROL_OPERATION.match(op) else "access_token"
 
 
 class NotFound(E2BHttpError):

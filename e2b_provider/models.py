@@ -44,18 +44,25 @@ def _tuple_of_str(value: Iterable[str]) -> Tuple[str, ...]:
 class SandboxLimits:
     """What a sandbox may use.
 
+    The sizes are a request, not a setting: E2B sizes every sandbox by its template (a
+    create carries no CPU, memory or disk), so the sandbox gets the template's sizes
+    whatever is asked here. :meth:`~e2b_provider.E2BSandboxProvider.create` compares each
+    size given with what E2B reports for the new sandbox, logs one warning (logger
+    ``"e2b_provider"``) for each that differs, and returns a handle carrying the real sizes.
+    To get other sizes, build a template with them.
+
     Attributes:
-        cpu: CPU count (> 0). Recorded for the platform; E2B sizes sandboxes by template.
-        memory_mb: memory in MiB (> 0); recorded likewise.
-        disk_mb: disk in MiB (> 0); recorded likewise.
+        cpu: CPUs requested (> 0), or None (default): no request, the template's.
+        memory_mb: memory requested in MiB (> 0), or None (default).
+        disk_mb: disk requested in MiB (> 0), or None (default).
         egress: ``"none"`` (no network), ``"allowlist"`` (only ``allow_hosts``) or ``"open"``
             (refused unless the deployment sets ``allow_open_egress``).
         allow_hosts: host names, ``*.`` wildcards, IPs or CIDRs for ``"allowlist"``.
     """
 
-    cpu: float = 1
-    memory_mb: int = 1024
-    disk_mb: int = 4096
+    cpu: Optional[float] = None
+    memory_mb: Optional[int] = None
+    disk_mb: Optional[int] = None
     egress: Egress = "none"
     allow_hosts: Tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
 
@@ -64,13 +71,22 @@ class SandboxLimits:
 class SandboxHandle:
     """A sandbox created by the provider. Every method also accepts the id string.
 
+    Two handles are equal when their ``id`` and ``name`` are (the sizes are not compared).
+
     Attributes:
         id: the E2B sandbox id.
         name: the name it was created under, if known.
+        cpu_count: the CPUs E2B gave the sandbox (its template's), or None when not known
+            (a handle made by hand, or E2B did not say).
+        memory_mb: its memory in MiB, or None.
+        disk_mb: its disk in MiB, or None.
     """
 
     id: str
     name: Optional[str] = None
+    cpu_count: Optional[int] = attrs.field(default=None, eq=False, kw_only=True)
+    memory_mb: Optional[int] = attrs.field(default=None, eq=False, kw_only=True)
+    disk_mb: Optional[int] = attrs.field(default=None, eq=False, kw_only=True)
 
     def __str__(self) -> str:
         return self.id
@@ -90,6 +106,9 @@ class SandboxSummary:
         started_at: when it was (last) started, as a timezone-aware UTC datetime, or None
             when the server did not say.
         template_id: its template's id ("" when the server did not say).
+        cpu_count: its CPUs (the template's), or None when the server did not say.
+        memory_mb: its memory in MiB, or None.
+        disk_mb: its disk in MiB, or None.
     """
 
     id: str
@@ -97,11 +116,17 @@ class SandboxSummary:
     state: str
     started_at: Optional[datetime.datetime] = None
     template_id: str = ""
+    cpu_count: Optional[int] = attrs.field(default=None, kw_only=True)
+    memory_mb: Optional[int] = attrs.field(default=None, kw_only=True)
+    disk_mb: Optional[int] = attrs.field(default=None, kw_only=True)
 
     @property
     def handle(self) -> SandboxHandle:
-        """A handle for the other calls."""
-        return SandboxHandle(self.id, self.name)
+        """A handle for the other calls (with the sizes)."""
+        return SandboxHandle(
+            self.id, self.name,
+            cpu_count=self.cpu_count, memory_mb=self.memory_mb, disk_mb=self.disk_mb,
+        )
 
 
 @attrs.frozen

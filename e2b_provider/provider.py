@@ -39,16 +39,25 @@ from ._commands import Commands
 from ._context import Bounds, ProviderContext
 from ._files import Files
 from ._lifecycle import Lifecycle, ResumeOutcome
-from ._messages import is_ambiguous, reword
+from ._messages import (
+    cwd_refused,
+    is_ambiguous,
+    looks_like_sandbox_id,
+    name_not_id,
+    reword,
+    unknown_sandbox_id,
+)
 from ._trees import Progress, Trees
 from ._watchdog import Watchdog
-from .cancel import CancelToken
+from .cancel import CancelToken, Deadline
 from .config import DeploymentConfig
 from .errors import (
+    Cancelled,
     CommandFailed,
     E2BProviderError,
     FilesFailed,
     InvalidArgument,
+    SandboxGoneError,
     TransportError,
 )
 from .models import (
@@ -82,6 +91,9 @@ KILL_GRACE = 3.0
 INTERRUPT_KILL_BOUND = 10.0
 #: Reboot of a wedged sandbox: the whole sequence is bounded by this.
 REBOOT_BOUND = 120.0
+#: When E2B knows no sandbox by the id a call was given: the look-up of sandboxes of that
+#: name (was it a name?) is bounded by this.
+NAME_LOOKUP_BOUND = 10.0
 
 
 def _sandbox_id(ref: SandboxRef) -> str:
@@ -90,7 +102,18 @@ def _sandbox_id(ref: SandboxRef) -> str:
         raise InvalidArgument(
             f"expected a SandboxHandle or a sandbox id string, got {type(ref).__name__}"
         )
-    v.check_sandbox_id(sid)
+    try:
+        v.check_sandbox_id(sid)
+    except InvalidArgument as exc:
+        try:
+            v.check_name(sid)
+        except InvalidArgument:
+            raise exc from None
+        raise InvalidArgument(
+            f"{exc}; {sid!r} looks like a sandbox name: calls take the handle create() "
+            f"returned, or the sandbox id, not the name (list_sandboxes(name={sid!r}) gives "
+            "the handles of a name)"
+        ) from None
     return sid
 
 
@@ -221,8 +244,25 @@ class E2BSandboxProvider:
             closed = self._ctx.closed_error() if isinstance(exc, TransportError) else None
             if closed is not None:
                 raise closed from exc
+            given = unknown_sandbox_id(exc)
+            if given is not None:
+                self._name_given(exc, doing, given)
             reword(exc, doing, lost)
             raise
+
+    def _name_given(self, exc: E2BProviderError, doing: str, given: str) -> None:
+        """E2B knows no sandbox ``given``: if that is the name of sandboxes (one bounded
+        listing), or does not look like an E2B id, say that calls take the handle or id."""
+        named: List[str] = []
+        if not self._ctx.closed:
+            try:
+                v.check_name(given)
+                listed = self._lifecycle.list(given, None, Deadline.after(NAME_LOOKUP_BOUND))
+                named = [s.id for s in listed]
+            except (E2BProviderError, Cancelled) as err:
+                log.debug("e2b_provider: could not look up sandboxes named %r: %s", given, err)
+        if named or not looks_like_sandbox_id(given):
+            name_not_id(exc, doing, given, named)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -235,9 +275,15 @@ class E2BSandboxProvider:
     ) -> SandboxHandle:
         """Create a sandbox named ``name``, destroying older sandboxes of that name first.
 
+        E2B sizes every sandbox by its template: the CPU, memory and disk of ``limits`` are
+        a request that E2B does not apply. Each size given that the new sandbox does not
+        have is logged as one warning (logger ``"e2b_provider"``, the size requested and
+        the size it got), and the handle carries the sizes the sandbox really has.
+
         Args:
             name: 1-101 characters of ``[A-Za-z0-9_.-]``, starting with a letter or digit.
-            limits: resources and egress (default ``SandboxLimits()``: egress ``"none"``).
+            limits: egress and the sizes requested (default ``SandboxLimits()``: egress
+                ``"none"``, no sizes requested).
             cancel: cancels the call.
 
         Creates of one name are serialized within this provider: concurrent
@@ -248,11 +294,13 @@ class E2BSandboxProvider:
         extra one.
 
         Takes at most 300 s: the wait for another create of the name, the listing and
-        destroying of older sandboxes and the create itself share that bound (plus 30 s to
-        delete again a sandbox E2B created without an access token).
+        destroying of older sandboxes, the create itself and the read of the new sandbox's
+        sizes share that bound (plus 30 s to delete again a sandbox E2B created without an
+        access token).
 
         Returns:
-            The new sandbox's handle.
+            The new sandbox's handle, with the sizes E2B reports for it (``cpu_count``,
+            ``memory_mb``, ``disk_mb``; None where E2B did not say).
 
         Raises:
             InvalidArgument: bad name or limits, or egress ``"open"`` without
@@ -280,6 +328,30 @@ class E2BSandboxProvider:
             )
         with self._doing(f"creating sandbox {name!r}"):
             return self._lifecycle.create(name, limits, cancel)
+
+    def info(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> SandboxSummary:
+        """What E2B reports about the sandbox now: its state, name, template, start time
+        and sizes (``cpu_count``, ``memory_mb``, ``disk_mb``: its template's).
+
+        One control-plane request: a paused sandbox stays paused. Takes at most 120 s.
+
+        Returns:
+            A :class:`~e2b_provider.SandboxSummary` (``.handle`` gives a handle with the
+            sizes).
+
+        Raises:
+            SandboxGoneError: the sandbox no longer exists.
+            E2BHttpError, TransportError: the API failed.
+            TransportTimeout: the bound passed (a ``TransportError``).
+            ProviderClosed: the provider was closed.
+            Cancelled: ``cancel`` fired.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(f"describing sandbox {sid}"):
+            return self._lifecycle.info(sid, cancel)
 
     def resume(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> ResumeOutcome:
         """Make sure the sandbox runs (resuming it if paused) and extend its lease.
@@ -532,9 +604,12 @@ class E2BSandboxProvider:
 
         Raises:
             InvalidArgument: bad arguments, e.g. text that is not valid Unicode such as
-                ``os.fsdecode(b"\\xff")`` gives (before any I/O).
+                ``os.fsdecode(b"\\xff")`` gives (before any I/O); or ``cwd`` does not exist
+                in the sandbox (envd checks it before starting anything: the command did
+                not run).
             Cancelled: ``cancel`` fired before the command was started.
-            SandboxGoneError: the sandbox no longer exists.
+            SandboxGoneError: the sandbox no longer exists, also when it was deleted (by
+                :meth:`destroy`, another client or E2B) while the command ran.
             MissingAccessToken: E2B answered a connect without the sandbox's access token.
             SandboxPaused: the sandbox was paused while the command ran (by :meth:`suspend`,
                 another client or E2B): its outcome is unknown; it goes on when the sandbox
@@ -580,17 +655,32 @@ class E2BSandboxProvider:
                     stdin=read_stdin,
                 )
             except E2BProviderError as exc:
-                # A pause cuts the command's stream: say so, not "connection dropped".
-                if (
-                    not is_ambiguous(exc)
-                    or self._ctx.closed
-                    or not self._ctx.paused_during(sid, began, cancel)
-                ):
+                refused = cwd_refused(exc)
+                if refused is not None:
+                    # envd checks the directory before it starts anything.
+                    raise InvalidArgument(
+                        f"running a command in sandbox {sid} failed: {refused}"
+                    ) from exc
+                # A pause or a delete cuts the command's stream: say so, not "connection
+                # dropped" (one look-up of the sandbox's state).
+                if not is_ambiguous(exc) or self._ctx.closed:
                     raise
-                raise self._ctx.paused_error(
-                    sid, "the command ran: its output stream was cut and its exit status is "
-                    "unknown (it may have finished, or goes on when the sandbox is resumed)"
-                ) from exc
+                fate = self._ctx.fate_during(sid, began, cancel)
+                if fate == "paused":
+                    raise self._ctx.paused_error(
+                        sid, "the command ran: its output stream was cut and its exit status "
+                        "is unknown (it may have finished, or goes on when the sandbox is "
+                        "resumed)"
+                    ) from exc
+                if fate == "gone":
+                    self._files.forget(sid)
+                    self._ctx.leases.forget(sid)
+                    raise SandboxGoneError(
+                        "the sandbox was deleted while the command ran (by destroy() or "
+                        "another client, or by E2B): the command ended with it; create a new "
+                        "sandbox"
+                    ) from exc
+                raise
 
     # -- commands that outlive the call ---------------------------------------------------
 

@@ -487,3 +487,17 @@ def test_ctrl_c_during_cp_leaves_the_old_file_whole(
     assert got is not None and got.data == old
     parts = provider.exec(h, "find /workspace -name '.capybara-part-*'", timeout=30.0)
     assert parts.stdout == ""
+
+
+def test_create_says_the_sizes_the_sandbox_got(env: Dict[str, str], provider) -> None:  # type: ignore[no-untyped-def]
+    name = unique_name("sizes")
+    r = run(env, "create", name, "--memory-mb", "1024")
+    try:
+        assert r.returncode == 0 and r.stdout.strip().startswith("i"), r.stderr
+        lines = r.stderr.splitlines()
+        # the template's 512 MiB, not the 1024 asked for: one warning, then the sizes
+        assert any(x.startswith("e2b-provider: warning: ") and "1024" in x for x in lines), lines
+        assert lines[-1].startswith(f"e2b-provider: sandbox {r.stdout.strip()} has ")
+        assert "512 MiB memory" in lines[-1]
+    finally:
+        provider.destroy_by_name(name)

@@ -373,7 +373,6 @@ def test_limits_good() -> None:
         {"cpu": math.nan},
         {"cpu": math.inf},
         {"cpu": "1"},
-        {"cpu": None},
         {"memory_mb": 0},
         {"memory_mb": False},
         {"memory_mb": -math.inf},
