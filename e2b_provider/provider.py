@@ -234,16 +234,26 @@ class E2BSandboxProvider:
         self._ctx.check_open()
 
     @contextlib.contextmanager
-    def _doing(self, doing: str, lost: str = "") -> Iterator[None]:
+    def _doing(self, doing: str, lost: str = "", sid: Optional[str] = None) -> Iterator[None]:
         """Say every error of the block in the caller's terms (see :mod:`._messages`;
         ``lost`` is said when the answer was lost); a connection error caused by
-        :meth:`close` running meanwhile is ProviderClosed."""
+        :meth:`close` running meanwhile is ProviderClosed, and one caused by the deletion
+        of sandbox ``sid`` meanwhile (one look-up of its state) is SandboxGoneError."""
+        began = time.monotonic()
         try:
             yield
         except E2BProviderError as exc:
             closed = self._ctx.closed_error() if isinstance(exc, TransportError) else None
             if closed is not None:
                 raise closed from exc
+            if (sid is not None and is_ambiguous(exc) and not self._ctx.closed
+                    and self._ctx.fate_during(sid, began, None) == "gone"):
+                self._files.forget(sid)
+                self._ctx.leases.forget(sid)
+                raise SandboxGoneError(
+                    f"{doing} failed: sandbox {sid} was deleted meanwhile (by destroy() or "
+                    "another client, or by E2B); create a new sandbox"
+                ) from exc
             given = unknown_sandbox_id(exc)
             if given is not None:
                 self._name_given(exc, doing, given)
@@ -493,9 +503,9 @@ class E2BSandboxProvider:
         sid = _sandbox_id(sandbox)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        with self._doing(f"stopping leftover commands in sandbox {sid}"):
+        with self._doing(f"stopping leftover commands in sandbox {sid}", sid=sid):
             self._commands.kill_all(sid, cancel)
-        with self._doing(f"stopping leftover file operations in sandbox {sid}"):
+        with self._doing(f"stopping leftover file operations in sandbox {sid}", sid=sid):
             self._files.sweep(sid, cancel)
 
     def kill_tagged(
@@ -525,7 +535,9 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         if not tag_list:
             return
-        with self._doing(f"stopping the commands tagged {', '.join(tag_list)} in sandbox {sid}"):
+        with self._doing(
+            f"stopping the commands tagged {', '.join(tag_list)} in sandbox {sid}", sid=sid
+        ):
             self._commands.kill_tagged(sid, tag_list, cancel)
 
     # -- exec -------------------------------------------------------------------------------
@@ -638,8 +650,7 @@ class E2BSandboxProvider:
         with self._doing(
             f"running a command in sandbox {sid}",
             "the command may or may not have run (its result was lost): check before "
-            "running it again",
-        ):
+            "running it again", sid=sid):
             try:
                 return self._commands.exec(
                     sid,
@@ -749,8 +760,7 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         with self._doing(
             f"starting a background command in sandbox {sid}",
-            "the command may or may not have started: commands() lists what runs",
-        ):
+            "the command may or may not have started: commands() lists what runs", sid=sid):
             return self._background.start(
                 sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
                 max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
@@ -769,7 +779,7 @@ class E2BSandboxProvider:
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
-        with self._doing(f"finding command {str(command_id)[:120]} in sandbox {sid}"):
+        with self._doing(f"finding command {str(command_id)[:120]} in sandbox {sid}", sid=sid):
             return self._background.attach(sid, command_id, cancel)
 
     def commands(
@@ -783,7 +793,7 @@ class E2BSandboxProvider:
         """
         self._check_open()
         sid = _sandbox_id(sandbox)
-        with self._doing(f"listing background commands in sandbox {sid}"):
+        with self._doing(f"listing background commands in sandbox {sid}", sid=sid):
             return self._background.list(sid, cancel)
 
     # -- files ----------------------------------------------------------------------------
@@ -836,7 +846,7 @@ class E2BSandboxProvider:
         v.check_max_bytes(max_bytes, "max_bytes")
         if cancel is not None:
             cancel.raise_if_cancelled()
-        with self._doing(f"reading {path} in sandbox {sid}"):
+        with self._doing(f"reading {path} in sandbox {sid}", sid=sid):
             return self._files.read(sid, path, max_bytes, cancel)
 
     def write_file(
@@ -900,8 +910,7 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         with self._doing(
             f"writing {path} in sandbox {sid}",
-            "the file may or may not have been written (the answer was lost twice)",
-        ):
+            "the file may or may not have been written (the answer was lost twice)", sid=sid):
             self._files.write(sid, path, bytes(data), cancel)
 
     def stat(
@@ -930,7 +939,7 @@ class E2BSandboxProvider:
         v.check_path(path)
         if cancel is not None:
             cancel.raise_if_cancelled()
-        with self._doing(f"examining {path} in sandbox {sid}"):
+        with self._doing(f"examining {path} in sandbox {sid}", sid=sid):
             return self._files.stat(sid, path, cancel)
 
     # -- many files ---------------------------------------------------------------------
@@ -972,8 +981,7 @@ class E2BSandboxProvider:
             cancel.raise_if_cancelled()
         with self._doing(
             f"writing {len(items)} files in sandbox {sid}",
-            "the files may or may not have been written (the answer was lost twice)",
-        ):
+            "the files may or may not have been written (the answer was lost twice)", sid=sid):
             failed = self._files.write_many(sid, items, cancel)
         if failed:
             raise FilesFailed(f"writing {len(items)} files in sandbox {sid}", failed)
@@ -1017,7 +1025,7 @@ class E2BSandboxProvider:
         v.check_max_bytes(max_bytes, "max_bytes")
         if cancel is not None:
             cancel.raise_if_cancelled()
-        with self._doing(f"reading {len(wanted)} files in sandbox {sid}"):
+        with self._doing(f"reading {len(wanted)} files in sandbox {sid}", sid=sid):
             out, failed = self._files.read_many(sid, wanted, max_bytes, cancel)
         if failed:
             raise FilesFailed(f"reading {len(wanted)} files in sandbox {sid}", failed, out)
@@ -1061,7 +1069,7 @@ class E2BSandboxProvider:
             raise InvalidArgument("depth must be an int from 1 to 64")
         if cancel is not None:
             cancel.raise_if_cancelled()
-        with self._doing(f"listing {path} in sandbox {sid}"):
+        with self._doing(f"listing {path} in sandbox {sid}", sid=sid):
             return self._files.list_dir(sid, path, depth, cancel)
 
     # -- whole trees --------------------------------------------------------------------
@@ -1124,7 +1132,7 @@ class E2BSandboxProvider:
         if cancel is not None:
             cancel.raise_if_cancelled()
         what = f"uploading {src} to {remote_path} in sandbox {sid}"
-        with self._doing(what, "some files may have been written"):
+        with self._doing(what, "some files may have been written", sid=sid):
             summary, errors = self._trees.upload(
                 sid, src, remote_path, exclude=patterns, cancel=cancel, progress=progress
             )
@@ -1194,7 +1202,7 @@ class E2BSandboxProvider:
         if cancel is not None:
             cancel.raise_if_cancelled()
         what = f"downloading {remote_path} from sandbox {sid} to {dst}"
-        with self._doing(what, "some files may have been written"):
+        with self._doing(what, "some files may have been written", sid=sid):
             summary, errors = self._trees.download(
                 sid, remote_path, dst, exclude=patterns, max_bytes=max_bytes, cancel=cancel,
                 progress=progress,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -211,3 +212,36 @@ def test_a_name_passed_as_an_id_says_calls_take_the_handle(
         assert provider.exec(h, "true", timeout=30.0).ok  # the handle works
     finally:
         provider.destroy(h)
+
+
+def test_a_sandbox_deleted_under_a_file_call_is_gone_not_a_network_error(
+    emu: Any, api: requests.Session, provider: E2BSandboxProvider, tmp_path: Any
+) -> None:
+    h = provider.create(unique_name("killedfiles"))
+    provider.exec(h, "mkdir -p /workspace/big && for i in $(seq 1 64); do "
+                     "head -c 4194304 /dev/urandom > /workspace/big/f$i; done", timeout=120.0)
+    moving = threading.Event()
+    outcome: List[BaseException] = []
+
+    def progress(done: int, total: Any) -> None:
+        if done:
+            moving.set()
+            time.sleep(0.01)  # a slow reader: the transfer is still under way at the delete
+
+    def run() -> None:
+        try:
+            provider.download(h, "/workspace/big", str(tmp_path / "big"), progress=progress)
+        except BaseException as exc:  # recorded for the main thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        assert moving.wait(60), "the download did not start"
+        r = api.delete(f"{emu.api_url}/sandboxes/{h.id}", timeout=60)
+        assert r.status_code == 204, r.text
+    finally:
+        worker.join(120)
+    assert not worker.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], SandboxGoneError), outcome
+    assert "was deleted meanwhile" in str(outcome[0]) and "network" not in str(outcome[0])
