@@ -650,7 +650,8 @@ class E2BSandboxProvider:
         with self._doing(
             f"running a command in sandbox {sid}",
             "the command may or may not have run (its result was lost): check before "
-            "running it again", sid=sid):
+            "running it again",
+        ):  # no sid: the handler below already looks the sandbox up once when the stream breaks
             try:
                 return self._commands.exec(
                     sid,

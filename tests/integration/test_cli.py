@@ -57,10 +57,12 @@ def run(env: Dict[str, str], *args: str, timeout: float = 120.0) -> subprocess.C
 
 @contextlib.contextmanager
 def started(env: Dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
-    """The command line running in the background with piped output; killed if still running."""
+    """The command line running in the background with piped output, reading /dev/null (a
+    non-terminal stdin is forwarded to the command); killed if still running."""
     child = subprocess.Popen(
         [*CLI, *args],
         env=env,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

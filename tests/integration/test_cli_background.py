@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import signal
@@ -19,6 +18,7 @@ from waiting import wait_until
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 
 from .conftest import unique_name
+from .test_cli import started
 
 pytestmark = pytest.mark.integration
 
@@ -61,26 +61,6 @@ def run(
         timeout=timeout,
         preexec_fn=_default_sigint,
     )
-
-
-@contextlib.contextmanager
-def started(env: Dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
-    """The command line running in the background with piped output; killed if still running."""
-    child = subprocess.Popen(
-        [*CLI, *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
-    try:
-        yield child
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 @pytest.fixture
