@@ -22,13 +22,12 @@ cancels go through the shared watchdog.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
 import time
 import uuid
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
 
@@ -657,24 +656,3 @@ class _Follower:
                             return
                 elif isinstance(ev, EndEvent):
                     return
-
-
-def read_stdin_source(source: Union[bytes, str, BinaryIO]) -> Callable[[], bytes]:
-    """A reader of pieces of ``source`` (bytes, str as UTF-8, or a binary file object)."""
-    if isinstance(source, str):
-        source = source.encode("utf-8")
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        buf = io.BytesIO(bytes(source))
-        return lambda: buf.read(STDIN_PIECE)
-    read = getattr(source, "read", None)
-    if not callable(read):
-        raise InvalidArgument("stdin must be bytes, str or a binary file object")
-
-    def piece() -> bytes:
-        data = read(STDIN_PIECE)
-        if isinstance(data, str):
-            raise InvalidArgument("stdin must be opened in binary mode")
-        return bytes(data or b"")
-
-    return piece
-

@@ -13,13 +13,15 @@ provider facade checks them).
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import logging
 import math
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Union
 
 from . import _scripts as scripts
+from ._background import STDIN_PIECE
 from ._context import ProviderContext, script_failed
 from ._exec import OnText, RunOutcome, run_process
 from ._kills import KillBatcher
@@ -27,10 +29,10 @@ from ._lifecycle import Lifecycle
 from ._process import decode_output
 from .cancel import CancelToken
 from .envd import EnvdClient
-from .errors import E2BProviderError, NotFound
+from .errors import E2BProviderError, InvalidArgument, NotFound
 from .models import ExecResult, Target
 
-__all__ = ["TIMEOUT_MARGIN_SECONDS", "Commands"]
+__all__ = ["TIMEOUT_MARGIN_SECONDS", "Commands", "read_stdin_source"]
 
 log = logging.getLogger("e2b_provider")
 
@@ -165,3 +167,24 @@ def _feed_stdin(
             envd.close_stdin(pid, token=stop)
         except E2BProviderError:
             pass
+
+
+def read_stdin_source(source: Union[bytes, str, BinaryIO]) -> Callable[[], bytes]:
+    """A reader of pieces of ``source`` (bytes, str as UTF-8, or a binary file object)."""
+    if isinstance(source, str):
+        source = source.encode("utf-8")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        buf = io.BytesIO(bytes(source))
+        return lambda: buf.read(STDIN_PIECE)
+    read = getattr(source, "read", None)
+    if not callable(read):
+        raise InvalidArgument("stdin must be bytes, str or a binary file object")
+
+    def piece() -> bytes:
+        data = read(STDIN_PIECE)
+        if isinstance(data, str):
+            raise InvalidArgument("stdin must be opened in binary mode")
+        return bytes(data or b"")
+
+    return piece
+

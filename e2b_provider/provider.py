@@ -34,8 +34,8 @@ from typing import (
 
 from . import _validate as v
 from ._agent import FileAgents
-from ._background import Background, Command, CommandInfo, read_stdin_source
-from ._commands import Commands
+from ._background import Background, Command, CommandInfo
+from ._commands import Commands, read_stdin_source
 from ._context import Bounds, ProviderContext
 from ._files import Files
 from ._lifecycle import Lifecycle, ResumeOutcome
