@@ -258,6 +258,11 @@ def test_a_new_destination_appears_whole_or_not_at_all(
 
     def race(done: int, total: Optional[int]) -> None:
         if done >= 1 << 20 and not made.is_set():
+            # only once the sandbox side chose "new destination" (its part directory exists):
+            # made earlier, the destination is one that exists and is written into instead
+            wait_until(lambda: root(p, sandbox, "find /workspace -maxdepth 1 "
+                                                "-name '.capybara-part-*' -type d") != "",
+                       30, "the upload's part directory")
             root(p, sandbox, "mkdir -p /workspace/new-c && echo theirs > /workspace/new-c/x "
                              "&& chown -R sandbox /workspace/new-c")
             made.set()
