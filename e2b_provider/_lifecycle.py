@@ -176,6 +176,8 @@ class Lifecycle:
             body["network"] = {"allowOut": list(limits.allow_hosts), "denyOut": ["0.0.0.0/0"]}
         else:
             body["allow_internet_access"] = egress == "open"
+        if not limits.public_traffic:
+            body.setdefault("network", {})["allowPublicTraffic"] = False
         sent_at = ctx.leases.now()
         info = ctx.control.create(
             body, token=cancel, idempotency_key=str(uuid.uuid4()), deadline=deadline

@@ -452,7 +452,7 @@ def check_limits(limits: object) -> SandboxLimits:
     ``cpu``, ``memory_mb`` and ``disk_mb`` must be None (no request) or positive finite
     numbers (not bool, not NaN); ``egress`` one of ``"none"``, ``"allowlist"``, ``"open"``;
     with ``"allowlist"`` every entry of ``allow_hosts`` (at most 256) must pass
-    :func:`check_allow_host`.
+    :func:`check_allow_host`; ``public_traffic`` a bool.
 
     Returns:
         The limits, unchanged.
@@ -475,6 +475,11 @@ def check_limits(limits: object) -> SandboxLimits:
         raise InvalidArgument(
             f"invalid sandbox limits: egress must be one of 'none', 'allowlist', 'open', "
             f"not {show(limits.egress)}"
+        )
+    if not isinstance(limits.public_traffic, bool):
+        raise InvalidArgument(
+            f"invalid sandbox limits: public_traffic must be True or False, "
+            f"not {show(limits.public_traffic)}"
         )
     if limits.egress == "allowlist":
         if len(limits.allow_hosts) > MAX_ALLOW_HOSTS:

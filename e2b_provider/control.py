@@ -132,6 +132,8 @@ class SandboxInfo:
         client_id: the legacy client id ("" if missing).
         template_id: the template id ("" if missing).
         envd_access_token: the token envd requires, or None when the answer had none.
+        traffic_access_token: the token E2B's edge wants on the sandbox's other ports
+            (header ``e2b-traffic-access-token``) when its traffic is private, else None.
         raw_status: the HTTP status: 201 created, 200 was running, 201 resumed.
         resumed: True when a connect resumed a paused sandbox (status 201 on connect).
         cpu_count: ``cpuCount``, or None when the answer had none (E2B's create and
@@ -146,6 +148,7 @@ class SandboxInfo:
     client_id: str = ""
     template_id: str = ""
     envd_access_token: Optional[str] = attrs.field(default=None, repr=False)
+    traffic_access_token: Optional[str] = attrs.field(default=None, repr=False)
     raw_status: int = 200
     resumed: bool = False
     cpu_count: Optional[int] = None
@@ -154,6 +157,7 @@ class SandboxInfo:
 
     def __attrs_post_init__(self) -> None:
         register_secret(self.envd_access_token, owner=self)
+        register_secret(self.traffic_access_token, owner=self)
 
 
 @attrs.frozen
@@ -425,6 +429,9 @@ class ControlPlane:
         token = data.get("envdAccessToken")
         if not isinstance(token, str) or token == "":
             token = None
+        traffic = data.get("trafficAccessToken")
+        if not isinstance(traffic, str) or traffic == "":
+            traffic = None
         cpu_count, memory_mb, disk_mb = sizes(data)
         return SandboxInfo(
             sandbox_id=sid,
@@ -433,6 +440,7 @@ class ControlPlane:
             client_id=_str(data.get("clientID")),
             template_id=_str(data.get("templateID")),
             envd_access_token=token,
+            traffic_access_token=traffic,
             raw_status=resp.status,
             resumed=resumed,
             cpu_count=cpu_count,
@@ -868,7 +876,7 @@ class ControlPlane:
             )
         url = self._sandbox_url or f"https://{ENVD_PORT}-{sid}.{domain}"
         return Target(url=url, sandbox_id=sid, access_token=tok, domain=domain,
-                      resumed=info.resumed)
+                      resumed=info.resumed, traffic_token=info.traffic_access_token)
 
 
 class _Answer(Dict[str, Any]):

@@ -58,6 +58,10 @@ class SandboxLimits:
         egress: ``"none"`` (no network), ``"allowlist"`` (only ``allow_hosts``) or ``"open"``
             (refused unless the deployment sets ``allow_open_egress``).
         allow_hosts: host names, ``*.`` wildcards, IPs or CIDRs for ``"allowlist"``.
+        public_traffic: whether the sandbox's ports answer anyone who has their URL (True,
+            the default) or only requests carrying the sandbox's traffic token (False;
+            see :meth:`~e2b_provider.E2BSandboxProvider.traffic_headers`, which
+            :meth:`~e2b_provider.E2BSandboxProvider.forward` adds by itself).
     """
 
     cpu: Optional[float] = None
@@ -65,6 +69,7 @@ class SandboxLimits:
     disk_mb: Optional[int] = None
     egress: Egress = "none"
     allow_hosts: Tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    public_traffic: bool = True
 
 
 @attrs.frozen
@@ -237,7 +242,8 @@ class TransferSummary:
 
 @attrs.frozen
 class Target:
-    """How to reach one sandbox's envd: base URL, id and access token (hidden from repr).
+    """How to reach one sandbox's envd: base URL, id and access token (hidden from repr),
+    and the traffic token its other ports want when its traffic is private (hidden too).
 
     The token is a known secret (scrubbed from every library error) for as long as a target
     holding it exists.
@@ -248,6 +254,8 @@ class Target:
     access_token: str = attrs.field(repr=False)
     domain: str = ""
     resumed: bool = False
+    traffic_token: Optional[str] = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         register_secret(self.access_token, owner=self)
+        register_secret(self.traffic_token, owner=self)

@@ -47,6 +47,7 @@ from ._messages import (
     reword,
     unknown_sandbox_id,
 )
+from ._ports import ForwardLimits, Ports, check_port
 from ._trees import Progress, Trees
 from ._watchdog import Watchdog
 from .cancel import CancelToken, Deadline
@@ -199,6 +200,7 @@ class E2BSandboxProvider:
         self._files = Files(ctx, agents)
         self._trees = Trees(ctx, self._files)
         self._background = Background(ctx, agents)
+        self._ports = Ports(ctx)
         ctx.on_fork(self._lifecycle.after_fork)
 
     # -- housekeeping -------------------------------------------------------------------
@@ -217,6 +219,7 @@ class E2BSandboxProvider:
         ``wedged=False``, and the command is left to its in-sandbox timeout (its ``timeout``
         plus 5 s).
         """
+        self._ports.close()
         self._files.close()
         self._ctx.close()
 
@@ -1211,6 +1214,127 @@ class E2BSandboxProvider:
         if errors:
             raise FilesFailed(what, _entry_failures(errors), summary=summary)
         return summary
+
+    # -- ports ------------------------------------------------------------------------------
+
+    def url(
+        self, sandbox: SandboxRef, port: int, *, cancel: Optional[CancelToken] = None
+    ) -> str:
+        """The URL at which E2B serves ``port`` of the sandbox to the internet.
+
+        On E2B it is ``https://{port}-{sandbox id}.{domain}`` (the sandbox's own domain when
+        E2B answered one). With a configured ``sandbox_url`` (the emulator, a self-hosted
+        edge) it has that URL's scheme and port: the emulator's is
+        ``http://{port}-{id}.e2b.localhost:{emulator port}``, which a browser on this
+        machine opens as it is (browsers resolve every ``*.localhost`` name to loopback;
+        Python's resolver usually does not: use :meth:`forward` for plain HTTP clients).
+        No path and no trailing slash: append the path.
+
+        When the sandbox was created with ``SandboxLimits(public_traffic=False)``, every
+        request must also carry :meth:`traffic_headers` (E2B answers 403 without them);
+        :meth:`forward` adds them by itself.
+
+        Whether something listens on the port is not checked: E2B answers 502 "The sandbox
+        is running but port is not open" until it does. A server listening on the sandbox's
+        loopback (``127.0.0.1``) or on every address is reached.
+
+        Connects to the sandbox first when this provider has no lease on it (which resumes
+        a paused sandbox); bounded like a file call.
+
+        Raises:
+            InvalidArgument: ``port`` is not from 1 to 65535 (before any I/O).
+            SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        check_port(port)
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(f"finding the URL of port {port} of sandbox {sid}", sid=sid):
+            return self._ports.url(sid, port, cancel)
+
+    def traffic_headers(
+        self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None
+    ) -> Dict[str, str]:
+        """The headers every request to a port of the sandbox (other than envd's) must carry.
+
+        Empty for a sandbox whose traffic is public (the default). For one created with
+        ``SandboxLimits(public_traffic=False)``: ``{"e2b-traffic-access-token": token}``.
+        The token is a secret: it is never logged or shown in errors by this library; keep
+        it out of yours. Connects first when cold (see :meth:`url`).
+
+        Raises:
+            SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        with self._doing(f"reading the traffic headers of sandbox {sid}", sid=sid):
+            return self._ports.traffic_headers(sid, cancel)
+
+    @contextlib.contextmanager
+    def forward(
+        self,
+        sandbox: SandboxRef,
+        port: int,
+        *,
+        local_port: int = 0,
+        max_connections: int = 256,
+        idle_timeout: float = 300.0,
+        cancel: Optional[CancelToken] = None,
+    ) -> Iterator[str]:
+        """Serve ``port`` of the sandbox on this machine's loopback, for the ``with`` block.
+
+        Yields a plain local URL, ``http://127.0.0.1:{local port}``, that ``curl``,
+        ``requests`` and a browser on this machine can use: every connection to it is
+        relayed to the sandbox's port through E2B's edge (or the emulator), HTTP/1.1 with
+        streaming and chunked bodies, Server-Sent Events and WebSockets, the traffic token
+        added when the sandbox's traffic is private. Responses (E2B's 502 when nothing
+        listens yet, say) pass through unchanged. ::
+
+            with provider.forward(sandbox, 8000) as url:
+                print(requests.get(url + "/").text)
+
+        One thread serves every forward of this provider (an event loop; no thread per
+        connection). Leaving the block, :meth:`close`, or Ctrl-C while in it closes the
+        listener and its connections.
+
+        Args:
+            sandbox: the sandbox (handle or id).
+            port: the port inside the sandbox (1-65535).
+            local_port: the local port to listen on (0, the default: any free port).
+            max_connections: connections open at once (more are answered 503).
+            idle_timeout: seconds after which a connection with no traffic either way is
+                closed.
+            cancel: cancels the set-up (not the forward once it is open).
+
+        Raises:
+            InvalidArgument: a bad argument (before any I/O), or ``local_port`` taken.
+            SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        check_port(port)
+        if local_port != 0:
+            check_port(local_port, "local_port")
+        elif isinstance(local_port, bool) or not isinstance(local_port, int):
+            raise InvalidArgument(f"local_port must be an int, not {local_port!r}")
+        if (isinstance(max_connections, bool) or not isinstance(max_connections, int)
+                or not 1 <= max_connections <= 10000):
+            raise InvalidArgument("max_connections must be an int from 1 to 10000")
+        v.check_timeout(idle_timeout, name="idle_timeout")
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        limits = ForwardLimits(
+            max_connections=max_connections, idle_timeout=float(idle_timeout)
+        )
+        with self._doing(f"forwarding port {port} of sandbox {sid}", sid=sid):
+            opened = self._ports.forward(sid, port, local_port, limits, cancel)
+        try:
+            yield opened.url
+        finally:
+            opened.close()
 
 
 def _command_env(
