@@ -13,7 +13,8 @@ a terminal, a table of sandboxes, and exit codes:
 * 1 for any other error (no such sandbox, an API or connection error, a local file error),
   printed on one line without a traceback;
 * 130 after Ctrl-C in any other command, or while it starts (one line: ``e2b-provider:
-  interrupted``);
+  interrupted``), except ``forward``, which runs until Ctrl-C and then exits 0 (as
+  ``kubectl port-forward`` does);
 * ``emulator`` exits 0 once Ctrl-C or SIGTERM stopped it, 1 when it cannot run here.
 
 ``exec`` and ``start`` take the command after ``--``, as ``docker exec`` does: one word is a
@@ -35,6 +36,8 @@ Commands::
     e2b-provider cp [-r] [--exclude PATTERN]... SRC DST   (one side is SANDBOX:/path)
     e2b-provider ls [--name NAME]
     e2b-provider ls [-l] [--depth N] SANDBOX:/path
+    e2b-provider forward SANDBOX [LOCAL:]PORT [--local-port N]   (until Ctrl-C)
+    e2b-provider url SANDBOX PORT
     e2b-provider rm SANDBOX...
     e2b-provider suspend SANDBOX
     e2b-provider resume SANDBOX
@@ -455,6 +458,56 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ports_arg(text: str) -> Tuple[Optional[int], int]:
+    """``PORT`` or ``LOCAL:PORT`` (as ``kubectl port-forward`` takes them)."""
+    local, sep, remote = text.rpartition(":")
+    try:
+        port = int(remote)
+        local_port = int(local) if sep else None
+    except ValueError:
+        raise UsageError(f"{text!r} is not PORT or LOCAL:PORT") from None
+    for value in (port, local_port):
+        if value is not None and not 0 < value < 65536:
+            raise UsageError(f"{text!r}: ports are from 1 to 65535")
+    return local_port, port
+
+
+def _port_type(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError("ports are from 1 to 65535")
+    return value
+
+
+def _cmd_forward(args: argparse.Namespace) -> int:
+    local_port, port = _ports_arg(args.port)
+    if args.local_port is not None:
+        if local_port is not None and local_port != args.local_port:
+            raise UsageError("give the local port once (LOCAL:PORT or --local-port)")
+        local_port = args.local_port
+    with E2BSandboxProvider(_config()) as p:
+        h = _resolve(p, args.sandbox)
+        with p.forward(h, port, local_port=local_port or 0) as url:
+            print(f"Forwarding from {url[len('http://'):]} -> {port}", flush=True)
+            print(f"{PROG}: open {url}/ (port {port} of sandbox {h.id}); Ctrl-C stops",
+                  file=sys.stderr, flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                print(f"{PROG}: stopped forwarding", file=sys.stderr)
+    return 0
+
+
+def _cmd_url(args: argparse.Namespace) -> int:
+    with E2BSandboxProvider(_config()) as p:
+        print(p.url(_resolve(p, args.sandbox), args.port))
+    return 0
+
+
 def _cmd_suspend(args: argparse.Namespace) -> int:
     with E2BSandboxProvider(_config()) as p:
         p.suspend(_resolve(p, args.sandbox))
@@ -681,6 +734,33 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     ls.add_argument("--depth", type=int, default=1,
                     help="with SANDBOX:/PATH: levels to list (default 1)")
     ls.set_defaults(func=_cmd_ls)
+
+    fw = sub.add_parser(
+        "forward",
+        help="serve a sandbox port on this machine (like kubectl port-forward)",
+        description="Listen on 127.0.0.1 and relay every connection (HTTP/1.1, streaming, "
+        "Server-Sent Events, WebSockets) to PORT inside the sandbox, through E2B's edge or "
+        "the emulator, adding the sandbox's traffic token when its traffic is private. "
+        "Prints 'Forwarding from 127.0.0.1:LOCAL -> PORT', then runs until Ctrl-C "
+        "(exit 0).",
+    )
+    fw.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    fw.add_argument("port", metavar="[LOCAL:]PORT",
+                    help="the port inside the sandbox, optionally after the local port")
+    fw.add_argument("--local-port", type=_port_type, default=None, metavar="N",
+                    help="the local port (default: a free one)")
+    fw.set_defaults(func=_cmd_forward)
+
+    ur = sub.add_parser(
+        "url",
+        help="print the URL of a sandbox port",
+        description="Print the URL at which E2B serves PORT of the sandbox (on the "
+        "emulator, one a browser on this machine opens). Requests to it need the "
+        "sandbox's traffic token when its traffic is private; 'forward' adds it.",
+    )
+    ur.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    ur.add_argument("port", type=_port_type, metavar="PORT")
+    ur.set_defaults(func=_cmd_url)
 
     rm = sub.add_parser("rm", help="destroy sandboxes", description="Destroy sandboxes.")
     rm.add_argument("sandboxes", nargs="+", metavar="SANDBOX")
