@@ -91,7 +91,7 @@ STANDIN = textwrap.dedent(
         def handle_error(self, request, client_address):
             pass
 
-    assert os.environ.get("LISTEN_FDS") == "1", "no listening socket from PID 1"
+    assert os.environ.get("LISTEN_FDS") in ("1", "2"), "no listening socket from PID 1"
     server = S(sys.argv[1], H, bind_and_activate=False)
     server.socket.close()
     server.socket = socket.socket(fileno=3)

@@ -1,9 +1,11 @@
 """Routes and lifetime of the envd look-alike agent (``python -m e2b_provider.emulator.agent``).
 
 The runtime starts the agent inside each sandbox, as root, serving HTTP/1.1 (aiohttp) on a unix
-socket (``--socket /run/e2b/envd.sock``; the socket is inherited as fd 3 when ``LISTEN_FDS=1``
-and ``LISTEN_PID`` is the agent's pid, systemd's convention); it also runs directly on a host
-(as root) for its own tests. It owns the routes and the process lifetime of the agent:
+socket (``--socket /run/e2b/envd.sock``; the socket is inherited as fd 3 when ``LISTEN_FDS`` is
+set and ``LISTEN_PID`` is the agent's pid, systemd's convention); it also runs directly on a host
+(as root) for its own tests. With ``LISTEN_FDS=2`` (or ``--ports-socket``) it also serves the
+ports socket (fd 4): connections to the sandbox's TCP ports handed to the host, see
+:mod:`.ports`. It owns the routes and the process lifetime of the agent:
 
 * ``GET /health`` (204), ``POST /init`` and ``GET /envs`` (internal, like envd's: default
   env vars, default user and workdir; the host server must not forward ``/init`` from clients);
@@ -42,6 +44,7 @@ from aiohttp import web
 from . import files as agent_files
 from . import filesystem as agent_fs
 from . import journal
+from .ports import PortsServer
 from .process import (
     ExitRecord,
     ManagedProcess,
@@ -91,6 +94,8 @@ class AgentConfig:
 
     Attributes:
         socket_path: where to listen (a unix socket path; a stale socket there is replaced).
+        ports_socket_path: where to serve the ports socket when it is not inherited (None: only
+            an inherited one is served).
         default_user: user for requests without Basic auth / ``?username=``.
         default_workdir: cwd for processes started without one (else the user's home).
         env: default env vars of every process (after PATH/HOME/USER/LOGNAME, before the
@@ -98,6 +103,7 @@ class AgentConfig:
     """
 
     socket_path: str
+    ports_socket_path: Optional[str] = None
     default_user: str = "user"
     default_workdir: Optional[str] = None
     env: Dict[str, str] = attrs.field(factory=dict)
@@ -570,17 +576,30 @@ def _prepare_socket_path(path: str) -> None:
     os.unlink(path)
 
 
-def _inherited_socket() -> Optional[socket.socket]:
-    """The listening socket passed as fd 3 (``LISTEN_FDS``/``LISTEN_PID``), if any.
+def _inherited_sockets() -> List[socket.socket]:
+    """The listening sockets passed as fds 3 and up (``LISTEN_FDS``/``LISTEN_PID``): envd's,
+    then the ports socket's. Empty when none were passed.
 
     The variables are removed from the environment so that no child sees them.
     """
     fds = os.environ.pop("LISTEN_FDS", None)
     pid = os.environ.pop("LISTEN_PID", None)
-    if fds != "1" or pid != str(os.getpid()):
-        return None
-    sock = socket.socket(fileno=3)
-    sock.set_inheritable(False)
+    if fds not in ("1", "2") or pid != str(os.getpid()):
+        return []
+    socks = []
+    for fd in range(3, 3 + int(fds)):
+        sock = socket.socket(fileno=fd)
+        sock.set_inheritable(False)
+        socks.append(sock)
+    return socks
+
+
+def _listen_unix(path: str) -> socket.socket:
+    _prepare_socket_path(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(1024)
     return sock
 
 
@@ -607,7 +626,8 @@ async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> No
         auto_decompress=False,  # /files decodes Content-Encoding itself, as envd does
     )
     await runner.setup()
-    inherited = _inherited_socket()
+    inherited_socks = _inherited_sockets()
+    inherited = inherited_socks[0] if inherited_socks else None
     site: web.BaseSite
     if inherited is not None:
         site = web.SockSite(runner, inherited, backlog=1024)
@@ -615,17 +635,34 @@ async def serve(config: AgentConfig, stop: Optional[asyncio.Event] = None) -> No
         _prepare_socket_path(config.socket_path)
         site = web.UnixSite(runner, config.socket_path, backlog=1024)
     await site.start()
+    ports_listener: Optional[socket.socket] = None
+    own_ports_socket = False
+    if len(inherited_socks) > 1:
+        ports_listener = inherited_socks[1]
+    elif inherited is None and config.ports_socket_path:
+        ports_listener = _listen_unix(config.ports_socket_path)
+        own_ports_socket = True
+    ports = PortsServer(ports_listener) if ports_listener is not None else None
+    if ports is not None:
+        ports.start()
     log.info("envd agent on %s (default user %s)", config.socket_path, config.default_user)
     try:
         await stop.wait()
     finally:
         log.info("envd agent stopping")
+        if ports is not None:
+            await ports.close()
         agent.watchers.close()
         await agent.processes.shutdown()
         await runner.cleanup()
-        if inherited is None:  # an inherited socket outlives this agent (the next one uses it)
+        # an inherited socket outlives this agent (the next one uses it)
+        removed = [config.socket_path] if inherited is None else []
+        if own_ports_socket and ports_listener is not None and config.ports_socket_path:
+            ports_listener.close()
+            removed.append(config.ports_socket_path)
+        for path in removed:
             try:
-                os.unlink(config.socket_path)
+                os.unlink(path)
             except OSError:
                 pass
 
@@ -661,6 +698,11 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         description="envd look-alike agent of the local E2B emulator (HTTP on a unix socket).",
     )
     parser.add_argument("--socket", required=True, help="unix socket path to listen on")
+    parser.add_argument(
+        "--ports-socket",
+        default=None,
+        help="unix socket path of the ports socket, when it is not inherited (LISTEN_FDS=2)",
+    )
     parser.add_argument("--default-user", default="user", help="user when a request names none")
     parser.add_argument("--default-workdir", default=None, help="cwd of processes given none")
     parser.add_argument(
@@ -702,6 +744,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _raise_nofile_limit()
     config = AgentConfig(
         socket_path=args.socket,
+        ports_socket_path=args.ports_socket,
         default_user=args.default_user,
         default_workdir=args.default_workdir,
         env=env,

@@ -6,13 +6,21 @@ envd agent (:mod:`e2b_provider.emulator.agent`). Modules: :mod:`.boot` (:class:`
 :class:`SandboxRuntime`: boot, freeze, thaw, halt, destroy, limits), :mod:`.namespaces` (the
 isolation check, root mode's id range, rootless mode, overlaid host directories),
 :mod:`.cgroups` (freeze/kill/CPU, memory and process limits), :mod:`.disk` (each sandbox's
-size-limited disk image), :mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc),
+size-limited disk image), :mod:`.ports` (asking a sandbox's agent for a connection to one of
+its TCP ports), :mod:`.linux` (kernel interfaces: prctl, mountinfo, /proc),
 :mod:`.files` (copying a sandbox's files for forks and snapshots), :mod:`.usage` (CPU, memory
 and disk use), :mod:`.output` (a sandbox's output lines, time-stamped), :mod:`.errors`.
 Nothing here imports the host API (:mod:`e2b_provider.emulator.api`) or the agent.
 """
 
-from .boot import AGENT_SOCKET, SandboxRuntime, SandboxSpec, default_agent_argv, python_bind_paths
+from .boot import (
+    AGENT_SOCKET,
+    PORTS_SOCKET,
+    SandboxRuntime,
+    SandboxSpec,
+    default_agent_argv,
+    python_bind_paths,
+)
 from .cgroups import remove_stale_cgroups
 from .errors import IsolationUnavailable, SandboxRuntimeError
 from .files import copy_sandbox_files
@@ -28,19 +36,23 @@ from .namespaces import (
     subid_range,
 )
 from .output import SandboxOutput
+from .ports import PortClosed, connect_port
 from .usage import ResourceUsage
 
 __all__ = [
     "AGENT_SOCKET",
     "OVERLAY_DIRS",
+    "PORTS_SOCKET",
     "ROOT_MODE_ID_START",
     "IsolationUnavailable",
+    "PortClosed",
     "ResourceUsage",
     "SandboxOutput",
     "SandboxRuntime",
     "SandboxRuntimeError",
     "SandboxSpec",
     "check_isolation",
+    "connect_port",
     "copy_sandbox_files",
     "default_agent_argv",
     "python_bind_paths",

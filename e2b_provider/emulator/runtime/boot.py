@@ -24,7 +24,7 @@ Layout of a sandbox's ``state_dir`` (all of it stays on the host, none of it is 
     upper/<d>      otherwise: overlayfs upper dirs of /usr, /etc, /var, /opt (its changes)
     work/<d>       otherwise: overlayfs work dirs
     e2b/           bound at /run/e2b inside (host root's; sandbox processes cannot write it):
-                   envd.sock (made by PID 1), sandbox.json (the agent's)
+                   envd.sock and ports.sock (made by PID 1), sandbox.json (the agent's)
     boot.json      the configuration read by init.py
     boot_id        this boot's /proc/sys/kernel/random/boot_id (new at each boot)
     hostname       otherwise: the hostname /etc/hostname and /etc/hosts were generated for
@@ -47,6 +47,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -58,7 +59,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 import attrs
 
-from . import disk, linux
+from . import disk, linux, ports
 from .cgroups import SandboxCgroups
 from .errors import IsolationUnavailable, SandboxRuntimeError
 from .namespaces import (
@@ -84,6 +85,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 AGENT_SOCKET = "/run/e2b/envd.sock"
+#: Where PID 1 makes the agent's second socket: the host asks there for a connection to one of
+#: the sandbox's TCP ports and gets it back as a descriptor (see :mod:`..agent.ports`).
+PORTS_SOCKET = "/run/e2b/ports.sock"
 _EGRESS = ("none", "allowlist", "open")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -304,6 +308,9 @@ class SandboxRuntime:
 
     Attributes:
         envd_socket: host path of the agent's unix socket (exists once :meth:`boot` returned).
+        ports_socket: host path of the agent's ports socket: write a port number and a newline,
+            read one byte with a connected socket to that port inside the sandbox (passed as
+            ``SCM_RIGHTS``), or an error line (see :mod:`e2b_provider.emulator.agent.ports`).
         output: PID 1's and the agent's output lines of every boot (the sandbox's logs).
         last_boot_seconds: wall time of the last successful :meth:`boot`.
         boot_id: the sandbox's ``/proc/sys/kernel/random/boot_id`` since the last :meth:`boot`.
@@ -320,6 +327,7 @@ class SandboxRuntime:
         self.spec = spec
         self.state_dir = state_dir
         self.envd_socket = os.path.join(state_dir, "e2b", "envd.sock")
+        self.ports_socket = os.path.join(state_dir, "e2b", "ports.sock")
         self.output = SandboxOutput()
         if len(self.envd_socket.encode()) > _SUN_PATH_MAX:
             raise ValueError(f"state_dir too long for a unix socket path: {self.envd_socket!r}")
@@ -525,10 +533,11 @@ class SandboxRuntime:
         os.makedirs(e2b, mode=0o700, exist_ok=True)
         # Root mode: the agent (the sandbox's root, not host root) may pass through, not write.
         os.chmod(e2b, 0o700 if ids is None else 0o711)
-        try:
-            os.unlink(self.envd_socket)
-        except FileNotFoundError:
-            pass
+        for stale in (self.envd_socket, self.ports_socket):
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
         spec = self.spec
         info = {
             "sandbox_id": spec.sandbox_id,
@@ -567,6 +576,7 @@ class SandboxRuntime:
             "agent_env": env,
             "agent_cwd": self._agent_cwd,
             "agent_socket": AGENT_SOCKET,
+            "ports_socket": PORTS_SOCKET,
             "boot_id_file": boot_id_file,
             # what /etc/hostname and /etc/hosts were generated for (in the image, if any)
             "hostname_file": os.path.join(data, "hostname"),
@@ -680,6 +690,15 @@ class SandboxRuntime:
             if ns is not None and ns != own:
                 return child
         return None
+
+    async def connect_port(self, port: int, timeout: float = 8.0) -> socket.socket:
+        """A connection to TCP ``port`` inside the running sandbox (127.0.0.1, else ::1),
+        made by its agent from inside and passed back (see :mod:`.ports`).
+
+        Raises:
+            PortClosed: nothing listens there, or the agent did not answer within ``timeout``.
+        """
+        return await ports.connect_port(self.ports_socket, port, timeout)
 
     def log_tail(self, limit: int = 4000) -> str:
         """Return the end of ``init.log`` (PID 1's and the agent's output, this boot)."""

@@ -6,9 +6,10 @@ one), the root filesystem (a persistent per-sandbox root directory, overlayfs ov
 ``/usr``, ``/etc``, ``/var`` and ``/opt``, generated account files, the base template's
 ``sudo`` and ``python``, read-only binds of what the host Python needs, ``/proc`` with the
 sandbox's own boot id, ``/sys``, a minimal ``/dev``, ``/run`` with ``/run/e2b``),
-``pivot_root``, the hostname and loopback, the agent's listening socket, the sandbox's user
-namespace, the capability bounding set; and then the PID-1 job: reap every orphan and keep the
-agent running until SIGTERM arrives from outside the sandbox.
+``pivot_root``, the hostname and loopback, the agent's listening sockets (``envd.sock`` for
+envd traffic, ``ports.sock`` through which the host asks for connections to the sandbox's
+ports), the sandbox's user namespace, the capability bounding set; and then the PID-1 job:
+reap every orphan and keep the agent running until SIGTERM arrives from outside the sandbox.
 
 Root mode (``"userns"`` in the boot config): PID 1 stays host root, the only process of the
 sandbox that does; it builds everything above, then creates one user namespace mapping ids
@@ -28,7 +29,7 @@ own directories (``/workspace``, ``/home``, ``/root``, ``/tmp``, ``/opt/capybara
 :mod:`.boot` starts it as ``unshare --pid --fork --mount … -- <python> -E -s -S
 <path of this file> <config.json>``: run by path and with ``-S``, it must use the standard
 library only (no ``attrs``, nothing from ``e2b_provider``). It does no networking besides
-bringing ``lo`` up and listening on the agent's unix socket; no requests/urllib3. The pure
+bringing ``lo`` up and listening on the agent's unix sockets; no requests/urllib3. The pure
 helpers (``render_*``, ``locked_flags``) are importable for tests.
 """
 
@@ -783,11 +784,17 @@ def _kernel_fs(cfg: Mapping[str, Any]) -> None:
 
 
 class Boot:
-    """What :func:`setup` leaves for PID 1's loop: the agent's socket and user namespace."""
+    """What :func:`setup` leaves for PID 1's loop: the agent's sockets and user namespace."""
 
-    def __init__(self, listener: socket.socket, userns: Optional[int]) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        userns: Optional[int],
+        ports: Optional[socket.socket] = None,
+    ) -> None:
         self.listener = listener
         self.userns = userns
+        self.ports = ports
 
 
 def setup(cfg: Mapping[str, Any]) -> Boot:
@@ -797,7 +804,7 @@ def setup(cfg: Mapping[str, Any]) -> Boot:
         cfg: the boot configuration written by :class:`.boot.SandboxRuntime`.
 
     Returns:
-        The agent's listening socket and, in root mode, the sandbox's user namespace.
+        The agent's listening sockets and, in root mode, the sandbox's user namespace.
     """
     global _rootless, _uid_base, _gid_base
     _rootless = bool(cfg.get("rootless", False))
@@ -818,9 +825,10 @@ def setup(cfg: Mapping[str, Any]) -> Boot:
     socket.sethostname(cfg["hostname"])
     _loopback_up()
     listener = _listen(cfg["agent_socket"])
+    ports = _listen(cfg["ports_socket"]) if cfg.get("ports_socket") else None
     userns_fd = _make_userns(userns) if userns else None
     _drop_bounding_set(KEEP_CAPS)
-    return Boot(listener, userns_fd)
+    return Boot(listener, userns_fd, ports)
 
 
 # --- PID 1 --------------------------------------------------------------------------------
@@ -836,12 +844,16 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) ->
             os.setsid()
             if boot.userns is not None:
                 _enter_userns(boot.userns)
-            fd = boot.listener.fileno()
-            if fd == LISTEN_FD:
-                os.set_inheritable(fd, True)
-            else:
-                os.dup2(fd, LISTEN_FD)
-            agent_env = dict(env, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+            wanted = [boot.listener.fileno()]
+            if boot.ports is not None:
+                wanted.append(boot.ports.fileno())
+            # dup every socket above the target range first, so that no dup2 overwrites one
+            # that is still to be moved
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, LISTEN_FD + len(wanted)) for fd in wanted]
+            for target, fd in enumerate(high, LISTEN_FD):
+                os.dup2(fd, target)  # the new descriptor is inheritable
+                os.close(fd)
+            agent_env = dict(env, LISTEN_FDS=str(len(wanted)), LISTEN_PID=str(os.getpid()))
             os.chdir(cwd)
             os.execve(argv[0], list(argv), agent_env)
         except BaseException as exc:  # report, then leave the child
@@ -860,7 +872,8 @@ def serve(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) -> 
     """Run PID 1's loop: keep the agent alive, reap orphans, exit on SIGTERM from outside.
 
     Signals sent from inside the sandbox (``kill 1``) are ignored, as for a real init. Every
-    agent gets the listening socket as fd 3 (``LISTEN_FDS=1``, ``LISTEN_PID``) and, in root
+    agent gets the envd listening socket as fd 3 and the ports socket as fd 4 (``LISTEN_FDS=2``,
+    ``LISTEN_PID``; ``LISTEN_FDS=1`` when the boot config names no ports socket) and, in root
     mode, runs as root of the sandbox's user namespace.
 
     Args:
