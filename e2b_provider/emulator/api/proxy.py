@@ -1,9 +1,11 @@
-"""The emulator's envd front: routes envd traffic to the agent inside each sandbox.
+"""The emulator's sandbox front: routes sandbox traffic to the agent inside each sandbox.
 
-A request is envd traffic when it carries ``E2b-Sandbox-Id`` (port from ``E2b-Sandbox-Port``,
-default 49983) or its Host is ``<port>-<sandboxID>.<anything>``. This module owns, for such a
-request: the edge answers E2B gives itself (502 "The sandbox was not found" for an unknown or
-paused sandbox, 502 "…port is not open" for another port or a dead agent, 403 for a missing or
+A request is sandbox traffic when it carries ``E2b-Sandbox-Id`` (port from
+``E2b-Sandbox-Port``, default 49983) or its Host is ``<port>-<sandboxID>.<anything>``. Traffic
+to envd's port goes to the agent's unix socket; traffic to any other port is handed, once the
+checks below passed, to :class:`~.ports.PortRelay` (the sandbox's own servers). This module
+owns, for such a request: the edge answers E2B gives itself (502 "The sandbox was not found"
+for an unknown or paused sandbox, 502 "…port is not open" for a dead agent, 403 for a missing or
 wrong ``e2b-traffic-access-token`` on another port of a sandbox created with
 ``allowPublicTraffic: false``, 401 for a missing or wrong ``X-Access-Token`` on everything but
 ``GET /health`` and — as envd — for ``/files`` requests that carry neither the token nor a valid
@@ -34,6 +36,7 @@ from aiohttp import web
 
 from .faults import Fault, TrailerCut, bad_frame
 from .lifecycle import SandboxLifecycle
+from .ports import SANDBOX_NOT_FOUND, PortRelay, edge_502
 from .routing import api_error
 from .state import ENVD_PORT, TEMPLATE_USER, TEMPLATE_WORKDIR, SandboxRecord
 
@@ -173,6 +176,7 @@ class EnvdProxy:
     def __init__(self, server: SandboxLifecycle) -> None:
         self._server = server
         self._sessions: Dict[str, aiohttp.ClientSession] = {}
+        self.ports = PortRelay()
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -191,15 +195,18 @@ class EnvdProxy:
         return sess
 
     async def drop_session(self, sandbox_id: str) -> None:
-        """Close a sandbox's pooled agent connections (after a halt, reboot or kill)."""
+        """Close a sandbox's pooled agent connections and the connections to its ports
+        (after a halt, reboot or kill)."""
         sess = self._sessions.pop(sandbox_id, None)
         if sess is not None:
             await sess.close()
+        await self.ports.drop_session(sandbox_id)
 
     async def close(self) -> None:
         """Close every session."""
         for sid in list(self._sessions):
             await self.drop_session(sid)
+        await self.ports.close()
 
     async def health(self, rec: SandboxRecord, timeout: float) -> bool:
         """True when the sandbox's agent answers ``GET /health`` within ``timeout`` seconds."""
@@ -250,11 +257,11 @@ class EnvdProxy:
                 rec = server.records.get(sandbox_id) if _SANDBOX_ID_RE.match(sandbox_id) else None
                 if rec is None or rec.state != "running":
                     entry["status"] = 502
-                    return _edge_502(sandbox_id, "The sandbox was not found")
+                    return self._not_found(request, sandbox_id, port)
                 if server.faults.take("edge_not_found", sandbox_id=sandbox_id) is not None:
                     entry["status"] = 502
                     entry["fault"] = "edge_not_found"
-                    return _edge_502(sandbox_id, "The sandbox was not found")
+                    return self._not_found(request, sandbox_id, port)
                 error = server.faults.take("envd_error", sandbox_id=sandbox_id)
                 if error is not None:
                     status = int(error.params["status"])
@@ -262,12 +269,14 @@ class EnvdProxy:
                     entry["fault"] = "envd_error"
                     return api_error(status, "Bad gateway")
                 if port != ENVD_PORT:
+                    entry["port"] = port
                     refused = _traffic_token_refusal(request, rec)
                     if refused is not None:
                         entry["status"] = refused.status
                         return refused
-                    entry["status"] = 502
-                    return self._port_closed(sandbox_id)
+                    if task is not None:
+                        rec.streams.add(task)  # a pause or kill ends the relay
+                    return await self.ports.handle(request, rec, port, entry)
                 signed = request.path == "/files" and request.method in ("GET", "POST")
                 if signed:
                     denied = files_auth_error(request, rec.access_token)
@@ -301,6 +310,14 @@ class EnvdProxy:
 
     def _port_closed(self, sandbox_id: str) -> web.Response:
         return _edge_502(sandbox_id, "The sandbox is running but port is not open")
+
+    @staticmethod
+    def _not_found(request: web.BaseRequest, sandbox_id: str, port: int) -> web.Response:
+        """The edge's "not found" 502: JSON on envd's port, an HTML page to a browser on
+        another port (as E2B answers)."""
+        if port == ENVD_PORT:
+            return _edge_502(sandbox_id, SANDBOX_NOT_FOUND)
+        return edge_502(request, sandbox_id, SANDBOX_NOT_FOUND)
 
     async def _forward(
         self, request: web.Request, rec: SandboxRecord, entry: Dict[str, Any]
