@@ -40,7 +40,7 @@ __all__ = ["Emulator", "EmulatorError", "EmulatorUnavailable", "remove_state_dir
 #: Exit status of the CLI when sandbox isolation is unavailable on this machine.
 EXIT_UNAVAILABLE = 2
 #: The domain the emulator reports (matches ``state.DEFAULT_DOMAIN``).
-DOMAIN = "e2b.local"
+DOMAIN = "e2b.localhost"
 _ADMIN_TIMEOUT = 30.0
 _KEY_FIELD = re.compile(r"(api_key=|E2B_API_KEY=)\S*")
 #: The emulator's last line on stdout once it serves (see ``python -m e2b_provider.emulator``).

@@ -477,11 +477,11 @@ def test_envd_token_and_routing(emu: Emulator, make_sandbox: Make) -> None:
     assert r.status_code == 502 and r.json()["message"] == "The sandbox was not found"
     # Host-based routing: 49983-<id>.<domain>
     r = requests.get(
-        emu.sandbox_url + "/health", headers={"Host": f"49983-{sid}.e2b.local"}, timeout=10
+        emu.sandbox_url + "/health", headers={"Host": f"49983-{sid}.e2b.localhost"}, timeout=10
     )
     assert r.status_code == 204
     r = requests.get(
-        emu.sandbox_url + "/health", headers={"Host": f"3000-{sid}.e2b.local"}, timeout=10
+        emu.sandbox_url + "/health", headers={"Host": f"3000-{sid}.e2b.localhost"}, timeout=10
     )
     assert r.status_code == 502
     log = emu.requests(sandbox_id=sid, path="/process.Process/Start")

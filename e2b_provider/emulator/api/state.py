@@ -55,9 +55,12 @@ __all__ = [
 ENVD_VERSION = "0.6.13"
 #: E2B's constant legacy client id.
 CLIENT_ID = "6532622b"
-#: The domain reported in create/connect answers (a valid hostname that resolves nowhere).
-DEFAULT_DOMAIN = "e2b.local"
-#: envd's port; any other port in ``E2b-Sandbox-Port`` or the Host label is "not open".
+#: The domain reported in create/connect answers: browsers and curl resolve every
+#: ``*.localhost`` name to loopback, so ``http://<port>-<id>.e2b.localhost:<emulator port>/``
+#: opens a sandbox's port from the host (Python's resolver usually does not: send the Host
+#: header to 127.0.0.1, or the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers).
+DEFAULT_DOMAIN = "e2b.localhost"
+#: envd's port; any other port in ``E2b-Sandbox-Port`` or the Host label is a sandbox's own.
 ENVD_PORT = 49983
 #: The template every sandbox runs (E2B's ``base``), named in the CLI's ready line.
 DEFAULT_TEMPLATE = "base"
