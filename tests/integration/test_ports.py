@@ -240,3 +240,15 @@ def test_cli_forward_runs_until_ctrl_c(cli_forward: subprocess.Popen[str]) -> No
     cli_forward.send_signal(signal.SIGINT)
     assert cli_forward.wait(30) == 0
     assert cli_forward.stderr is not None and "Traceback" not in cli_forward.stderr.read()
+
+
+def test_the_readme_example_runs_as_written() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Ports and previews", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    status, url = out.stdout.splitlines()
+    assert status == "200"
+    assert url.startswith("http://8000-") and ".e2b.localhost:" in url
