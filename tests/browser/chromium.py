@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, NoReturn, Optional
 
 __all__ = [
     "BrowserError",
@@ -278,7 +278,7 @@ class Page:
         self.fail(f"{selector} of {self.url}: expected {expected!r}, saw {seen!r} after "
                   f"{timeout:g} s{problem}")
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
         """Raise ``AssertionError(what)`` with a screenshot's path and the page's diagnostics."""
         base = _unused(
             artifacts_dir() / f"{_safe_name(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}")
