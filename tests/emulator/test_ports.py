@@ -227,6 +227,31 @@ def test_many_requests_at_once(emu: Emulator, box: Sandbox) -> None:
     assert all(r == (200, b"x%d" % i if i % 2 else b"hello\n") for i, r in enumerate(results))
 
 
+def established(sbx: Sandbox, port: int) -> int:
+    """How many TCP connections to ``port`` the sandbox's servers have open (IPv4)."""
+    table = sbx.commands.run("cat /proc/net/tcp").stdout.splitlines()[1:]
+    local = f":{port:04X}"
+    return sum(1 for row in table if row.split()[1].endswith(local) and row.split()[3] == "01")
+
+
+def test_client_going_away_closes_the_upstream_request(emu: Emulator, box: Sandbox) -> None:
+    start_server(box, emu, 8003)  # a port of its own: no other connection to it comes and goes
+    resp = requests.get(
+        emu.sandbox_url + "/sse?n=1000&gap=0.05",
+        headers=route(box.sandbox_id, 8003),
+        stream=True,
+        timeout=10,
+    )
+    lines = resp.iter_lines()  # kept: a dropped iterator would close the connection
+    assert next(lines) == b"data: event 0"
+    assert established(box, 8003) == 1
+    assert next(lines) == b"" and next(lines) == b"data: event 1"  # still streaming
+    resp.close()  # the client goes away mid-stream
+    wait_until(
+        lambda: established(box, 8003) == 0, 10, "the relay to close its upstream connection"
+    )
+
+
 # -- WebSockets -----------------------------------------------------------------------------
 
 

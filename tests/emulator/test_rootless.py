@@ -2,7 +2,8 @@
 
 Run as root, these tests create a throwaway system user, give it (or not) a subuid/subgid range,
 and run a small Python script as that user (``setpriv``) that uses :class:`SandboxRuntime` with
-the real agent: boot, ``runuser -u sandbox -- id`` and a file write through the agent, SIGSTOP
+the real agent: boot, ``runuser -u sandbox -- id``, a connection to a server inside through the
+agent's ports socket, and a file write through the agent, SIGSTOP
 freeze/thaw, halt, reboot keeping files, destroy, sandboxes dying with their server, and the
 host ids of files and processes when the subuid and subgid ranges differ. The user and every
 file are removed afterwards.
@@ -246,8 +247,8 @@ SCRIPT = textwrap.dedent(
     from e2b_provider.emulator.api.volume_files import IdMap, VolumeRoot
     from e2b_provider.emulator.runtime import linux, sandbox_id_extents
     from e2b_provider.emulator.runtime import (
-        IsolationUnavailable, SandboxRuntime, SandboxSpec, check_isolation, copy_sandbox_files,
-        remove_tree)
+        IsolationUnavailable, PortClosed, SandboxRuntime, SandboxSpec, check_isolation,
+        copy_sandbox_files, remove_tree)
 
     def emit(**kw):
         print(json.dumps(kw), flush=True)
@@ -313,6 +314,29 @@ SCRIPT = textwrap.dedent(
              freeze=rt.freeze_method, pids=rt.host_pids(), health=call(rt, "GET", "/health")[0])
         emit(step="id", result=run(rt, "runuser -u sandbox -- id; id -un; hostname"))
         emit(step="sandbox-id", result=run(rt, "id", user="sandbox"))
+        # a server inside, reached through the agent's ports socket (as the edge does)
+        run(rt, "(setsid python3 -m http.server 8765 --bind ::1 --directory /tmp "
+                ">/dev/null 2>&1 &)", user="user")
+        deadline = time.monotonic() + 10
+        conn = None
+        while conn is None:
+            try:
+                conn = await rt.connect_port(8765, 5)
+            except PortClosed as exc:
+                assert time.monotonic() < deadline, f"no server on port 8765: {exc}"
+                await asyncio.sleep(0.05)  # the poll interval of this bounded wait
+        conn.setblocking(True)
+        conn.settimeout(10)
+        conn.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+        head = conn.recv(200).split(b"\r\n")[0].decode()
+        family = conn.family.name
+        conn.close()
+        try:
+            await rt.connect_port(8766, 5)
+            closed = None
+        except PortClosed as exc:
+            closed = str(exc)
+        emit(step="ports", head=head, family=family, closed=closed)
         wrote = run(rt, "echo v > /mnt/vol/f && id -u", user="user")
         ids = IdMap(*sandbox_id_extents(), can_chown=False)
         emit(step="volume", result=wrote, entry=VolumeRoot(vol, ids).stat("/f"),
@@ -593,6 +617,10 @@ def _check_steps(steps: Dict[str, Dict[str, Any]], start: int) -> None:
     assert lines[1:] == ["root", "rootless-box"], text
     code, text = steps["sandbox-id"]["result"]
     assert code == 0 and text.startswith("uid=1000(sandbox)"), text
+    # the ports socket works rootless: a connection to a server bound to ::1, a closed port
+    ports = steps["ports"]
+    assert ports["head"].startswith("HTTP/1.0 200") and ports["family"] == "AF_INET6", ports
+    assert ports["closed"] == "refused", ports
     # a volume bound into a rootless sandbox: the content API sees the writer's uid
     code, text = steps["volume"]["result"]
     assert code == 0, text
