@@ -6,7 +6,8 @@ and ``aiohttp`` bound read-only into the sandbox; it also runs directly on a hos
 its own tests. Modules: :mod:`.app` (routes, ``/init``, ``/health``, process lifetime),
 :mod:`.process` (the ``process.Process`` service), :mod:`.filesystem` (the
 ``filesystem.Filesystem`` service), :mod:`.files` (``GET``/``POST /files``), :mod:`.rpc`
-(Connect plumbing, users, paths), :mod:`.journal` (its JSON log lines, the sandbox's logs).
+(Connect plumbing, users, paths), :mod:`.journal` (its JSON log lines, the sandbox's logs),
+:mod:`.ports` (the ports socket: connections to the sandbox's TCP ports, passed to the host).
 Nothing here imports the host API (:mod:`e2b_provider.emulator.api`) or the runtime; this
 ``__init__`` imports nothing, so the agent's start loads only what it serves with.
 """
