@@ -36,6 +36,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "batch_files": ["--rounds", "5"],
     "trees": ["--rounds", "1", "--files", "500", "--mib", "10", "--big-mib", "128"],
     "background": ["--rounds", "5"],
+    "forward": ["--rounds", "5"],
 }
 
 

@@ -48,7 +48,7 @@ def _spawn(emu, sandbox_id: str, command: str, bound: float = 10.0) -> subproces
         "template": "base",
         "api_url": emu.api_url,
         "sandbox_url": emu.sandbox_url,
-        "domain": "e2b.local",
+        "domain": "e2b.localhost",
     }
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, json.dumps(cfg), sandbox_id, command, str(bound)],
