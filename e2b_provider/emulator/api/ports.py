@@ -45,6 +45,7 @@ from ..runtime.ports import PortClosed
 from .state import SandboxRecord
 
 __all__ = [
+    "HOP_BY_HOP",
     "MAX_WS_MESSAGE",
     "PORT_CLOSED",
     "SANDBOX_NOT_FOUND",
@@ -63,7 +64,8 @@ CONNECT_TIMEOUT = 8.0
 PORT_CLOSED = "The sandbox is running but port is not open"
 SANDBOX_NOT_FOUND = "The sandbox was not found"
 
-_HOP_BY_HOP = frozenset(
+#: Headers that concern one connection, never passed on (RFC 9110 §7.6.1).
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -78,7 +80,7 @@ _HOP_BY_HOP = frozenset(
 )
 #: Request headers the sandbox never sees: secrets of the edge and of envd, and ``Expect``
 #: (the relay streams the body itself).
-_NOT_FORWARDED = _HOP_BY_HOP | {
+_NOT_FORWARDED = HOP_BY_HOP | {
     "content-length",
     "expect",
     "x-access-token",
@@ -94,7 +96,7 @@ _WS_OWN = frozenset(
         "sec-websocket-accept",
     }
 )
-_NOT_RETURNED = _HOP_BY_HOP | {"content-length"}
+_NOT_RETURNED = HOP_BY_HOP | {"content-length"}
 #: Close codes a WebSocket endpoint may send (RFC 6455 §7.4; 1005, 1006, 1015 never are).
 _SENDABLE_CLOSE = frozenset({1000, 1001, 1002, 1003, *range(1007, 1015)})
 

@@ -36,7 +36,7 @@ from aiohttp import web
 
 from .faults import Fault, TrailerCut, bad_frame
 from .lifecycle import SandboxLifecycle
-from .ports import SANDBOX_NOT_FOUND, PortRelay, edge_502
+from .ports import HOP_BY_HOP, SANDBOX_NOT_FOUND, PortRelay, edge_502
 from .routing import api_error
 from .state import ENVD_PORT, TEMPLATE_USER, TEMPLATE_WORKDIR, SandboxRecord
 
@@ -46,21 +46,8 @@ log = logging.getLogger("e2b_provider.emulator.proxy")
 
 _HOST_RE = re.compile(r"^(\d+)-([a-z0-9]+)(?:-[^.]*)?\.")
 _SANDBOX_ID_RE = re.compile(r"^[a-z0-9]+$")
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-_NOT_FORWARDED = _HOP_BY_HOP | {"host", "x-access-token", "x-api-key", "content-length"}
-_NOT_RETURNED = _HOP_BY_HOP | {"content-length", "date", "server"}
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "x-access-token", "x-api-key", "content-length"}
+_NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
 #: Unary envd calls whose (small) JSON bodies are kept in the request log.
 _LOGGED_BODIES = (
     "/process.Process/SendSignal",
