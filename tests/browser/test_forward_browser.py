@@ -54,3 +54,23 @@ def test_a_page_served_in_the_sandbox_talks_websocket_through_the_forward(
                 page.expect_text("#echo", "echo: hello from the browser", timeout=30)
     finally:
         server.kill()
+
+
+def test_the_port_url_of_an_emulator_sandbox_opens_in_a_browser_as_it_is(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle, browser: OpenPage
+) -> None:
+    """``url(h, port)`` on the emulator (``http://<port>-<id>.e2b.localhost:<port>``): the
+    browser resolves the name to this machine itself, and the emulator's relay routes by the
+    Host it sends; the page's WebSocket goes the same way."""
+    shared_provider.write_file(sandbox, REMOTE, SERVER.read_bytes())
+    server = shared_provider.start(sandbox, f"python3 {REMOTE} {PORT + 1}")
+    try:
+        wait = WAIT_FOR_PORT.replace(str(PORT), str(PORT + 1))
+        ready = shared_provider.exec(sandbox, f"python3 -c {shlex.quote(wait)}", timeout=60)
+        assert ready.exit_code == 0, f"{ready}\nserver output: {server.output()}"
+        url = shared_provider.url(sandbox, PORT + 1)
+        assert re.fullmatch(rf"http://{PORT + 1}-{sandbox.id}\.e2b\.localhost:\d+", url), url
+        with browser(url) as page:
+            page.expect_text("#echo", "echo: hello from the browser", timeout=30)
+    finally:
+        server.kill()
