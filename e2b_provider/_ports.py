@@ -178,14 +178,19 @@ class Forward:
 
 
 class PortRelay:
-    """The event loop thread serving one provider's forwards (started on first use)."""
+    """The event loop thread serving one provider's forwards (started on first use).
 
-    def __init__(self) -> None:
+    Args:
+        tls: the TLS context of upstream connections; None: the system's CAs plus
+            certifi's (see :meth:`tls_context`).
+    """
+
+    def __init__(self, tls: Optional[ssl.SSLContext] = None) -> None:
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._listeners: Set[_Listener] = set()
-        self._tls: Optional[ssl.SSLContext] = None
+        self._tls = tls
         self._pid = os.getpid()
         self._closed = False
 

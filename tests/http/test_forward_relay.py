@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+import ssl
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import aiohttp
+import attrs
 import pytest
 import requests
 from aiohttp import web
@@ -320,3 +324,72 @@ def test_a_malformed_request_gets_400(upstream: Upstream_, relay: PortRelay) -> 
     assert answer.startswith(b"HTTP/1.1 400 ")
     fwd.close()
 
+
+
+def _certificate(tmp: Path, name: str) -> Tuple[Path, Path]:
+    """A self-signed certificate for ``name`` (openssl, one day)."""
+    key, cert = tmp / "key.pem", tmp / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}",
+         "-addext", f"subjectAltName=DNS:{name}",
+         "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,digitalSignature,keyCertSign"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return key, cert
+
+
+def test_tls_upstream_is_verified_by_name_as_on_e2b(tmp_path: Path) -> None:
+    """The E2B path (no sandbox URL): TLS to ``{port}-{id}.{domain}:443`` with that name as
+    SNI and as the certificate's name; a certificate for another name is refused."""
+    name = "8000-sbx1.e2b.test"
+    key, cert = _certificate(tmp_path, name)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(str(cert), str(key))
+    seen: List[str] = []
+    ready = threading.Event()
+    state: Dict[str, Any] = {}
+
+    def serve() -> None:
+        async def hello(request: web.Request) -> web.Response:
+            seen.append(request.headers.get("Host", ""))
+            return web.Response(text="tls hello")
+
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_get("/", hello)
+            runner = web.AppRunner(app, shutdown_timeout=1.0)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+            await site.start()
+            state["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            stop = asyncio.Event()
+            state["stop"] = (asyncio.get_running_loop(), stop)
+            ready.set()
+            await stop.wait()
+            await runner.cleanup()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    relay = PortRelay(tls=client_ctx)
+    try:
+        e2b = Upstream.for_port("sbx1", "e2b.test", 8000, None, None)
+        good = attrs.evolve(e2b, host="127.0.0.1", port=state["port"])  # resolved here
+        fwd = relay.open(good)
+        r = requests.get(fwd.url + "/", timeout=10)
+        assert (r.status_code, r.text) == (200, "tls hello")
+        assert seen == ["8000-sbx1.e2b.test"]
+        wrong = attrs.evolve(good, server_hostname="9000-sbx1.e2b.test")
+        bad = relay.open(wrong)
+        r = requests.get(bad.url + "/", timeout=10)
+        assert r.status_code == 502 and "certificate" in r.text.lower()
+    finally:
+        relay.close()
+        loop, stop = state["stop"]
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
