@@ -62,11 +62,14 @@ class FramingError(Exception):
 
     Attributes:
         status: what a server answers for it (400 bad request, 431 head too large).
+        events: the events of the same :meth:`Framer.feed` call before the error (whole
+            messages that came before the bad one, say).
     """
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+        self.events: List[Event] = []
 
 
 @attrs.frozen
@@ -210,6 +213,12 @@ class Framer:
         return self._held
 
     @property
+    def answered_all(self) -> bool:
+        """(Response framer.) True when every request announced with :meth:`expect` got
+        its whole answer."""
+        return not self._expected and not self._in_body and not self._buf
+
+    @property
     def between_messages(self) -> bool:
         """True when no message is partly read (nothing buffered, not in a body)."""
         return not self._in_body and not self._buf
@@ -237,7 +246,14 @@ class Framer:
             self._buf += data
             return []
         events: List[Event] = []
-        view = memoryview(data)
+        try:
+            self._feed(memoryview(data), events)
+        except FramingError as exc:
+            exc.events = events
+            raise
+        return events
+
+    def _feed(self, view: memoryview, events: List[Event]) -> List[Event]:
         pos = 0
         while True:
             if self._raw:
@@ -299,9 +315,11 @@ class Framer:
         used = end + size - start  # bytes of ``view`` consumed
         self._buf.clear()
         head = _parse_head(raw, self._is_request)
-        events.append((HEAD, head))
         self._upgrade_asked = self._is_request and head.wants_upgrade
-        self._start_body(head, events)
+        after: List[Event] = []  # a head whose framing is refused adds no event at all
+        self._start_body(head, after)
+        events.append((HEAD, head))
+        events.extend(after)
         return pos + used, True
 
     def _start_body(self, head: Head, events: List[Event]) -> None:

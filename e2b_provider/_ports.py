@@ -393,6 +393,8 @@ class _Connection:
         self.decided = asyncio.Event()
         self.switched = False
         self.answered = 0  # bytes sent to the client
+        self.sent = 0  # requests sent upstream
+        self.closing = False  # no more requests: end once the answers owed have passed
         self.loop = asyncio.get_running_loop()
         self.last = self.loop.time()
 
@@ -415,6 +417,8 @@ class _Connection:
                 await asyncio.wait_for(self.cwriter.drain(), _CLOSE_TIMEOUT)
             except (OSError, asyncio.TimeoutError):
                 pass
+        if self.uwriter is not None:  # nothing more goes upstream: its answer ends too
+            self.uwriter.transport.abort()
         if self.answered:
             self.abort()
         else:
@@ -482,7 +486,16 @@ class _Connection:
                     self.decided.clear()
                     await self._send(self.requests.resume(self.switched))
             except FramingError as exc:
-                await self.refuse(exc.status, f"bad request: {exc}")
+                if not self.sent and not any(k == HEAD for k, _ in exc.events):
+                    await self.refuse(exc.status, f"bad request: {exc}")
+                    return
+                # answers are owed for what went upstream: send what came before the bad
+                # request, then no more; the connection ends once they have passed
+                await self._send(exc.events)
+                log.debug("e2b_provider: forward stops reading a client: %s", exc)
+                self.closing = True
+                if self.responses.answered_all:
+                    upstream.transport.abort()
                 return
 
     async def _send(self, events: List[Event]) -> None:
@@ -491,6 +504,7 @@ class _Connection:
         for kind, payload in events:
             if kind == HEAD:
                 assert isinstance(payload, Head)
+                self.sent += 1
                 self.responses.expect(payload.method, payload.wants_upgrade)
                 self.uwriter.write(payload.rewritten(_REPLACED, add))
             elif isinstance(payload, bytes):
@@ -511,6 +525,8 @@ class _Connection:
                         self.switched = kind == SWITCHED
                         self.decided.set()
             await self.cwriter.drain()
+            if self.closing and self.responses.answered_all:
+                return
 
 
 _REASONS: Dict[int, str] = {

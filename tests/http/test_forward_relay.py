@@ -393,3 +393,30 @@ def test_tls_upstream_is_verified_by_name_as_on_e2b(tmp_path: Path) -> None:
         loop, stop = state["stop"]
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+
+
+def test_a_bad_request_mid_connection_ends_it_at_once(
+    upstream: Upstream_, relay: PortRelay
+) -> None:
+    """A request the forward cannot frame after a good one on the same connection: the
+    answer to the good one arrives, then the connection (and its upstream) closes, not at
+    the idle timeout."""
+    fwd = relay.open(target(upstream))
+    with socket.create_connection(("127.0.0.1", fwd.local_port), timeout=10) as s:
+        s.sendall(b"GET /slow?s=0.3 HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n")
+        got = b""
+        began = time.monotonic()
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            got += piece
+    # the good request is answered (the 400 would look like its answer); then the end
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"slow"), got
+    assert time.monotonic() - began < 5
+    deadline = time.monotonic() + 5
+    while fwd.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fwd.connections == 0
+    fwd.close()

@@ -216,3 +216,18 @@ def test_a_large_body_passes_in_pieces_without_being_held() -> None:
                 got += payload
             events.append((kind, payload))
     assert bytes(got) == body and events[-1] == (END, None)
+
+
+def test_an_error_keeps_the_messages_before_the_bad_one_and_nothing_of_it() -> None:
+    framer = Framer(is_request=True)
+    with pytest.raises(FramingError) as info:
+        framer.feed(b"GET /good HTTP/1.1\r\n\r\nGET /bad HTTP/1.1\r\nContent-Length: x\r\n\r\n")
+    assert summary(info.value.events) == [(HEAD, b"GET /good HTTP/1.1"), (END, None)]
+    answers = Framer(is_request=False)
+    assert answers.answered_all
+    answers.expect(b"GET")
+    assert not answers.answered_all
+    answers.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\no")
+    assert not answers.answered_all
+    answers.feed(b"k")
+    assert answers.answered_all
