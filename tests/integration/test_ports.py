@@ -252,3 +252,18 @@ def test_the_readme_example_runs_as_written() -> None:
     status, url = out.stdout.splitlines()
     assert status == "200"
     assert url.startswith("http://8000-") and ".e2b.localhost:" in url
+
+
+def test_cli_url_prints_the_port_url(
+    cli_env: Dict[str, str], shared_provider: E2BSandboxProvider, served: SandboxHandle
+) -> None:
+    r = subprocess.run([sys.executable, "-m", "e2b_provider", "url", served.id, str(PORT)],
+                       env=cli_env, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, shared_provider.url(served, PORT) + "\n"), r.stderr
+    bad = subprocess.run([sys.executable, "-m", "e2b_provider", "url", served.id, "0"],
+                         env=cli_env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "ports are from 1 to 65535" in bad.stderr
+    clash = subprocess.run(
+        [sys.executable, "-m", "e2b_provider", "forward", served.id, "9000:8000",
+         "--local-port", "9001"], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert clash.returncode == 2 and "local port once" in clash.stderr

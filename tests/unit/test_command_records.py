@@ -184,8 +184,11 @@ def test_supervisor_tells_a_timeout_from_a_kill_and_a_crash(records: Path) -> No
 
 def _killed_while_running(records: Path, cid: str, ctl: str, child: Any) -> None:
     try:
+        # the command's pid file (its wrapper's) and the record's meta.json (the supervisor's,
+        # written after the fork) come in either order; start() returns after both
         deadline = time.monotonic() + 30
-        while not os.path.exists(f"{ctl}.pid") and time.monotonic() < deadline:
+        while not (os.path.exists(f"{ctl}.pid") and (records / cid / "meta.json").exists()):
+            assert time.monotonic() < deadline, "the supervisor did not start the command"
             time.sleep(0.02)
         assert [m["id"] for m in file_agent.do_cmd_list()] == [cid]
         (records / cid / "killed").touch()
