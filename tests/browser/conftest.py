@@ -30,7 +30,7 @@ def chromium_binary() -> str:
                   "(./dev installs the Debian package chromium when run as root)")
         if os.environ.get("CI"):
             pytest.fail(f"{reason}; CI must run the browser tests", pytrace=False)
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     return path
 
 
