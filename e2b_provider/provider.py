@@ -236,6 +236,14 @@ class E2BSandboxProvider:
     def _check_open(self) -> None:
         self._ctx.check_open()
 
+    def _open_sandbox(self, sandbox: SandboxRef, cancel: Optional[CancelToken]) -> str:
+        """The start of a call on one sandbox: open, its id checked, not yet cancelled."""
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        return sid
+
     @contextlib.contextmanager
     def _doing(self, doing: str, lost: str = "", sid: Optional[str] = None) -> Iterator[None]:
         """Say every error of the block in the caller's terms (see :mod:`._messages`;
@@ -359,10 +367,7 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"describing sandbox {sid}"):
             return self._lifecycle.info(sid, cancel)
 
@@ -383,10 +388,7 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"resuming sandbox {sid}"):
             return self._lifecycle.resume(sid, cancel)
 
@@ -405,10 +407,7 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"suspending sandbox {sid}"):
             self._files.forget(sid)
             self._lifecycle.suspend(sid, cancel)
@@ -424,10 +423,7 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"destroying sandbox {sid}"):
             self._files.forget(sid)
             self._lifecycle.destroy(sid, cancel)
@@ -502,10 +498,7 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"stopping leftover commands in sandbox {sid}", sid=sid):
             self._commands.kill_all(sid, cancel)
         with self._doing(f"stopping leftover file operations in sandbox {sid}", sid=sid):
@@ -1266,10 +1259,7 @@ class E2BSandboxProvider:
         Raises:
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"reading the traffic headers of sandbox {sid}", sid=sid):
             return self._ports.traffic_headers(sid, cancel)
 
