@@ -458,20 +458,6 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ports_arg(text: str) -> Tuple[Optional[int], int]:
-    """``PORT`` or ``LOCAL:PORT`` (as ``kubectl port-forward`` takes them)."""
-    local, sep, remote = text.rpartition(":")
-    try:
-        port = int(remote)
-        local_port = int(local) if sep else None
-    except ValueError:
-        raise UsageError(f"{text!r} is not PORT or LOCAL:PORT") from None
-    for value in (port, local_port):
-        if value is not None and not 0 < value < 65536:
-            raise UsageError(f"{text!r}: ports are from 1 to 65535")
-    return local_port, port
-
-
 def _port_type(text: str) -> int:
     try:
         value = int(text)
@@ -482,8 +468,14 @@ def _port_type(text: str) -> int:
     return value
 
 
+def _ports_type(text: str) -> Tuple[Optional[int], int]:
+    """``PORT`` or ``LOCAL:PORT`` (as ``kubectl port-forward`` takes them)."""
+    local, sep, remote = text.rpartition(":")
+    return (_port_type(local) if sep else None), _port_type(remote)
+
+
 def _cmd_forward(args: argparse.Namespace) -> int:
-    local_port, port = _ports_arg(args.port)
+    local_port, port = args.port
     if args.local_port is not None:
         if local_port is not None and local_port != args.local_port:
             raise UsageError("give the local port once (LOCAL:PORT or --local-port)")
@@ -745,7 +737,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "(exit 0).",
     )
     fw.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
-    fw.add_argument("port", metavar="[LOCAL:]PORT",
+    fw.add_argument("port", type=_ports_type, metavar="[LOCAL:]PORT",
                     help="the port inside the sandbox, optionally after the local port")
     fw.add_argument("--local-port", type=_port_type, default=None, metavar="N",
                     help="the local port (default: a free one)")
