@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Deque, List, Optional, Tuple, Union
+from typing import Deque, List, Optional, Sequence, Tuple, Union
 
 import attrs
 
@@ -80,47 +80,26 @@ class Head:
         start_line: the request or status line, without its line end.
         headers: ``(name, value)`` pairs in order, names as sent, values stripped.
         raw: the head's bytes as they came, blank line included.
+        method: a request's method (b"" for a response).
+        status: a response's status code (0 for a request).
+        wants_upgrade: True for a request asking to switch protocols (``Connection:
+            upgrade`` and an ``Upgrade`` header), such as a WebSocket handshake.
     """
 
     start_line: bytes
     headers: Tuple[Tuple[bytes, bytes], ...]
     raw: bytes = attrs.field(repr=False)
+    method: bytes = b""
+    status: int = 0
+    wants_upgrade: bool = False
 
     def get(self, name: bytes) -> Optional[bytes]:
         """The last value of header ``name`` (any case), or None."""
-        lname = name.lower()
-        found = None
-        for key, value in self.headers:
-            if key.lower() == lname:
-                found = value
-        return found
+        return _header(self.headers, name)
 
     def tokens(self, name: bytes) -> List[bytes]:
         """The comma-separated, lowercased tokens of every ``name`` header."""
-        lname = name.lower()
-        out: List[bytes] = []
-        for key, value in self.headers:
-            if key.lower() == lname:
-                out.extend(t.strip().lower() for t in value.split(b",") if t.strip())
-        return out
-
-    @property
-    def method(self) -> bytes:
-        """A request's method (b"" for a response)."""
-        match = _REQUEST_LINE_RE.match(self.start_line)
-        return match.group(1) if match else b""
-
-    @property
-    def status(self) -> int:
-        """A response's status code (0 for a request)."""
-        match = _STATUS_LINE_RE.match(self.start_line)
-        return int(match.group(3)) if match else 0
-
-    @property
-    def wants_upgrade(self) -> bool:
-        """True for a request asking to switch protocols (``Connection: upgrade`` and an
-        ``Upgrade`` header), such as a WebSocket handshake."""
-        return self.get(b"upgrade") is not None and b"upgrade" in self.tokens(b"connection")
+        return _tokens(self.headers, name)
 
     def rewritten(
         self, drop: Tuple[bytes, ...], add: Tuple[Tuple[bytes, bytes], ...]
@@ -137,11 +116,9 @@ def _parse_head(raw: bytes, is_request: bool) -> Head:
     text = raw[: -4] if raw.endswith(b"\r\n\r\n") else raw.rstrip(b"\n").rstrip(b"\r")
     lines = [line[:-1] if line.endswith(b"\r") else line for line in text.split(b"\n")]
     start = lines[0]
-    if is_request:
-        if not _REQUEST_LINE_RE.match(start):
-            raise FramingError("malformed request line")
-    elif not _STATUS_LINE_RE.match(start):
-        raise FramingError("malformed status line")
+    match = (_REQUEST_LINE_RE if is_request else _STATUS_LINE_RE).match(start)
+    if match is None:
+        raise FramingError("malformed request line" if is_request else "malformed status line")
     headers: List[Tuple[bytes, bytes]] = []
     for line in lines[1:]:
         if line[:1] in (b" ", b"\t"):
@@ -153,7 +130,29 @@ def _parse_head(raw: bytes, is_request: bool) -> Head:
         if b"\r" in value or b"\x00" in value:
             raise FramingError("malformed header value")
         headers.append((name, value))
-    return Head(start_line=start, headers=tuple(headers), raw=raw)
+    if not is_request:
+        return Head(start, tuple(headers), raw, status=int(match.group(3)))
+    upgrade = (_header(headers, b"upgrade") is not None
+               and b"upgrade" in _tokens(headers, b"connection"))
+    return Head(start, tuple(headers), raw, method=match.group(1), wants_upgrade=upgrade)
+
+
+def _header(headers: Sequence[Tuple[bytes, bytes]], name: bytes) -> Optional[bytes]:
+    lname = name.lower()
+    found = None
+    for key, value in headers:
+        if key.lower() == lname:
+            found = value
+    return found
+
+
+def _tokens(headers: Sequence[Tuple[bytes, bytes]], name: bytes) -> List[bytes]:
+    lname = name.lower()
+    out: List[bytes] = []
+    for key, value in headers:
+        if key.lower() == lname:
+            out.extend(t.strip().lower() for t in value.split(b",") if t.strip())
+    return out
 
 
 def _content_length(head: Head) -> Optional[int]:
@@ -216,7 +215,7 @@ class Framer:
     def answered_all(self) -> bool:
         """(Response framer.) True when every request announced with :meth:`expect` got
         its whole answer."""
-        return not self._expected and not self._in_body and not self._buf
+        return not self._expected and self.between_messages
 
     @property
     def between_messages(self) -> bool:
