@@ -232,9 +232,6 @@ class PortRelay:
             loop = self._loop
         if loop is None or not loop.is_running() or self._pid != os.getpid():
             return
-        if threading.current_thread() is self._thread:
-            loop.create_task(listener.aclose())
-            return
         future = asyncio.run_coroutine_threadsafe(listener.aclose(), loop)
         try:
             future.result(timeout=_CLOSE_TIMEOUT)
@@ -260,10 +257,11 @@ class PortRelay:
     def after_fork(self) -> None:
         """In a forked child: forget the parent's loop and listeners (not ours to close)."""
         with self._lock:
-            self._loop = None
-            self._thread = None
-            self._listeners = set()
-            self._pid = os.getpid()
+            self._forget()
+
+    def _forget(self) -> None:
+        self._loop, self._thread, self._listeners = None, None, set()
+        self._pid = os.getpid()
 
     def tls_context(self) -> ssl.SSLContext:
         """The TLS context for E2B's edge (system CAs, plus certifi's when installed)."""
@@ -283,9 +281,8 @@ class PortRelay:
         with self._lock:
             if self._closed:
                 raise E2BProviderError("the provider's port forwarding is closed")
-            if self._pid != os.getpid():
-                self._loop, self._thread, self._listeners = None, None, set()
-                self._pid = os.getpid()
+            if self._pid != os.getpid():  # forked: the parent's loop is not here
+                self._forget()
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
