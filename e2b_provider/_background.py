@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import attrs
 
 from . import _scripts as scripts
+from . import _validate as v
 from ._agent import AgentUnavailable, FileAgents
 from ._command_records import (
     COMMAND_TAG_PREFIX,
@@ -203,6 +204,7 @@ class Command:
             CommandNotFound: the record is gone (the sandbox was replaced).
             Cancelled, SandboxGoneError, E2BProviderError.
         """
+        v.check_cancel(cancel)
         r = self._owner.read(self.sandbox_id, self._cid, -1, -1, self._cap, cancel)
         out, err = KeptOutput(self._cap), KeptOutput(self._cap)
         out.reset(r.out[0], r.out[2])
@@ -256,6 +258,7 @@ class Command:
         for name, cb in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
             if cb is not None and not callable(cb):
                 raise InvalidArgument(f"{name} must be a callable taking a str, or None")
+        v.check_cancel(cancel)
         return self._owner.follow(self, timeout, cancel, on_stdout, on_stderr)
 
     def send_stdin(self, data: Union[bytes, str], *, cancel: Optional[CancelToken] = None) -> None:
@@ -272,6 +275,7 @@ class Command:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes or str")
         self._check_stdin()
+        v.check_cancel(cancel)
         self._owner.send_stdin(self, bytes(data), cancel)
 
     def close_stdin(self, *, cancel: Optional[CancelToken] = None) -> None:
@@ -284,6 +288,7 @@ class Command:
         """
         if not self.stdin:
             raise InvalidArgument(f"command {self.id} was started without stdin=True")
+        v.check_cancel(cancel)
         if self._stdin_closed:
             return
         self._owner.close_stdin(self, cancel)
@@ -297,6 +302,7 @@ class Command:
             CommandFailed: the kill script failed.
             Cancelled, SandboxGoneError, E2BProviderError.
         """
+        v.check_cancel(cancel)
         self._owner.kill(self, cancel)
 
     def _check_stdin(self) -> None:

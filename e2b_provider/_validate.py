@@ -19,6 +19,7 @@ import re
 import unicodedata
 from typing import Any, Dict, List, Mapping, Optional, Pattern, cast
 
+from .cancel import CancelToken
 from .errors import InvalidArgument
 from .models import SandboxLimits
 
@@ -529,3 +530,20 @@ def check_max_bytes(n: object, name: str) -> int:
     if n > MAX_BYTES_LIMIT:
         raise InvalidArgument(f"invalid {name} {show(n)}: at most {MAX_BYTES_LIMIT} (1 GiB)")
     return int(n)
+
+
+def check_cancel(cancel: object) -> Optional[CancelToken]:
+    """``cancel`` if it is a :class:`~e2b_provider.CancelToken` or None.
+
+    Raises:
+        InvalidArgument: anything else (before any I/O).
+        Cancelled: the token has fired already.
+    """
+    if cancel is None:
+        return None
+    if not isinstance(cancel, CancelToken):
+        raise InvalidArgument(
+            f"cancel must be a CancelToken or None, not {type(cancel).__name__}"
+        )
+    cancel.raise_if_cancelled()
+    return cancel

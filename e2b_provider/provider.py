@@ -240,8 +240,7 @@ class E2BSandboxProvider:
         """The start of a call on one sandbox: open, its id checked, not yet cancelled."""
         self._check_open()
         sid = _sandbox_id(sandbox)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         return sid
 
     @contextlib.contextmanager
@@ -339,8 +338,7 @@ class E2BSandboxProvider:
             limits = SandboxLimits()
         v.check_name(name)
         v.check_limits(limits)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         if limits.egress == "open" and not self._ctx.config.allow_open_egress:
             raise InvalidArgument(
                 'sandbox egress "open" is refused: this deployment has allow_open_egress=False. '
@@ -446,8 +444,7 @@ class E2BSandboxProvider:
         """
         self._check_open()
         v.check_name(name)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(f"destroying the sandboxes named {name!r}"):
             return self._lifecycle.destroy_by_name(name, cancel)
 
@@ -476,8 +473,7 @@ class E2BSandboxProvider:
         self._check_open()
         if name is not None:
             v.check_name(name)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         what = "listing sandboxes" if name is None else f"listing the sandboxes named {name!r}"
         with self._doing(what):
             return self._lifecycle.list(name, cancel)
@@ -527,8 +523,7 @@ class E2BSandboxProvider:
         tag_list = list(tags)
         for t in tag_list:
             v.check_tag(t)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         if not tag_list:
             return
         with self._doing(
@@ -640,8 +635,7 @@ class E2BSandboxProvider:
             if cb is not None and not callable(cb):
                 raise InvalidArgument(f"{cb_name} must be a callable taking a str, or None")
         read_stdin = read_stdin_source(stdin) if stdin is not None else None
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         began = time.monotonic()
         with self._doing(
             f"running a command in sandbox {sid}",
@@ -753,8 +747,7 @@ class E2BSandboxProvider:
         run_env = _command_env(cwd, env, tag)
         if not isinstance(stdin, bool):
             raise InvalidArgument("stdin must be True or False")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(
             f"starting a background command in sandbox {sid}",
             "the command may or may not have started: commands() lists what runs", sid=sid):
@@ -774,8 +767,7 @@ class E2BSandboxProvider:
             CommandNotFound: the sandbox has no such command.
             Cancelled, SandboxGoneError, E2BProviderError.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"finding command {str(command_id)[:120]} in sandbox {sid}", sid=sid):
             return self._background.attach(sid, command_id, cancel)
 
@@ -788,8 +780,7 @@ class E2BSandboxProvider:
         Raises:
             Cancelled, SandboxGoneError, CommandFailed, E2BProviderError.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
+        sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"listing background commands in sandbox {sid}", sid=sid):
             return self._background.list(sid, cancel)
 
@@ -841,8 +832,7 @@ class E2BSandboxProvider:
         sid = _sandbox_id(sandbox)
         v.check_path(path)
         v.check_max_bytes(max_bytes, "max_bytes")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(f"reading {path} in sandbox {sid}", sid=sid):
             return self._files.read(sid, path, max_bytes, cancel)
 
@@ -903,8 +893,7 @@ class E2BSandboxProvider:
         v.check_path(path)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(
             f"writing {path} in sandbox {sid}",
             "the file may or may not have been written (the answer was lost twice)", sid=sid):
@@ -934,8 +923,7 @@ class E2BSandboxProvider:
         self._check_open()
         sid = _sandbox_id(sandbox)
         v.check_path(path)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(f"examining {path} in sandbox {sid}", sid=sid):
             return self._files.stat(sid, path, cancel)
 
@@ -974,8 +962,7 @@ class E2BSandboxProvider:
         self._check_open()
         sid = _sandbox_id(sandbox)
         items = _checked_files(files)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(
             f"writing {len(items)} files in sandbox {sid}",
             "the files may or may not have been written (the answer was lost twice)", sid=sid):
@@ -1020,8 +1007,7 @@ class E2BSandboxProvider:
         for path in wanted:
             v.check_path(path)
         v.check_max_bytes(max_bytes, "max_bytes")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(f"reading {len(wanted)} files in sandbox {sid}", sid=sid):
             out, failed = self._files.read_many(sid, wanted, max_bytes, cancel)
         if failed:
@@ -1064,8 +1050,7 @@ class E2BSandboxProvider:
         v.check_path(path)
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
             raise InvalidArgument("depth must be an int from 1 to 64")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(f"listing {path} in sandbox {sid}", sid=sid):
             return self._files.list_dir(sid, path, depth, cancel)
 
@@ -1126,8 +1111,7 @@ class E2BSandboxProvider:
         patterns = _patterns(exclude)
         if progress is not None and not callable(progress):
             raise InvalidArgument("progress must be callable")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         what = f"uploading {src} to {remote_path} in sandbox {sid}"
         with self._doing(what, "some files may have been written", sid=sid):
             summary, errors = self._trees.upload(
@@ -1196,8 +1180,7 @@ class E2BSandboxProvider:
             raise InvalidArgument(f"max_bytes must be an int from 1 to {MAX_DOWNLOAD_BYTES}")
         if progress is not None and not callable(progress):
             raise InvalidArgument("progress must be callable")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         what = f"downloading {remote_path} from sandbox {sid} to {dst}"
         with self._doing(what, "some files may have been written", sid=sid):
             summary, errors = self._trees.download(
@@ -1241,8 +1224,7 @@ class E2BSandboxProvider:
         self._check_open()
         sid = _sandbox_id(sandbox)
         check_port(port)
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         with self._doing(f"finding the URL of port {port} of sandbox {sid}", sid=sid):
             return self._ports.url(sid, port, cancel)
 
@@ -1314,8 +1296,7 @@ class E2BSandboxProvider:
                 or not 1 <= max_connections <= 10000):
             raise InvalidArgument("max_connections must be an int from 1 to 10000")
         v.check_timeout(idle_timeout, name="idle_timeout")
-        if cancel is not None:
-            cancel.raise_if_cancelled()
+        v.check_cancel(cancel)
         limits = ForwardLimits(
             max_connections=max_connections, idle_timeout=float(idle_timeout)
         )

@@ -111,3 +111,41 @@ def test_every_call_after_close_raises_provider_closed(
 def test_provider_closed_is_exported() -> None:
     assert "ProviderClosed" in e2b_provider.__all__
     assert e2b_provider.ProviderClosed is ProviderClosed
+
+
+CANCELS: Tuple[Tuple[str, Callable[[E2BSandboxProvider, Any], Any]], ...] = (
+    ("create", lambda p, c: p.create("job", cancel=c)),
+    ("info", lambda p, c: p.info(SID, cancel=c)),
+    ("resume", lambda p, c: p.resume(SID, cancel=c)),
+    ("suspend", lambda p, c: p.suspend(SID, cancel=c)),
+    ("destroy", lambda p, c: p.destroy(SID, cancel=c)),
+    ("destroy_by_name", lambda p, c: p.destroy_by_name("job", cancel=c)),
+    ("list_sandboxes", lambda p, c: p.list_sandboxes(cancel=c)),
+    ("kill_all", lambda p, c: p.kill_all(SID, cancel=c)),
+    ("kill_tagged", lambda p, c: p.kill_tagged(SID, ["t"], cancel=c)),
+    ("exec", lambda p, c: p.exec(SID, "true", cancel=c)),
+    ("start", lambda p, c: p.start(SID, "true", cancel=c)),
+    ("attach", lambda p, c: p.attach(SID, f"{SID}:{'0' * 32}", cancel=c)),
+    ("commands", lambda p, c: p.commands(SID, cancel=c)),
+    ("read_file", lambda p, c: p.read_file(SID, "/x", cancel=c)),
+    ("write_file", lambda p, c: p.write_file(SID, "/x", b"x", cancel=c)),
+    ("stat", lambda p, c: p.stat(SID, "/x", cancel=c)),
+    ("write_files", lambda p, c: p.write_files(SID, {"/x": b"x"}, cancel=c)),
+    ("read_files", lambda p, c: p.read_files(SID, ["/x"], cancel=c)),
+    ("list_dir", lambda p, c: p.list_dir(SID, "/x", cancel=c)),
+    ("upload", lambda p, c: p.upload(SID, __file__, "/x", cancel=c)),
+    ("download", lambda p, c: p.download(SID, "/x", "/tmp/never-written", cancel=c)),
+    ("url", lambda p, c: p.url(SID, 8000, cancel=c)),
+    ("traffic_headers", lambda p, c: p.traffic_headers(SID, cancel=c)),
+)
+
+
+@pytest.mark.parametrize("call", [c for _, c in CANCELS], ids=[n for n, _ in CANCELS])
+@pytest.mark.parametrize("bad", [5, "now", object()], ids=["int", "str", "object"])
+def test_a_cancel_that_is_not_a_token_is_refused_before_any_io(
+    provider: E2BSandboxProvider, listener: socket.socket,
+    call: Callable[[E2BSandboxProvider, Any], Any], bad: object,
+) -> None:
+    with pytest.raises(InvalidArgument, match="cancel must be a CancelToken or None"):
+        call(provider, bad)
+    assert _no_connection(listener)

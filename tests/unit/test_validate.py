@@ -606,3 +606,17 @@ def test_check_text_says_what_and_why() -> None:
     assert _refusal(lambda: v.check_text("é" * 5 + "x", "command", max_bytes=10)) == (
         "invalid command: 11 bytes in UTF-8, at most 10"
     )
+
+
+def test_cancel_must_be_a_token_or_none() -> None:
+    from e2b_provider import CancelToken
+    from e2b_provider.errors import Cancelled
+
+    token = CancelToken()
+    assert v.check_cancel(None) is None and v.check_cancel(token) is token
+    for bad in (5, "now", object(), True, lambda: None):
+        with pytest.raises(InvalidArgument, match="cancel must be a CancelToken or None"):
+            v.check_cancel(bad)
+    token.cancel()
+    with pytest.raises(Cancelled):
+        v.check_cancel(token)
