@@ -66,7 +66,7 @@ from ._context import (
     silence_is_timeout,
 )
 from ._exec import RunOutcome, run_process
-from ._messages import is_ambiguous, script_reason
+from ._messages import clean_stderr, is_ambiguous, script_reason, scrub
 from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent
 from .cancel import CancelReason, CancelToken, Deadline
 from .envd import EnvdClient, ProcessStream
@@ -103,7 +103,7 @@ _RETRY_MIN_S = 1.0
 #: How long a read waits for its holder's stop beyond the operation's deadline.
 _STOP_WAIT_S = 5.0
 #: What users are told when the sandbox user may not touch a path.
-_ACCESS_HINT = (
+ACCESS_HINT = (
     "files are read and written as user 'sandbox' (as root under /skills): use a path it may "
     "access, such as one under /workspace"
 )
@@ -115,26 +115,39 @@ def _timed_out() -> OperationTimeout:
 
 #: Why a root write under /skills is refused, for its error.
 _SKILLS_RULE = (
-    "a root write under /skills never follows a symbolic link and never goes through a "
-    "directory the sandbox user could change (every directory on the way must be root's, "
-    "with no group or other write permission)"
+    "a root write under /skills goes only through directories that are root's and closed to "
+    "everyone else, and never through a symbolic link"
 )
+_REFUSED_DIR = re.compile(r"(/\S*) (?:is|has|names) ")
+
+
+def _skills_fix(reason: str) -> str:
+    """What to do about a root write refused for ``reason`` (it starts with the path)."""
+    m = _REFUSED_DIR.match(reason)
+    where = m.group(1) if m else ""
+    if where and "symbolic link" in reason:
+        return f"replace the symbolic link {where} by a directory, or write outside /skills"
+    if where and ("owned" in reason or "writable" in reason or "alone" in reason):
+        return (f"make {where} root's and closed to others (chown root {where}; chmod go-w "
+                f"{where}), or write outside /skills")
+    return "write to an absolute path without . or .. under root's own directories"
 
 
 def unsafe_path(reason: str) -> UnsafePath:
     """The error for a root write refused because of its path (``reason`` names it)."""
-    return UnsafePath(f"refused: {reason}; {_SKILLS_RULE}")
+    reason = scrub(reason).removeprefix("refused: ")
+    return UnsafePath(f"refused: {reason} ({_SKILLS_RULE}); {_skills_fix(reason)}")
 
 
 def _failed(what: str, r: RunOutcome) -> CommandFailed:
     """:func:`script_failed` with the access hint when the user was refused; a root write
     refused because of its path raises :class:`UnsafePath` instead."""
     if r.exit_code == scripts.REFUSED_EXIT:
-        lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
+        lines = clean_stderr(r.stderr.decode("utf-8", "replace")).splitlines()
         raise unsafe_path(lines[-1] if lines else "the path is not safe for root")
     reason = script_reason(r.stderr.decode("utf-8", "replace"), r.exit_code)
     denied = reason.startswith(("permission denied", "operation not permitted"))
-    return script_failed(what, r, _ACCESS_HINT if denied else "")
+    return script_failed(what, r, ACCESS_HINT if denied else "")
 
 
 def _no_entry(path: str, r: RunOutcome) -> CommandFailed:
@@ -143,7 +156,7 @@ def _no_entry(path: str, r: RunOutcome) -> CommandFailed:
     closed = where[-1] if where else "a directory on the way"
     return CommandFailed(
         f"permission denied: user 'sandbox' may not enter {closed}, so {path} cannot be "
-        f"examined (it may exist); {_ACCESS_HINT}",
+        f"examined (it may exist); {ACCESS_HINT}",
         exit_code=r.exit_code,
     )
 
@@ -897,7 +910,7 @@ def _agent_failure(path: str, answer: Dict[str, Any], doing: str = "open") -> Co
         said = f"cannot open '{where}' for reading" if doing == "open" else (
             f"cannot create {where}")
         why = said if message.lower() in _GENERIC_DENIALS else message
-        return CommandFailed(f"permission denied ({why}); {_ACCESS_HINT}", exit_code=None)
+        return CommandFailed(f"permission denied ({why}); {ACCESS_HINT}", exit_code=None)
     if code == "EISDIR":
         return CommandFailed("it is a directory", exit_code=None)
     reason = f"{message[:1].lower()}{message[1:]}"
@@ -909,7 +922,7 @@ def _agent_failure(path: str, answer: Dict[str, Any], doing: str = "open") -> Co
 def _closed_dir(path: str, closed: str) -> CommandFailed:
     return CommandFailed(
         f"permission denied: user 'sandbox' may not enter {closed}, so {path} cannot be "
-        f"examined (it may exist); {_ACCESS_HINT}",
+        f"examined (it may exist); {ACCESS_HINT}",
         exit_code=None,
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Callable, Iterator, Optional, Sequence, Tuple, Union
 
 from .errors import (
     AuthenticationError,
@@ -35,6 +35,7 @@ from .errors import (
     SandboxPaused,
     TransportError,
     TransportTimeout,
+    UnsafePath,
     redact,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "name_not_id",
     "reword",
     "script_reason",
+    "scrub",
     "unknown_sandbox_id",
 ]
 
@@ -66,7 +68,23 @@ _SCRIPT_PREFIX = re.compile(
     r"dirname|chmod|chown|mkfifo|timeout|wc|rm|python3?|/usr/bin/python3)"
     r"(?::\s*line\s*\d+)?:\s*(?:\d+:\s*)?"
 )
-_INTERNAL_NAME = re.compile(r"capybara-[\w-]+")
+#: The library's own places and names in a sandbox, which a message must not show, each
+#: with what is said instead: a temporary file beside a target (said by its directory), a
+#: tree upload's end marker, the root-only staging directory, the registries of temporary
+#: files and of background commands, an exec's control file, and an internal process name
+#: (with the ``: `` or ``: 1: `` after it, as a script's ``$0`` prefixes its words).
+_Said = Union[str, Callable[["re.Match[str]"], str]]
+_INTERNALS: Tuple[Tuple[re.Pattern[str], _Said], ...] = (
+    (re.compile(r"'?(?:([^\s'\":,;]*)/)?\.capybara-part-[\w.-]*'?"),
+     lambda m: f"a temporary file in {m.group(1) or '/'}" if m.group(1) is not None
+     else "a temporary file"),
+    (re.compile(r"'?(?:[^\s'\":,;]*/)?\.capybara-end-[\w.-]*'?"), "the end of the stream"),
+    (re.compile(r"'?/opt/capybara/upload(?:/[^\s'\":,;]*)?'?"), "the staging directory"),
+    (re.compile(r"'?/tmp/\.capybara-parts-[^\s'\":,;]*'?"), "the registry of temporary files"),
+    (re.compile(r"'?/tmp/\.capybara-cmd(?:/[^\s'\":,;]*)?'?"), "the command records"),
+    (re.compile(r"'?/tmp/\.capybara-exec-[^\s'\":,;]*'?"), "a command's control file"),
+    (re.compile(r"\bcapybara-[\w-]+(?::(?:\s*line)?\s*\d+)?:?\s*"), ""),
+)
 #: How the control-plane client says a sandbox is gone.
 _GONE = re.compile(r"E2B sandbox (\S+) no longer exists")
 #: What E2B sandbox ids look like (``i`` and 20 of ``[a-z0-9]`` today; older ones had a
@@ -173,7 +191,11 @@ def reword(exc: E2BProviderError, doing: str, lost: str = "") -> None:
     :func:`mark_worded`), argument errors (raised before any I/O, they name the value) and
     :class:`ProviderClosed`. A cancel reads ``"<doing> was cancelled: <reason>"``.
     """
-    if getattr(exc, _WORDED, False) or isinstance(exc, (InvalidArgument, ProviderClosed)):
+    if getattr(exc, _WORDED, False) or isinstance(exc, ProviderClosed) or (
+        # an argument refused before any I/O names the value; a path refused in the
+        # sandbox is said as what the caller asked
+        isinstance(exc, InvalidArgument) and not isinstance(exc, UnsafePath)
+    ):
         return
     if isinstance(exc, Cancelled):
         detail = str(exc).partition("cancelled")[2].lstrip(": ")
@@ -185,7 +207,10 @@ def reword(exc: E2BProviderError, doing: str, lost: str = "") -> None:
         hint = _hint(exc)
         if hint:
             text += f"; {hint}"
-    exc.args = (redact(text),)
+    exc.args = (redact(scrub(text)),)
+    for part in getattr(exc, "failed", {}).values():  # FilesFailed: each path's error too
+        if isinstance(part, E2BProviderError) and part.args:
+            part.args = (scrub(str(part.args[0])), *part.args[1:])
     mark_worded(exc)
 
 
@@ -205,13 +230,24 @@ def _clean_line(line: str) -> str:
         if stripped == line:
             break
         line = stripped
-    return _INTERNAL_NAME.sub("", line).strip()
+    return scrub(line)
 
 
 def clean_stderr(stderr: str) -> str:
     """A script's standard error without the script's internal names (line by line)."""
     lines = (_clean_line(line) for line in stderr.splitlines())
     return "\n".join(line for line in lines if line)
+
+
+def scrub(text: str) -> str:
+    """``text`` without the library's places and names in a sandbox (temporary files,
+    staging and registry directories, internal process names): each is said in words
+    (``"a temporary file in /workspace/"``), or dropped when it only prefixed a message."""
+    if "capybara" not in text:
+        return text
+    for pattern, said in _INTERNALS:
+        text = pattern.sub(said, text)
+    return re.sub(r"  +", " ", text).replace(" :", ":").replace(" ;", ";").strip()
 
 
 def script_reason(stderr: str, exit_code: Optional[int]) -> str:

@@ -41,7 +41,8 @@ import attrs
 
 from . import _scripts as scripts
 from ._context import ProviderContext
-from ._files import Files, _Helper, unsafe_path
+from ._files import ACCESS_HINT, Files, _Helper, unsafe_path
+from ._messages import script_reason
 from .cancel import CancelToken, Deadline
 from .errors import (
     CommandFailed,
@@ -703,7 +704,7 @@ class Trees:
             self._files.staged(sid, ready)
             if not ready:
                 helper.finish()
-                raise _helper_failed("the upload could not start", helper)
+                raise _helper_failed("the upload could not start", helper, dest)
             try:
                 helper.envd.upload_stream(
                     fifo,
@@ -718,13 +719,13 @@ class Trees:
                     raise
                 helper.finish()
                 raise _refusal(helper) or _helper_failed(
-                    f"the upload was refused: HTTP {exc.status}", helper
+                    f"the upload was refused: HTTP {exc.status}", helper, dest
                 ) from None
             helper.finish()
             summary = _summary(helper)
             if summary is None or not summary.get("complete"):
                 raise _refusal(helper) or _helper_failed("the upload did not arrive whole",
-                                                         helper)
+                                                         helper, dest)
             if summary.get("whole"):  # a new destination, written as one: all of it is there
                 return plan.summary(), []
             return _transfer(summary), list(summary.get("errors") or [])
@@ -849,13 +850,18 @@ def _transfer(summary: Dict[str, Any]) -> TransferSummary:
         raise ProtocolError("the sandbox sent a malformed upload summary") from None
 
 
-def _helper_failed(what: str, helper: _Helper) -> CommandFailed:
-    out = helper.outcome()
-    text = out.stderr.decode("utf-8", "replace").strip()[-500:]
-    if helper.exit_code in (126, 127) and "python3" in text:
-        return CommandFailed(f"{what}: the sandbox has no python3", exit_code=helper.exit_code)
-    return CommandFailed(f"{what}: {text or f'status {helper.exit_code}'}",
-                         exit_code=helper.exit_code)
+def _helper_failed(what: str, helper: _Helper, dest: str) -> CommandFailed:
+    """The error for an upload to ``dest`` whose helper failed: why, in the user's terms
+    (no temporary or staging name), from its standard error."""
+    text = helper.outcome().stderr.decode("utf-8", "replace")
+    code = helper.exit_code
+    if code in (126, 127) and "python3" in text:
+        return CommandFailed(f"{what}: the sandbox has no python3", exit_code=code)
+    reason = script_reason(text[-2000:], code)
+    if reason.startswith(("permission denied", "operation not permitted")):
+        return CommandFailed(f"permission denied (cannot create {dest}); {ACCESS_HINT}",
+                             exit_code=code)
+    return CommandFailed(f"{what}: {reason}", exit_code=code)
 
 
 def _pack_failed(

@@ -37,7 +37,7 @@ from ._agent import FileAgents
 from ._background import Background, Command, CommandInfo
 from ._commands import Commands, read_stdin_source
 from ._context import Bounds, ProviderContext
-from ._files import Files
+from ._files import ACCESS_HINT, Files
 from ._lifecycle import Lifecycle, ResumeOutcome
 from ._messages import (
     cwd_refused,
@@ -45,6 +45,7 @@ from ._messages import (
     looks_like_sandbox_id,
     name_not_id,
     reword,
+    scrub,
     unknown_sandbox_id,
 )
 from ._ports import ForwardLimits, Ports, check_port
@@ -1370,9 +1371,13 @@ def _patterns(exclude: Iterable[str]) -> List[str]:
 
 
 def _entry_failures(errors: List[Dict[str, object]]) -> Dict[str, CommandFailed]:
-    """The entries a transfer reported as not written, as :class:`FilesFailed` wants."""
+    """The entries a transfer reported as not written, as :class:`FilesFailed` wants (said
+    without the library's internal names; a refusal with what to do)."""
     out: Dict[str, CommandFailed] = {}
     for e in errors:
         path = str(e.get("path") or "?")
-        out[path] = CommandFailed(str(e.get("message") or e.get("error") or "failed"))
+        said = scrub(str(e.get("message") or e.get("error") or "failed"))
+        if said.lower().startswith(("permission denied", "operation not permitted")):
+            said = f"{said[:1].lower()}{said[1:]}; {ACCESS_HINT}"
+        out[path] = CommandFailed(said)
     return out

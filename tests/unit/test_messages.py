@@ -235,3 +235,43 @@ def test_trailer_cut_passes_every_message_but_the_end_of_stream() -> None:
         out = b"".join(cut.feed(stream[i : i + step]) for i in range(0, len(stream), step))
         assert out == stream[: -len(_frame(2, b"{}"))]
         assert cut.done
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("refused: capybara-fileop-b5d6ea3e0f7749e3a7e6df1d5922f66c: /skills is writable by "
+         "other users", "refused: /skills is writable by other users"),
+        ("mkdir: cannot create directory '/etc/.capybara-part-60-7d867be581204697afa374638b"
+         "a75f8b': Permission denied",
+         "mkdir: cannot create directory a temporary file in /etc: Permission denied"),
+        ("cannot remove /workspace/.capybara-part-1-ab.tmp", "cannot remove a temporary file "
+         "in /workspace"),
+        ("rm: /opt/capybara/upload/3f2a-11/x: busy; /tmp/.capybara-parts-sandbox/9-ab: gone",
+         "rm: the staging directory: busy; the registry of temporary files: gone"),
+        ("/tmp/.capybara-cmd/0123abcd/stdout.0: No space left",
+         "the command records: No space left"),
+        ("capybara-write: 1: cannot create /x: Permission denied",
+         "cannot create /x: Permission denied"),
+        ("member .capybara-end-0123 missing", "member the end of the stream missing"),
+        ("/workspace/a.txt: fine", "/workspace/a.txt: fine"),
+    ],
+)
+def test_scrub_says_internal_places_in_words(text: str, said: str) -> None:
+    assert m.scrub(text) == said
+    assert "capybara" not in m.scrub(text)
+
+
+def test_reworded_messages_and_their_parts_hold_no_internal_names() -> None:
+    part = e.UnsafePath("refused: capybara-fileop-0123: /skills is a symbolic link")
+    batch = e.FilesFailed("writing 1 files in sandbox s", {"/skills/a": part})
+    m.reword(batch, "writing 1 files in sandbox s")
+    assert "capybara" not in str(batch) and "capybara" not in str(batch.failed["/skills/a"])
+    # an UnsafePath is found in the sandbox, after I/O: it is said as what the caller asked
+    refused = e.UnsafePath("refused: /skills/x is not owned by root")
+    m.reword(refused, "writing /skills/x/a in sandbox s")
+    assert str(refused).startswith("writing /skills/x/a in sandbox s failed: refused: ")
+    # other argument errors are raised before any I/O and name the value: left alone
+    bad = e.InvalidArgument("path must be absolute")
+    m.reword(bad, "writing x in sandbox s")
+    assert str(bad) == "path must be absolute"
