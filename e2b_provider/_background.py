@@ -46,6 +46,7 @@ from ._command_records import (
     tag_of_control_path,
 )
 from ._context import FILE_OP_TIMEOUT, ProviderContext, script_failed
+from ._messages import describe, mark_worded
 from ._process import DataEvent, EndEvent
 from .cancel import CancelToken, Deadline
 from .envd import ProcessStream
@@ -54,6 +55,7 @@ from .errors import (
     CommandEnded,
     CommandFailed,
     CommandNotFound,
+    E2BHttpError,
     E2BProviderError,
     InvalidArgument,
     NotFound,
@@ -195,17 +197,20 @@ class Command:
     @property
     def running(self) -> bool:
         """Whether the command still runs (asks the sandbox: one request)."""
-        return self._owner.read(self.sandbox_id, self._cid, 0, 0, 0, None).alive
+        with describe(f"asking whether command {self.id} runs"):
+            return self._owner.read(self.sandbox_id, self._cid, 0, 0, 0, None).alive
 
     def output(self, *, cancel: Optional[CancelToken] = None) -> CommandOutput:
         """What the command printed so far (the last ``max_output_bytes`` of each stream).
 
         Raises:
             CommandNotFound: the record is gone (the sandbox was replaced).
+            InvalidArgument: ``cancel`` is not a CancelToken (before any I/O).
             Cancelled, SandboxGoneError, E2BProviderError.
         """
         v.check_cancel(cancel)
-        r = self._owner.read(self.sandbox_id, self._cid, -1, -1, self._cap, cancel)
+        with describe(f"reading the output of command {self.id}"):
+            r = self._owner.read(self.sandbox_id, self._cid, -1, -1, self._cap, cancel)
         out, err = KeptOutput(self._cap), KeptOutput(self._cap)
         out.reset(r.out[0], r.out[2])
         err.reset(r.err[0], r.err[2])
@@ -259,7 +264,8 @@ class Command:
             if cb is not None and not callable(cb):
                 raise InvalidArgument(f"{name} must be a callable taking a str, or None")
         v.check_cancel(cancel)
-        return self._owner.follow(self, timeout, cancel, on_stdout, on_stderr)
+        with describe(f"waiting for command {self.id}"):
+            return self._owner.follow(self, timeout, cancel, on_stdout, on_stderr)
 
     def send_stdin(self, data: Union[bytes, str], *, cancel: Optional[CancelToken] = None) -> None:
         """Write ``data`` (``str`` as UTF-8) to the command's standard input.
@@ -267,7 +273,8 @@ class Command:
         Raises:
             InvalidArgument: not started with ``stdin=True``, its input already closed, or
                 ``data`` not bytes or str (before any I/O).
-            CommandEnded: the command has ended.
+            CommandEnded: the command has ended, or its input is closed (by
+                :meth:`close_stdin` elsewhere, or by the command).
             Cancelled, SandboxGoneError, E2BProviderError.
         """
         if isinstance(data, str):
@@ -276,7 +283,8 @@ class Command:
             raise InvalidArgument("data must be bytes or str")
         self._check_stdin()
         v.check_cancel(cancel)
-        self._owner.send_stdin(self, bytes(data), cancel)
+        with describe(f"sending input to command {self.id}"):
+            self._owner.send_stdin(self, bytes(data), cancel)
 
     def close_stdin(self, *, cancel: Optional[CancelToken] = None) -> None:
         """Close the command's standard input (it reads end of file). Closing it again, or
@@ -291,7 +299,8 @@ class Command:
         v.check_cancel(cancel)
         if self._stdin_closed:
             return
-        self._owner.close_stdin(self, cancel)
+        with describe(f"closing the input of command {self.id}"):
+            self._owner.close_stdin(self, cancel)
         self._stdin_closed = True
 
     def kill(self, *, cancel: Optional[CancelToken] = None) -> None:
@@ -299,11 +308,13 @@ class Command:
         Its end is then recorded as ``cancelled``. Killing an ended command does nothing.
 
         Raises:
+            InvalidArgument: ``cancel`` is not a CancelToken (before any I/O).
             CommandFailed: the kill script failed.
             Cancelled, SandboxGoneError, E2BProviderError.
         """
         v.check_cancel(cancel)
-        self._owner.kill(self, cancel)
+        with describe(f"killing command {self.id}"):
+            self._owner.kill(self, cancel)
 
     def _check_stdin(self) -> None:
         if not self.stdin:
@@ -466,7 +477,18 @@ class Background:
         try:
             self._ctx.on_target(cmd.sandbox_id, cancel, send)
         except NotFound:
-            raise CommandEnded(f"command {cmd.id} has ended: its input is gone") from None
+            raise CommandEnded(
+                f"command {cmd.id} has ended: its input is gone; wait() gives its result"
+            ) from None
+        except E2BHttpError as exc:
+            if exc.status != 500 or "stdin" not in exc.message.lower():
+                raise
+            # envd: "error writing to stdin ...": closed by close_stdin, or by the command
+            # itself (broken pipe: it stopped reading, or is ending)
+            raise CommandEnded(
+                f"command {cmd.id} takes no more input: its standard input is closed (the "
+                "command closed it or is ending); wait() gives its result"
+            ) from None
 
     def close_stdin(self, cmd: Command, cancel: Optional[CancelToken]) -> None:
         try:
@@ -538,9 +560,9 @@ class _Follower:
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
         if self.deadline.expired():
-            raise OperationTimeout(
+            raise mark_worded(OperationTimeout(
                 f"command {self.cmd.id} did not end within the wait's timeout; it still runs"
-            )
+            ))
 
     def _deliver(self, kind: str, data: bytes) -> None:
         cb, text = self.live[kind]

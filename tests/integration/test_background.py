@@ -361,3 +361,51 @@ def test_kill_tagged_reaches_background_commands_and_spares_others(
     for c in (other, untagged):
         c.kill()
         assert c.wait(timeout=30).cancelled
+
+
+def test_misusing_a_command_raises_and_leaves_it_running(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    """Every ``Command`` method refuses bad use with a typed error and never stops the
+    command: a call without ``stdin=True``, bad arguments, a raising callback, a cancelled
+    or timed-out wait, input cancelled mid-way."""
+    p, h = shared_provider, sandbox
+    plain = p.start(h, "echo up; sleep 300", tag="misuse")
+    fed = p.start(h, "echo up; cat > /dev/null; sleep 300", stdin=True, tag="misuse")
+
+    def raising(_text: str) -> None:
+        raise ValueError("the caller's callback failed")
+
+    fired = CancelToken()
+    fired.cancel()
+    soon = CancelToken()
+    misuses = [
+        (lambda: plain.send_stdin(b"x"), InvalidArgument, "without stdin=True"),
+        (lambda: plain.close_stdin(), InvalidArgument, "without stdin=True"),
+        (lambda: fed.send_stdin(42), InvalidArgument, "bytes or str"),  # type: ignore[arg-type]
+        (lambda: fed.send_stdin(b"x", cancel=5), InvalidArgument, "CancelToken"),  # type: ignore[arg-type]
+        (lambda: fed.close_stdin(cancel="now"), InvalidArgument, "CancelToken"),  # type: ignore[arg-type]
+        (lambda: plain.wait(-1), InvalidArgument, "non-negative"),
+        (lambda: plain.wait("5"), InvalidArgument, "non-negative"),  # type: ignore[arg-type]
+        (lambda: plain.wait(5, on_stdout=5), InvalidArgument, "callable"),  # type: ignore[arg-type]
+        (lambda: plain.wait(5, cancel=5), InvalidArgument, "CancelToken"),  # type: ignore[arg-type]
+        (lambda: plain.output(cancel="x"), InvalidArgument, "CancelToken"),  # type: ignore[arg-type]
+        (lambda: plain.kill(cancel=object()), InvalidArgument, "CancelToken"),  # type: ignore[arg-type]
+        (lambda: plain.wait(5, cancel=fired), Cancelled, "cancelled"),
+        (lambda: plain.wait(0.3), OperationTimeout, "still runs"),
+        (lambda: plain.wait(30, on_stdout=raising), ValueError, "callback failed"),
+        (lambda: fed.send_stdin(b"x" * (8 << 20), cancel=soon), Cancelled, "cancelled"),
+    ]
+    threading.Timer(0.05, soon.cancel).start()  # mid-way through the 8 MiB of input
+    for misuse, kind, words in misuses:
+        with pytest.raises(kind, match=words):
+            misuse()
+    for c in (plain, fed):
+        assert c.running, c
+    # and each still works as before
+    fed.send_stdin("more\n")
+    fed.close_stdin()
+    assert "up\n" in plain.output().stdout
+    for c in (plain, fed):
+        c.kill()
+        assert c.wait(timeout=30).cancelled
