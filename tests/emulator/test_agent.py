@@ -838,3 +838,59 @@ def test_no_child_left_behind(agent: Agent) -> None:
     wait_until(lambda: agent_children(agent.pid) == [], what="agent children to be reaped")
     assert list_pids(agent.sock) == []
     assert re.search(r"Traceback", read_text(agent.log_path)) is None
+
+
+def test_a_lookup_by_tag_misses_as_envds_does_when_other_tags_run(agent: Agent) -> None:
+    """service.go getProcess by tag: a sync.Map.Range (Go's random map order) that skips
+    untagged processes, goes on after a match and stops at the first process with another
+    tag. So with two tags alive a lookup of either finds it in some tries and answers
+    ``not_found`` in others; a pid always works; alone, a tag is always found."""
+    def tagged(tag: str) -> Stream:
+        return Stream(agent.sock, "Start",
+                      {"process": {"cmd": "sleep", "args": ["30"]}, "tag": tag, "stdin": False})
+
+    a, untagged = tagged("t-one"), Stream(
+        agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["30"]}, "stdin": False})
+    try:
+        pid_a = a.next_event()["start"]["pid"]  # type: ignore[index]
+        untagged.next_event()
+
+        def found(tag: str) -> bool:
+            status, _ = unary(agent.sock, "/process.Process/Update",
+                              {"process": {"tag": tag}})  # a no-op on a hit
+            assert status in (200, 404), status
+            return status == 200
+
+        assert all(found("t-one") for _ in range(30))  # alone (untagged ones are skipped)
+        b = tagged("t-two")
+        try:
+            pid_b = b.next_event()["start"]["pid"]  # type: ignore[index]
+            seen = {found("t-one") for _ in range(60)} | {found("t-two") for _ in range(60)}
+            assert seen == {True, False}  # each is missed in some tries (2**-60 otherwise)
+            assert unary(agent.sock, "/process.Process/Update",
+                         {"process": {"pid": pid_a}}) == (200, {})
+        finally:
+            signal_pid(agent.sock, pid_b)
+            b.close()
+    finally:
+        signal_pid(agent.sock, pid_a)
+        a.close()
+        untagged.close()
+
+
+def test_a_new_process_of_a_tag_drops_the_old_ones_kept_exit(agent: Agent) -> None:
+    """start.go: clearTerminatedForTag, so a Connect by tag after a tagged restart never
+    gets the earlier process's end."""
+    _, end = start(agent.sock, "sh", "-c", "exit 3", tag="t-again")
+    assert end.ok
+    s = Stream(agent.sock, "Start", {"process": {"cmd": "sh", "args": ["-c", "read x"]},
+                                     "tag": "t-again", "stdin": True})
+    try:
+        pid = s.next_event()["start"]["pid"]  # type: ignore[index]
+        c = Stream(agent.sock, "Connect", {"process": {"tag": "t-again"}})
+        try:
+            assert c.next_event() == {"start": {"pid": pid}}
+        finally:
+            c.close()
+    finally:
+        s.close()

@@ -8,7 +8,10 @@ any number of subscribed streams with backpressure (a slow stream slows the proc
 without subscribers has its output read and discarded), when the ``end`` event is due (the
 process exited and both pipes reached EOF, or it was released by SIGKILL/SIGTERM from
 ``SendSignal`` or by its ``Connect-Timeout-Ms`` timer), Go-style exit statuses, stdin
-(``SendInput``/``CloseStdin``), and the 30 s retention of exit records for late ``Connect``.
+(``SendInput``/``CloseStdin``), the 30 s retention of exit records for late ``Connect``, and
+envd's lookups by pid and by tag — the latter with envd's flaw: a tag is looked up in random
+order and the search stops at the first process with another tag, so with several tagged
+processes alive a lookup by tag may miss (clients must select by pid).
 
 Everything here runs on the agent's event loop thread; it uses asyncio file-descriptor
 readiness (and a pidfd per child) rather than threads. It imports no requests/urllib3/socket.
@@ -23,6 +26,7 @@ import fcntl
 import logging
 import mmap
 import os
+import random
 import shutil
 import signal
 import struct
@@ -73,6 +77,8 @@ RETENTION_SECONDS = 30.0
 _DRAIN_LIMIT = 1024 * 1024
 
 _OOM_SCORE = 100
+#: Go's map iteration order is random: what envd's lookups by tag go through.
+_map_order = random.Random()
 
 # Go's syscall signal table (linux), by number: what ProcessState.String() prints after
 # "signal: ". The client side parses the same table back (``e2b_provider._process.SIGNALS``).
@@ -865,7 +871,12 @@ class ProcessManager:
         proc = ManagedProcess(self, popen, spec, master)
         sub = proc.subscribe()
         self._live[proc.pid] = proc
+        # as envd's Start: a reused pid's retained exit goes, and so do those of the tag
+        # (clearTerminatedForTag), so a Connect by tag never finds an older process's end
         self._retained.pop(proc.pid, None)
+        if spec.tag is not None:
+            for old in [r for r in self._retained.values() if r.tag == spec.tag]:
+                del self._retained[old.pid]
         proc.begin(timeout)
         journal.event(
             log,
@@ -912,9 +923,22 @@ class ProcessManager:
             if proc is not None:
                 return proc
         else:
-            for proc in sorted(self._live.values(), key=lambda p: p.pid):
-                if proc.tag == selector:
-                    return proc
+            # As envd 0.6.13's getProcess (services/process/service.go): a sync.Map.Range,
+            # in Go's randomized map order, whose callback skips untagged processes, keeps
+            # going after a match and stops at the first process with another tag. So with
+            # other tagged processes alive a tag may not be found, and with two processes
+            # of one tag either may be (the last match before the stop).
+            found: Optional[ManagedProcess] = None
+            procs = list(self._live.values())
+            _map_order.shuffle(procs)
+            for proc in procs:
+                if proc.tag is None:
+                    continue
+                if proc.tag != selector:
+                    break
+                found = proc
+            if found is not None:
+                return found
         raise self._not_found(selector)
 
     def get_any(self, selector: Selector) -> Union[ManagedProcess, ExitRecord]:
