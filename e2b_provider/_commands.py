@@ -73,9 +73,9 @@ class Commands:
             began = time.monotonic()
 
             def start_kill(
-                bound: float, running: Callable[[], bool]
+                bound: float, running: Callable[[], Optional[int]]
             ) -> concurrent.futures.Future[Optional[bool]]:
-                return self._kills.kill(target, ctl, ctl, began, bound, running)
+                return self._kills.kill(target, ctl, began, bound, running)
 
             envd = ctx.envd(target)
 

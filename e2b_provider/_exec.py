@@ -49,11 +49,13 @@ log = logging.getLogger("e2b_provider")
 #: it starts.
 Killer = Callable[[Optional[int], float], Optional[bool]]
 
-#: Starts a kill without blocking: given the bound in seconds and a probe that tells whether
-#: the run's process is known to be running (its start event came, its stream has not
-#: ended), returns a future with the verdict (as a :data:`Killer`'s). The bound counts from
-#: when the kill actually starts.
-KillStarter = Callable[[float, Callable[[], bool]], "concurrent.futures.Future[Optional[bool]]"]
+#: Starts a kill without blocking: given the bound in seconds and a probe that gives the
+#: run's pid while its process is known to be running (its start event came, its stream has
+#: not ended; else None), returns a future with the verdict (as a :data:`Killer`'s). The
+#: bound counts from when the kill actually starts.
+KillStarter = Callable[
+    [float, Callable[[], Optional[int]]], "concurrent.futures.Future[Optional[bool]]"
+]
 
 #: A live-output callback: called on the reading thread with each piece of decoded text.
 OnText = Callable[[str], None]
@@ -264,7 +266,7 @@ def run_process(
     def _submit_kill(bound: float) -> None:
         fut: concurrent.futures.Future[Optional[bool]]
         if start_kill is not None:
-            fut = start_kill(bound, lambda: run.pid is not None and not run.ended)
+            fut = start_kill(bound, lambda: None if run.ended else run.pid)
         elif killer is not None:
             fut = watchdog.submit(_kill_job, bound)
         else:

@@ -23,15 +23,19 @@ How many requests each call costs on a warm sandbox:
   file: the first script says so instead of printing it; then a root holder opens the file
   *with the user's credentials* and prints its pid and descriptor, envd serves
   ``GET /files?path=/proc/<pid>/fd/<n>`` (a ``Range`` caps it; the body is read in one
-  call into the bytes returned) at the wire's speed, and the holder is killed by its tag
+  call into the bytes returned) at the wire's speed, and the holder is killed through envd
   while the body comes — which also proves it was alive while envd opened the descriptor,
   so the pid named a process of ours (see :meth:`Files._read_fast`). Without a
   ``python3`` in the template the read is streamed by ``head -c`` as before.
 
 A file operation that ends early (cancel, timeout, Ctrl-C, a failed request) kills every
-process it started — its top process is named :data:`~._scripts.FILEOP_MARKER` ``<id>`` and
-tagged for envd; the rest are found as its descendants — and clears its FIFO, before the
-error reaches the caller.
+process it started — its top process is named :data:`~._scripts.FILEOP_MARKER` ``<id>``,
+the rest are found as its descendants, and the process envd started is killed by its pid —
+and removes its FIFO and temporary files before the error reaches the caller. A transfer
+cut half-way is first let end on its own (its helper refuses the short input and exits),
+so a cancelled write leaves neither the new file, nor a part of it, nor anything staged.
+envd's processes are never selected by tag: envd 0.6.13's lookup by tag stops at the
+first process with another tag, so it misses whenever other tagged processes run.
 
 When the answer is lost (the connection broke or went silent, or the stream could not be
 read), the operation may or may not have taken effect. A write is then done once more
@@ -68,6 +72,7 @@ from ._context import (
 from ._exec import RunOutcome, run_process
 from ._messages import clean_stderr, is_ambiguous, script_reason, scrub
 from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent
+from ._watchdog import TimerHandle
 from .cancel import CancelReason, CancelToken, Deadline
 from .envd import EnvdClient, ProcessStream
 from .errors import (
@@ -102,6 +107,8 @@ _STAGED = "staged"
 _RETRY_MIN_S = 1.0
 #: How long a read waits for its holder's stop beyond the operation's deadline.
 _STOP_WAIT_S = 5.0
+#: How long a helper whose transfer was cut may take to end on its own.
+_SETTLE_S = 5.0
 #: What users are told when the sandbox user may not touch a path.
 ACCESS_HINT = (
     "files are read and written as user 'sandbox' (as root under /skills): use a path it may "
@@ -628,7 +635,7 @@ class Files:
                 timeout=left,
                 token=cancel,
                 watchdog=ctx.watchdog,
-                killer=(lambda _pid, bound: self._cleanup(target, op_id, "", bound))
+                killer=(lambda pid, bound: self._cleanup(target, op_id, "", bound, pid=pid))
                 if marked else None,
                 kill_seconds=ctx.bounds.kill,
                 grace_seconds=ctx.bounds.grace,
@@ -638,7 +645,7 @@ class Files:
         except E2BProviderError as exc:
             if marked and is_ambiguous(exc):
                 # The answer was lost, not the script: stop whatever it still runs.
-                self._cleanup_now(target, op_id, "", interrupted=False, block=False)
+                self._cleanup_now(target, op_id, "", None, interrupted=False)
             raise
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
@@ -647,13 +654,23 @@ class Files:
         return r
 
     def _cleanup(
-        self, target: Target, op_id: str, fifo: str, bound: float, block: bool = False
+        self,
+        target: Target,
+        op_id: str,
+        fifo: str,
+        bound: float,
+        *,
+        settle: bool = False,
+        pid: Optional[int] = None,
     ) -> bool:
-        """Kill file operation ``op_id``'s processes and remove its FIFO (bounded; ``block``
-        leaves a directory in its place); True if the clean-up worked.
+        """Kill file operation ``op_id``'s processes and remove its FIFO and temporary files
+        (bounded; ``settle``: an upload may still be on its way to the FIFO, see
+        :data:`~._scripts.FILEOP_CLEANUP_SCRIPT`); True if the clean-up worked.
 
         The clean-up script kills the marked process and its descendants; then the process
-        envd started is killed by its tag, in case it had ``exec``-ed away its marked name.
+        envd started (``pid``) is killed, in case it had ``exec``-ed away its marked name.
+        By pid, not by tag: envd 0.6.13's lookup by tag stops at the first process with
+        another tag, so it misses whenever other tagged processes run (the file agent's).
         """
         guard = CancelToken()
         envd = self._ctx.envd(target)
@@ -666,7 +683,7 @@ class Files:
                 envd,
                 user=scripts.ROOT_USER,
                 cmd="/bin/sh",
-                args=scripts.fileop_cleanup_args(op_id, fifo, block),
+                args=scripts.fileop_cleanup_args(op_id, fifo, settle),
                 cwd="/",
                 max_output_bytes=STDERR_ROOM,
                 timeout=bound,
@@ -674,7 +691,8 @@ class Files:
                 watchdog=self._ctx.watchdog,
                 keepalive_seconds=self._ctx.bounds.keepalive,
             )
-            envd.signal_tag(_tag(op_id), token=guard, timeout=max(0.5, bound / 4))
+            if pid is not None:
+                envd.send_signal(pid, token=guard, timeout=max(0.5, bound / 4))
             return r.exit_code == 0 and not guard.cancelled
         except E2BProviderError as exc:
             log.warning("e2b_provider: file operation clean-up failed in sandbox %s: %s",
@@ -684,13 +702,20 @@ class Files:
             timer.cancel()
 
     def _cleanup_now(
-        self, target: Target, op_id: str, fifo: str, interrupted: bool, block: bool = True
+        self,
+        target: Target,
+        op_id: str,
+        fifo: str,
+        pid: Optional[int],
+        *,
+        interrupted: bool,
+        settle: bool = False,
     ) -> None:
         """:meth:`_cleanup` on the caller's thread; a second Ctrl-C abandons it."""
         b = self._ctx.bounds
         bound = b.interrupt_kill if interrupted else b.kill
         try:
-            if not self._cleanup(target, op_id, fifo, bound, block):
+            if not self._cleanup(target, op_id, fifo, bound, settle=settle, pid=pid):
                 log.warning("e2b_provider: a file operation in sandbox %s may have left "
                             "processes behind", target.sandbox_id)
         except KeyboardInterrupt:
@@ -711,17 +736,29 @@ class Files:
         user: str = scripts.ROOT_USER,
     ) -> _T:
         """Start ``argv`` as ``user`` (marked), run ``body`` with it, and clean up whatever
-        it started when ``body`` ends early (an error, a cancel, Ctrl-C)."""
+        it started or staged when ``body`` ends early (an error, a cancel, Ctrl-C) before
+        the error reaches the caller.
+
+        A transfer to the helper's FIFO that was cut is first let end on its own: its
+        input ended, the helper refuses what it got (a temporary file is never renamed
+        unless whole) and exits, removing what it made. The clean-up then kills whatever
+        still runs and removes the FIFO; only when the helper never said envd had opened
+        the FIFO is it held open a moment first (a cut ``POST`` may yet reach it)."""
         helper = _Helper(self._ctx, target, argv, op_id, cancel, deadline, user)
+        entered = False
         try:
             with helper:
-                return body(helper)
-        except KeyboardInterrupt:
-            self._cleanup_now(target, op_id, fifo, interrupted=True)
-            raise
+                entered = True
+                try:
+                    return body(helper)
+                except BaseException as exc:  # tidied while the helper's stream is open
+                    self._tidy(helper, fifo, isinstance(exc, KeyboardInterrupt))
+                    raise
         except BaseException as exc:
-            if not helper.ended:
-                self._cleanup_now(target, op_id, fifo, interrupted=False)
+            if not entered:  # its start failed: it may have started all the same
+                self._tidy(helper, fifo, isinstance(exc, KeyboardInterrupt))
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             if isinstance(exc, Cancelled) or (
                 helper.guard.cancelled and isinstance(exc, E2BProviderError)
             ):
@@ -729,6 +766,25 @@ class Files:
                 # down (an aborted stream is said as what stopped it)
                 helper.raise_stopped()
             raise
+
+    def _tidy(self, helper: _Helper, fifo: str, interrupted: bool) -> None:
+        """After an early end: let a cut transfer's helper end, then clean up what is left
+        (bounded; a second Ctrl-C abandons it)."""
+        b = self._ctx.bounds
+        try:
+            if helper.posted and not helper.ended:
+                helper.settle(min(_SETTLE_S, b.interrupt_kill if interrupted else b.kill))
+            exited = helper.ended and helper.exit_code is not None and helper.exit_code < 128
+            if exited and (not fifo or helper.opened):
+                return  # it ended on its own and removed what it made
+            self._cleanup_now(
+                helper.target, helper.op_id, fifo, None if helper.ended else helper.pid,
+                interrupted=interrupted,
+                settle=bool(fifo) and helper.posted and not helper.opened,
+            )
+        except KeyboardInterrupt:
+            log.warning("e2b_provider: second interrupt; abandoning the clean-up of a file "
+                        "operation in sandbox %s", helper.target.sandbox_id)
 
     def _write_stream(
         self,
@@ -744,7 +800,7 @@ class Files:
         bound = f"{max(1.0, deadline.remaining()) + _HELPER_GRACE:.0f}"
         sid = target.sandbox_id
         prepare = not self._known(sid, _STAGED)
-        argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
+        argv = ["timeout", "-k", "5", bound, "/bin/sh",
                 *scripts.stream_write_args(path, fifo, skills, op_id, prepare,
                                            size=len(payload))]
 
@@ -754,6 +810,7 @@ class Files:
                 self._forget(sid, _STAGED)
                 raise _failed("the write script failed", helper.outcome())
             self._remember(sid, _STAGED)
+            helper.posted = True
             try:
                 helper.envd.upload_raw(
                     fifo, payload, user=scripts.ROOT_USER, token=helper.guard,
@@ -764,7 +821,8 @@ class Files:
                     raise  # perhaps the edge: on_target decides whether to retry
                 # envd answered, so no upload is on its way: stop the script (it may wait
                 # for a writer that never came), then say what it said.
-                self._cleanup_now(target, helper.op_id, fifo, interrupted=False, block=False)
+                helper.posted = False
+                self._cleanup_now(target, helper.op_id, fifo, helper.pid, interrupted=False)
                 helper.finish()
                 out = helper.outcome()
                 if out.stderr.strip():
@@ -772,6 +830,14 @@ class Files:
                 raise CommandFailed(
                     f"the upload was refused: HTTP {exc.status}: {exc.message}", exit_code=None
                 ) from None
+            except Exception:
+                # cut (a cancel, the bound, a broken connection): if every byte had gone
+                # and the script renamed the file, the write is done
+                if helper.settle(min(_SETTLE_S, self._ctx.bounds.kill)) and (
+                    helper.exit_code == 0
+                ):
+                    return
+                raise
             helper.finish()
             if helper.exit_code != 0:
                 raise _failed("the write script failed", helper.outcome())
@@ -797,13 +863,14 @@ class Files:
           in after it changes nothing — ``/proc/<pid>/fd/<n>`` is a magic link to the open
           file itself, no path is resolved again.
         * envd opens ``/proc/<pid>/fd/<n>`` before it answers the ``GET``. Once the
-          answer's headers arrived the holder is killed *by its tag* (on the worker pool,
-          while the body comes; the bytes are returned only after the kill's answer):
-          envd signals only a process it started and has not reaped, so success proves
-          the holder still held its pid when envd opened the descriptor (a pid cannot be
-          reused while its process or zombie exists). If the holder was gone — it dies on
-          its own only after the operation's bound plus a minute — the bytes are thrown
-          away and the file is read the ordinary way.
+          answer's headers arrived the holder is killed through envd by its pid (on the
+          worker pool, while the body comes; the bytes are returned only after the kill's
+          answer): envd signals only a process it started and has not yet finalised, so
+          success proves the holder was still alive when envd opened the descriptor (the
+          user cannot kill a root process, and it dies on its own only after the
+          operation's bound plus a minute; for its pid to name another process by then,
+          envd would have had to start one with that very pid meanwhile). If the holder
+          was gone the bytes are thrown away and the file is read the ordinary way.
         """
         max_bytes = want - 1
         op_id = uuid.uuid4().hex
@@ -866,9 +933,10 @@ class Files:
 
 
 def _stop_holder(helper: _Helper, deadline: Deadline) -> bool:
-    """Kill the read's holder by its tag; True if envd still had it (see _read_fast)."""
-    return helper.envd.signal_tag(
-        helper.tag, token=helper.guard, timeout=max(1.0, deadline.remaining())
+    """Kill the read's holder by its pid; True if envd still had it (see _read_fast)."""
+    assert helper.pid is not None  # its hold line named it
+    return helper.envd.send_signal(
+        helper.pid, token=helper.guard, timeout=max(1.0, deadline.remaining())
     )
 
 
@@ -1021,6 +1089,7 @@ class _Helper:
     ) -> None:
         self._ctx = ctx
         self._user = user
+        self.target = target
         self.envd: EnvdClient = ctx.envd(target)
         self._argv = argv
         self.op_id = op_id
@@ -1038,6 +1107,12 @@ class _Helper:
         self._stderr = bytearray()
         self._undo: List[Callable[[], None]] = []
         self._timed_out = False
+        #: A transfer to the helper was sent (its request may have reached envd): a cancel
+        #: then cuts the transfer and leaves the helper's stream to be read to its end.
+        self.posted = False
+        #: Lines the helper printed after its first (``open``: envd opened its FIFO).
+        self._said: List[bytes] = []
+        self._settling: Optional[TimerHandle] = None
 
     def __enter__(self) -> _Helper:
         if self._cancel is not None:
@@ -1076,6 +1151,8 @@ class _Helper:
     def __exit__(self, *exc: object) -> None:
         for undo in self._undo:
             undo()
+        if self._settling is not None:
+            self._settling.cancel()
         stream = self._stream
         if stream is not None:
             stream.close()
@@ -1085,10 +1162,37 @@ class _Helper:
         self._stop(CancelReason("deadline", "file operation bound"))
 
     def _stop(self, reason: CancelReason) -> None:
-        self.guard.cancel(reason)
+        self.guard.cancel(reason)  # cuts a transfer under way (its request has the guard)
         stream = self._stream
-        if stream is not None:
+        if stream is None:
+            return
+        if not self.posted:
             stream.abort()
+        elif self._settling is None:  # a cut transfer's helper ends on its own: a while
+            self._settling = self._ctx.watchdog.call_later(_SETTLE_S, stream.abort)
+
+    @property
+    def opened(self) -> bool:
+        """Whether the helper said ``open``: envd had opened its FIFO for the transfer."""
+        return b"open" in self._said or b"open" in bytes(self._stdout).splitlines()
+
+    def settle(self, bound: float) -> bool:
+        """Read the helper to its end within ``bound`` seconds (its transfer was cut: it
+        ends on its own); True if it ended. Never raises a library error."""
+        if self.ended:
+            return True
+        stream = self._stream
+        if stream is None:
+            return False
+        timer = self._ctx.watchdog.call_later(bound, stream.abort)
+        try:
+            while self._next():
+                pass
+        except E2BProviderError:
+            return False
+        finally:
+            timer.cancel()
+        return self.ended
 
     def raise_stopped(self) -> None:
         """Raise what stopped the helper, if it was stopped (a cancel or the deadline)."""
@@ -1144,6 +1248,7 @@ class _Helper:
                 return None
         line, _, rest = bytes(self._stdout).partition(b"\n")
         self._stdout = bytearray(rest)
+        self._said.append(line)
         return line
 
     def finish(self) -> Optional[int]:

@@ -6,8 +6,10 @@ or the watchdog thread). Kills are queued per sandbox, and one batch per sandbox
 time on the watchdog's bounded worker pool: it takes everything queued for that sandbox (up
 to :data:`~._scripts.KILL_BATCH_MAX`), runs one kill script with all their control paths
 (:data:`~._scripts.KILL_BATCH_SCRIPT`: the reference's tree kill for each, then every process
-carrying one of their markers), resolves their verdicts, then SIGKILLs through envd, by tag,
-the processes envd started for them that are still running. So a burst of timeouts costs
+carrying one of their markers), resolves their verdicts, then SIGKILLs through envd, by pid,
+the processes envd started for them that are still running (never by tag: envd 0.6.13's
+lookup by tag stops at the first process with another tag, so it misses whenever other
+tagged processes run). So a burst of timeouts costs
 one script per sandbox, not one per command, and no kill waits behind hundreds of others.
 
 A kill's verdict is evidence about its own sandbox only:
@@ -54,7 +56,7 @@ log = logging.getLogger("e2b_provider")
 #: Seconds a batch waits at most for its script to start in a sandbox that keeps answering
 #: other requests (beyond that: no verdict).
 KILL_WAIT_CAP = 120.0
-#: Read timeout of each SIGKILL by tag after the script.
+#: Read timeout of each SIGKILL by pid after the script.
 SIGNAL_TIMEOUT = 5.0
 
 #: ``rebooted_since(sandbox_id, t)``: True if a reboot of that sandbox began at or after
@@ -66,13 +68,13 @@ _Key = Tuple[str, str, str]
 
 @attrs.define(eq=False)
 class _Kill:
-    """One exec's kill: control path, envd tag, start time, bound, probe and verdict."""
+    """One exec's kill: control path, start time, bound, probe (its pid while it runs) and
+    verdict."""
 
     ctl: str
-    tag: str
     began: float
     bound: float
-    running: Callable[[], bool]
+    running: Callable[[], Optional[int]]
     future: concurrent.futures.Future[Optional[bool]]
 
 
@@ -200,20 +202,19 @@ class KillBatcher:
         self,
         target: Target,
         ctl: str,
-        tag: str,
         began: float,
         bound: float,
-        running: Callable[[], bool],
+        running: Callable[[], Optional[int]],
     ) -> concurrent.futures.Future[Optional[bool]]:
         """Queue the kill of the exec with control path ``ctl``; never blocks.
 
         Args:
             target: the sandbox the exec runs in.
             ctl: the exec's control path.
-            tag: the envd tag the exec's process was started with.
             began: when the exec was started (monotonic clock).
             bound: seconds the kill may take once it started.
-            running: tells whether the exec's process is known to be running.
+            running: the pid of the exec's process while it is known to be running, else
+                None.
 
         Returns:
             A future with the verdict (see the module's docstring).
@@ -225,7 +226,7 @@ class KillBatcher:
             idle = queue is None
             if queue is None:
                 queue = self._queues[key] = _Queue(target)
-            queue.kills.append(_Kill(ctl, tag, began, bound, running, fut))
+            queue.kills.append(_Kill(ctl, began, bound, running, fut))
         if idle:
             self._schedule(key)
         return fut
@@ -356,16 +357,18 @@ class KillBatcher:
         for k, verdict in verdicts:
             if verdict is True:
                 # As the reference's kill job: the script, then SIGKILL of the process envd
-                # started, before the kill counts as done (by tag: never a reused pid).
+                # started, before the kill counts as done (by its pid, while its stream
+                # has not ended: envd still holds the process, so the pid is not reused)
                 self._signal(envd, sid, k)
             _resolve(k, verdict)
 
     def _signal(self, envd: EnvdClient, sid: str, k: _Kill) -> None:
-        """SIGKILL, by tag, the process envd started for ``k`` if it still runs."""
-        if self._ctx.closed or not k.running():
+        """SIGKILL, by pid, the process envd started for ``k`` if it still runs."""
+        pid = None if self._ctx.closed else k.running()
+        if pid is None:
             return
         try:
-            envd.signal_tag(k.tag, timeout=min(SIGNAL_TIMEOUT, k.bound))
+            envd.send_signal(pid, timeout=min(SIGNAL_TIMEOUT, k.bound))
         except E2BProviderError as exc:
             log.info("e2b_provider: SIGKILL of an exec in sandbox %s failed: %s", sid, exc)
 

@@ -608,6 +608,18 @@ BIG_PIPE = (
     '-- "$f" 2>/dev/null || rm -f -- "$f"; }'
 )
 
+#: Shell text, as root, for the FIFO ``$f`` in the staging directory: makes it (0600; exit
+#: 90 if it cannot be), says ``ready``, waits until envd opens it for an upload (a SIGTERM
+#: meanwhile, or a failed open, removes it and exits 143), says ``open``, and leaves it on
+#: standard input with its name removed (see :data:`BIG_PIPE`).
+_FIFO_OPEN = (
+    "trap 'rm -f -- \"$f\"; exit 143' HUP INT TERM; "
+    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
+    # "command": a failed redirection of a plain exec would end the shell before the trap
+    '{ command exec 3< "$f" 0<&3; } 2>/dev/null || { rm -f -- "$f"; exit 143; }; echo open; '
+    + BIG_PIPE + " <&3 & exec 3<&-; trap - HUP INT TERM; "
+)
+
 #: As root: receives a large write through a FIFO. Makes the staging directory root-only
 #: (0700, owned by root; a symlink is refused) and sweeps stale leftovers of operations
 #: that were killed — when ``$4`` is 1 (the provider's first large write to the sandbox),
@@ -617,9 +629,11 @@ BIG_PIPE = (
 #: :data:`INLINE_SKILLS_WRITE_SCRIPT` does (as root, ``$3`` = 1; a refused path exits
 #: :data:`REFUSED_EXIT` before ``ready``): envd's ``POST /files`` into the FIFO streams
 #: straight into a temporary file beside the target, renamed over it only once exactly
-#: ``$5`` bytes arrived (a cut or cancelled upload leaves the target as it was). The FIFO's
-#: name is removed as soon as envd has opened it (the pipe lives on); a script stopped
-#: before that leaves it to the clean-up. The user's part replaces the script (``exec``):
+#: ``$5`` bytes arrived (a cut or cancelled upload leaves the target as it was). Once envd
+#: has opened the FIFO the script says ``open`` (from then on no other ``POST`` can reach
+#: it) and the FIFO's name is removed (the pipe lives on); a script stopped by SIGTERM
+#: before that (``timeout``'s first signal) removes it itself. The user's part replaces the
+#: script (``exec``):
 #: the top process, ``timeout``, still carries the operation's marked name (and so does
 #: the user's shell, whose ``$0`` it is), so the clean-up finds all of it.
 STREAM_WRITE_SCRIPT = (
@@ -629,8 +643,7 @@ STREAM_WRITE_SCRIPT = (
     'find "$d" -mindepth 1 -maxdepth 1 ! -name parts -mmin +10 -exec rm -rf -- {} + '
     "2>/dev/null; fi; "
     'if [ "$3" = 1 ]; then umask 022; t=$1; ' + _ROOT_CHECK + "rc; fi; "
-    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
-    'exec 3< "$f" 0<&3; ' + BIG_PIPE + " <&3 & exec 3<&-; "
+    + _FIFO_OPEN +
     'if [ "$3" = 1 ]; then ' + _ROOT_REGISTER + _put("cat", _ROOT_MODE, "$5") + "; fi; "
     "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c "
     + shlex.quote(
@@ -643,9 +656,12 @@ STREAM_WRITE_SCRIPT = (
 #: :data:`FILEOP_MARKER` ``$1``, and all its descendants: each is stopped before its
 #: children are listed, so none can fork away, then all are killed; an empty ``$1`` means
 #: every file operation) and removes its FIFO ``$2`` if given, after opening it once so
-#: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 the FIFO
-#: is replaced by an empty directory, so that an upload still on its way is refused (400)
-#: instead of written to a new file. Then removes the operation's temporary files: every
+#: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 (an upload
+#: may still be on its way to envd, which would create a regular file if the name were
+#: gone when it opens it) the FIFO is held open for half a second before its name is
+#: removed: a late ``POST`` opens it meanwhile, then fails when it is closed (envd opens the
+#: path as soon as a request's head arrives; this covers a cut request whose head came
+#: just before the clean-up). Then removes the operation's temporary files: every
 #: entry ``<pid>-$1<hex>`` of every registry (``/tmp/.capybara-parts-*``,
 #: :data:`ROOT_PARTS_DIR`; one that is a symbolic link is skipped; a tree upload's
 #: extractor adds a counter to the id, one name per directory) and the file it names (a
@@ -662,8 +678,8 @@ FILEOP_CLEANUP_SCRIPT = (
     'm=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
     'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; z=; '
     'for p in $q; do kill -9 "$p" 2>/dev/null; z="$z $p"; done; '
-    'if [ -n "$f" ]; then if [ -p "$f" ]; then exec 3<>"$f"; fi; rm -f -- "$f"; '
-    'if [ "$3" = 1 ]; then mkdir -m 0700 -- "$f" 2>/dev/null; fi; exec 3>&-; fi; '
+    'if [ -n "$f" ]; then if [ -p "$f" ]; then exec 3<>"$f"; '
+    '[ "$3" != 1 ] || sleep 0.5; fi; rm -f -- "$f"; exec 3>&-; fi; '
     "o=$1; set --; for r in " + USER_PARTS_PREFIX + "* " + ROOT_PARTS_DIR + "; do "
     '[ -d "$r" ] && [ ! -L "$r" ] || continue; '
     'for e in "$r"/[0-9]*-${o:-[0-9a-f]}*; do [ -L "$e" ] || continue; n=${e##*/}; '
@@ -738,14 +754,16 @@ def stream_write_args(
             "1" if skills else "0", "1" if prepare else "0", str(size)]
 
 
-def fileop_cleanup_args(op_id: str, fifo: str = "", block: bool = False) -> List[str]:
+def fileop_cleanup_args(op_id: str, fifo: str = "", settle: bool = False) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that stop file operation ``op_id`` (all of
-    them for ``""``), remove its FIFO (``block``: leave a directory in its place) and its
-    registered temporary files (for ``""``: those of every writer no longer alive, and every
-    FIFO, file and empty directory staged); see :data:`FILEOP_CLEANUP_SCRIPT`."""
+    them for ``""``), remove its FIFO (``settle``: an upload may still be on its way, so the
+    FIFO is held open a moment first) and its registered temporary files (for ``""``: those
+    of every writer no longer alive, and every FIFO, file and empty directory staged); see
+    :data:`FILEOP_CLEANUP_SCRIPT`."""
     if op_id:
         fileop_name(op_id)  # checks it
-    return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo, "1" if block else "0"]
+    return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo,
+            "1" if settle else "0"]
 
 
 # ---- the provider's own kill scripts (not the reference's) ---------------------------------
@@ -907,7 +925,7 @@ TREE_WHOLE_SCRIPT = (
 
 #: As root: receives a tree upload through a FIFO. Prepares the staging directory and the
 #: FIFO ``$2`` exactly as :data:`STREAM_WRITE_SCRIPT` does (``$5`` = 1: make it root-only
-#: and sweep it in any case), says ``ready``, then writes what arrives: as ``sandbox``
+#: and sweep it in any case), says ``ready`` and ``open``, then writes what arrives: as ``sandbox``
 #: (``$4`` = 0) by :data:`TREE_WHOLE_SCRIPT` (a new destination appears whole; into one
 #: that exists, the file agent's ``extract`` writes each file atomically), or, under
 #: ``/skills`` (``$4`` = 1), as root by ``extract`` with the ``/skills`` rules. ``$1`` is
@@ -919,8 +937,7 @@ TREE_UPLOAD_SCRIPT = (
     'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '
     'find "$d" -mindepth 1 -maxdepth 1 ! -name parts -mmin +10 -exec rm -rf -- {} + '
     '2>/dev/null; fi; '
-    'mkfifo -m 0600 -- "$f" || exit 90; echo ready; '
-    'exec 3< "$f" 0<&3; ' + BIG_PIPE + ' <&3 & exec 3<&-; '
+    + _FIFO_OPEN +
     'o=op=${0##*-}; '
     'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$6" extract "$1" "$3" root "$o"; fi; '
     "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c " + shlex.quote(TREE_WHOLE_SCRIPT)

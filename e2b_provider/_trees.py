@@ -694,7 +694,8 @@ class Trees:
         skills = scripts.is_skills_path(dest)
         bound = f"{max(1.0, deadline.remaining()) + 60.0:.0f}"
         sid = target.sandbox_id
-        argv = ["timeout", "-s", "KILL", bound, "/bin/sh",
+        settle_s = min(5.0, self._ctx.bounds.kill)
+        argv = ["timeout", "-k", "5", bound, "/bin/sh",
                 *scripts.tree_upload_args(dest, fifo, end, skills, op_id, source("file_agent"),
                                           prepare=self._files.needs_staging(sid))]
 
@@ -705,6 +706,7 @@ class Trees:
             if not ready:
                 helper.finish()
                 raise _helper_failed("the upload could not start", helper, dest)
+            helper.posted = True
             try:
                 helper.envd.upload_stream(
                     fifo,
@@ -721,14 +723,21 @@ class Trees:
                 raise _refusal(helper) or _helper_failed(
                     f"the upload was refused: HTTP {exc.status}", helper, dest
                 ) from None
+            except Exception:
+                # cut (a cancel, the bound, a broken connection): if all of it had gone,
+                # the upload is done
+                if not (helper.settle(settle_s) and helper.exit_code == 0):
+                    raise
+                summary = _summary(helper)
+                if summary is None or not summary.get("complete"):
+                    raise
+                return _outcome(plan, summary)
             helper.finish()
             summary = _summary(helper)
             if summary is None or not summary.get("complete"):
                 raise _refusal(helper) or _helper_failed("the upload did not arrive whole",
                                                          helper, dest)
-            if summary.get("whole"):  # a new destination, written as one: all of it is there
-                return plan.summary(), []
-            return _transfer(summary), list(summary.get("errors") or [])
+            return _outcome(plan, summary)
 
         return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)
 
@@ -798,6 +807,15 @@ class Trees:
         return self._files._helped(
             target, op_id, argv, "", cancel, deadline, body, user=scripts.SANDBOX_USER
         )
+
+
+def _outcome(
+    plan: UploadPlan, summary: Dict[str, Any]
+) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+    """What a complete upload wrote, and the entries the sandbox refused."""
+    if summary.get("whole"):  # a new destination, written as one: all of it is there
+        return plan.summary(), []
+    return _transfer(summary), list(summary.get("errors") or [])
 
 
 def _stderr_json(helper: _Helper) -> Optional[Dict[str, Any]]:

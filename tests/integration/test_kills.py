@@ -274,7 +274,7 @@ def test_a_kill_after_a_reboot_never_reaches_the_sandbox(emu, provider) -> None:
         from e2b_provider import _scripts as scripts
 
         ctl = scripts.control_path()
-        fut = batcher.kill(target, ctl, ctl, time.monotonic(), 5.0, lambda: True)
+        fut = batcher.kill(target, ctl, time.monotonic(), 5.0, lambda: 12345)
         assert fut.result(timeout=30) is None
         assert [e["path"] for e in emu.requests(sandbox_id=h.id) if "Process" in e["path"]] == []
     finally:

@@ -358,7 +358,8 @@ def test_stream_write(tmp_path: Path, skills: bool) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-    assert out.decode().split("\n")[:-1] == ["rc=0", *want], err
+    # "open": the script says when the FIFO was opened for the upload
+    assert out.decode().split("\n")[:-1] == ["open", "rc=0", *want], err
 
 
 def test_stream_write_names_the_operation(tmp_path: Path) -> None:
@@ -402,9 +403,9 @@ echo left $(ls -A /opt/capybara/upload)
     [
         # one operation and its FIFO: the FIFO goes, the other operation stays
         ("a", {"fifo": True}, ["a=0 b=1 sleeps=2", "gone", "left full keepdir new old"]),
-        # ... blocked: a root-only directory takes the FIFO's place
-        ("a", {"fifo": True, "block": True},
-         ["a=0 b=1 sleeps=2", "dir 700", "left full keepdir new old"]),
+        # ... settled (an upload may still come): held open a moment, then gone all the same
+        ("a", {"fifo": True, "settle": True},
+         ["a=0 b=1 sleeps=2", "gone", "left full keepdir new old"]),
         # all of them, and every file and empty directory staged (a directory left in a
         # FIFO's place by an earlier clean-up); a directory that holds something stays
         ("", {}, ["a=0 b=0 sleeps=0", "fifo", "left full"]),
@@ -803,7 +804,7 @@ def test_a_cut_stream_write_leaves_the_old_file(tmp_path: Path, skills: bool) ->
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-    assert _quiet_lines(out.decode()) == ["rc=1", "old", "leftovers"], err
+    assert _quiet_lines(out.decode()) == ["open", "rc=1", "old", "leftovers"], err
     reason = messages.script_reason(err.decode(), 1)
     assert reason == (f"the upload was incomplete (150000 of 300000 bytes arrived); {target} "
                       "was left unchanged")  # fmt: skip
@@ -912,3 +913,41 @@ def test_cleanup_removes_only_registered_parts(tmp_path: Path, which: str) -> No
         "/tmp/.capybara-parts-sandbox/90010-OP-x",  # not <pid>-<hex>
         "/tmp/.capybara-parts-sandbox/LIVE-X",
     ])], err  # fmt: skip
+
+
+@needs_namespaces
+@pytest.mark.parametrize("skills", [True, False])
+def test_a_stream_write_stopped_before_its_upload_removes_its_fifo(
+    tmp_path: Path, skills: bool
+) -> None:
+    # no upload ever came (its client died first): timeout's SIGTERM ends the script, which
+    # removes its FIFO itself; nothing is staged or left half-written
+    fifo = tmp_path / "fifo"
+    target = "/opt/skills/f" if skills else "/opt/work/f"
+    setup = "mkdir -p /opt/skills; echo old > /opt/skills/f; echo old > /opt/work/f"
+    report = 'cat "$T"; [ -e "$F" ] && echo "fifo left"; ' + _LEFTOVERS
+    args = S.stream_write_args(target, str(fifo), skills, uuid.uuid4().hex, size=10)
+    env = _ns_env(tmp_path, SETUP=setup, REPORT=report, T=target, F=str(fifo))
+    # as the provider runs it: under "timeout -k 5 <bound>" (SIGTERM first)
+    with _ns_popen(["-c", 'exec timeout -k 5 1 /bin/sh "$@"', "sh", *args], env) as p:
+        out, err = p.communicate(timeout=30)
+    assert _quiet_lines(out.decode()) == ["ready", "rc=124", "old", "leftovers"], err
+
+
+@needs_namespaces
+def test_a_settled_cleanup_lets_a_late_upload_fail_and_leaves_nothing(tmp_path: Path) -> None:
+    # the clean-up of an upload cut before envd opened the FIFO holds it open a moment: a
+    # writer that opens it meanwhile (envd, late) succeeds at once, then its writes fail
+    # once the clean-up closed it; the name is gone and no regular file took its place
+    fifo = tmp_path / "fifo"
+    setup = f'mkfifo -m 0600 "{fifo}"; ' + (
+        '( trap "" PIPE; sleep 0.2; exec 4>"$F"; echo opened; sleep 1; '
+        'if printf x >&4 2>/dev/null; then echo wrote; else echo refused; fi ) &'
+    )
+    report = 'wait; [ -e "$F" ] && echo "fifo left"; echo left $(ls -A /opt/capybara/upload)'
+    args = S.fileop_cleanup_args(uuid.uuid4().hex, str(fifo), settle=True)
+    env = _ns_env(tmp_path, SETUP=setup, REPORT=report, F=str(fifo))
+    with _ns_popen(args, env) as p:
+        out, err = p.communicate(timeout=30)
+    assert _quiet_lines(out.decode()) == ["opened", "rc=0", "refused",
+                                          "left keepdir new old"], err
