@@ -10,11 +10,23 @@ file call costs what the SDK's ``/files`` call costs, while every access is chec
 sandbox user's own credentials (envd's ``/files`` reads and writes as root).
 
 Threads: none of its own. Whichever caller is waiting reads the stream for everybody
-("leader"); the others wait for their answer or their turn. A leader's cancel, deadline or
-Ctrl-C shuts the stream down, which ends the session: the callers still waiting start a
-new agent and send their request again (every request is idempotent: a write writes the
-same bytes). The same happens when the agent exits (it does after
-:data:`AGENT_IDLE_SECONDS` without a request) or the stream breaks (a pause cuts it).
+("leader"); the others wait for their answer or their turn.
+
+A call stopped by its cancel, its deadline or Ctrl-C withdraws its request: one more
+``SendInput`` (``cancel``) that the agent handles as it reads it, answering the request
+``{"cancelled": true}`` unless it had already taken effect (a write's rename and the cancel
+exclude each other). The call waits for that answer (at most :data:`WITHDRAW_SECONDS`), so
+a cancelled write is either not done, and the call says so, or done, and the call returns
+as if no cancel had come; the session and its agent go on serving the others. An agent
+that does not answer in that time (stopped, hung) is retired: its session ends, the agent
+is killed and the temporary files it registered are removed before the call returns; the
+calls still waiting start a new agent and send their request again (every request is
+idempotent: a write writes the same bytes). They do the same when the agent exits (after
+:data:`AGENT_IDLE_SECONDS` without a request, or killed by ``kill_all``) or its stream
+breaks (a pause cuts it), and a session that ends any other way, or with the provider's
+``close()``, tells its agent to leave (its standard input is closed: it exits once its
+work is done). So what stays in a sandbox is the agent of a provider that is open and used
+it within the last :data:`AGENT_IDLE_SECONDS`, or of one killed within that time.
 
 A sandbox that cannot run the agent (no ``python3``) is remembered for
 :data:`UNAVAILABLE_SECONDS`; the callers then take the per-operation scripts instead.
@@ -36,7 +48,9 @@ import attrs
 from . import _scripts as scripts
 from ._agent_protocol import AGENT_VERSION, Frame, FrameDecoder, encode_request
 from ._context import ProviderContext
+from ._exec import run_process
 from ._process import DataEvent, EndEvent, ProcessEvent, StartEvent, exit_code_of
+from ._watchdog import TimerHandle
 from .cancel import CancelReason, CancelToken, Deadline
 from .envd import ProcessStream
 from .errors import (
@@ -57,6 +71,7 @@ __all__ = [
     "AGENT_TAG_PREFIX",
     "MAX_INLINE_FILE",
     "MAX_PAYLOAD",
+    "WITHDRAW_SECONDS",
     "AgentAnswer",
     "AgentLost",
     "AgentUnavailable",
@@ -65,13 +80,18 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-#: The agent exits after this many seconds without a request.
-AGENT_IDLE_SECONDS = 300
+#: The agent exits after this many seconds without a request (so the agent of a provider
+#: that was killed stays at most this long).
+AGENT_IDLE_SECONDS = 60
 #: How long an agent may take to say it is ready.
 AGENT_READY_SECONDS = 30.0
 #: An agent that writes nothing for this long while an answer is awaited is taken as hung
 #: (stopped, say): its session ends, the calls go to a new agent, and it is killed.
 AGENT_SILENCE_SECONDS = 30.0
+#: How long the agent may take to answer a withdrawn request (it reads a withdrawal as it
+#: comes and its requests stop at their next step, so a healthy one answers in a round
+#: trip): past it the agent counts as hung and is retired.
+WITHDRAW_SECONDS = 5.0
 #: How long a sandbox that could not run the agent is left to the scripts.
 UNAVAILABLE_SECONDS = 300.0
 #: envd tag of an agent process: this prefix, then 32 hex digits.
@@ -93,6 +113,8 @@ _STDERR_KEPT = 4096
 _NO_PYTHON = (126, 127)
 #: How long a session's goodbye (closing the agent's input) may take.
 _GOODBYE_S = 5.0
+#: How long sending a withdrawal may take.
+_WITHDRAW_S = 5.0
 
 
 class AgentUnavailable(Exception):
@@ -114,12 +136,14 @@ class AgentAnswer:
 
 
 class _Call:
-    __slots__ = ("done", "frames", "id")
+    __slots__ = ("done", "frames", "id", "withdrawn")
 
     def __init__(self, rid: int) -> None:
         self.id = rid
         self.frames: List[Frame] = []
         self.done = False
+        #: The agent was told to drop it (see :meth:`AgentSession.withdraw`).
+        self.withdrawn = False
 
 
 class AgentSession:
@@ -192,11 +216,61 @@ class AgentSession:
             call = _Call(rid)
             self._calls[rid] = call
         try:
-            self._send(encode_request(rid, op, fields, payload), deadline, cancel)
-            return self._await(call, deadline, cancel)
+            try:
+                self._send(encode_request(rid, op, fields, payload), deadline, cancel)
+                answer = self._await(call, deadline, cancel)
+            except (Cancelled, OperationTimeout) as stop:
+                return self._withdrawn(call, stop, interrupted=False)
+            except KeyboardInterrupt as stop:
+                self._withdrawn(call, stop, interrupted=True)
+                raise  # not reached: the interrupt is raised again above
+            except AgentLost:
+                stop2 = _stop_of(cancel, deadline)
+                if stop2 is None or not call.withdrawn:
+                    raise
+                # withdrawn while this thread read the stream, and the agent did not
+                # answer in time (the read was ended): it is retired, the call stopped
+                self.retire("the file agent did not drop a cancelled request in time")
+                raise stop2 from None
+            if answer.answer.get("cancelled") is True:
+                # withdrawn while this thread read the stream (its cancel or deadline)
+                raise _stop_of(cancel, deadline) or ProtocolError(
+                    "the file agent dropped a request nobody withdrew")
+            return answer
         finally:
             with self._lock:
                 self._calls.pop(rid, None)
+
+    def _withdrawn(
+        self, call: _Call, stop: BaseException, *, interrupted: bool
+    ) -> AgentAnswer:
+        """After ``stop`` (a cancel, the deadline, Ctrl-C) ended the wait for ``call``: tell
+        the agent to drop it and wait (bounded) for its last answer. Returns that answer
+        when the request took effect before the cancel reached it (a write that was done);
+        raises ``stop`` when it was dropped, after Ctrl-C in any case, and when the agent
+        did not answer in time (it is then retired: killed, its temporary files removed).
+        A second Ctrl-C gives up waiting (the retirement goes on in the background)."""
+        bounds = self._ctx.bounds
+        grace = Deadline.after(
+            min(WITHDRAW_SECONDS, bounds.interrupt_kill if interrupted else bounds.kill)
+        )
+        try:
+            self.withdraw(call)
+            try:
+                got: Optional[AgentAnswer] = self._await(call, grace, None, settling=True)
+            except (AgentLost, OperationTimeout):
+                got = None
+        except KeyboardInterrupt:
+            log.warning("e2b_provider: second interrupt; not waiting for the file agent in "
+                        "sandbox %s to drop a request", self.sid)
+            self._retire_later("interrupted twice")
+            raise stop from None
+        if got is None:
+            self.retire("the file agent did not drop a cancelled request in time")
+            raise stop
+        if got.answer.get("cancelled") is True or interrupted:
+            raise stop
+        return got
 
     def _send(self, data: bytes, deadline: Deadline, cancel: Optional[CancelToken]) -> None:
         ctx = self._ctx
@@ -218,8 +292,16 @@ class AgentSession:
             raise AgentLost("the file agent is gone") from exc
 
     def _await(
-        self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken]
+        self,
+        call: _Call,
+        deadline: Deadline,
+        cancel: Optional[CancelToken],
+        *,
+        settling: bool = False,
     ) -> AgentAnswer:
+        """Wait for ``call``'s whole answer (leading the stream's reading when nobody
+        does). ``settling``: it was withdrawn, and ``deadline`` is how long its last answer
+        may take."""
         while True:
             with self._lock:
                 if call.done:
@@ -227,14 +309,16 @@ class AgentSession:
                     return AgentAnswer(last.answer, last.data, tuple(parts))
                 if self._ended is not None:
                     raise AgentLost(self._ended)
-            if cancel is not None and cancel.cancelled:
-                raise Cancelled(cancel.reason)
-            left = deadline.remaining()
-            if left <= 0:
-                raise OperationTimeout("the file agent did not answer within the bound")
+            if not call.withdrawn:
+                if cancel is not None and cancel.cancelled:
+                    raise Cancelled(cancel.reason)
+                if deadline.remaining() <= 0:
+                    raise OperationTimeout("the file agent did not answer within the bound")
+            elif settling and deadline.remaining() <= 0:
+                raise OperationTimeout("the file agent did not drop a request in time")
             if self._reader.acquire(blocking=False):
                 try:
-                    self._lead(call, deadline, cancel)
+                    self._lead(call, deadline, cancel, settling)
                 finally:
                     self._reader.release()
                     with self._changed:
@@ -242,25 +326,39 @@ class AgentSession:
             else:
                 with self._changed:
                     if not call.done and self._ended is None:
-                        self._changed.wait(min(_SLICE_S, left))
+                        self._changed.wait(_SLICE_S)
 
-    def _lead(self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken]) -> None:
+    def _lead(
+        self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken], settling: bool
+    ) -> None:
         """Read the stream for everybody until ``call`` is answered or the session ends.
-        A cancel or the deadline shuts the stream down (ending the session), and so does
-        an agent that wrote nothing for :data:`AGENT_SILENCE_SECONDS` while it was waited
-        for (stopped or hung: envd's keepalives still come, so the stream alone would not
-        tell)."""
+
+        A cancel or the deadline has ``call`` withdrawn (from the worker pool: this thread
+        is blocked in the read), and the agent's answer to that wakes the read; if none
+        comes within the kill bound (or by ``deadline`` when ``settling``), the stream is
+        shut down, ending the session. So is it when the agent wrote nothing for
+        :data:`AGENT_SILENCE_SECONDS` while it was waited for (stopped or hung: envd's
+        keepalives still come, so the stream alone would not tell)."""
         stream = self._stream
         watchdog = self._ctx.watchdog
-
-        def stop(_reason: object = None) -> None:
-            stream.abort()
+        grace: List[TimerHandle] = []
 
         def silent() -> None:
             self.hung = True
             stream.abort()
 
-        unlink = cancel.on_cancel(stop) if cancel is not None else None
+        def stop(_reason: object = None) -> None:
+            if settling:
+                silent()
+                return
+            try:
+                watchdog.submit(self.withdraw, call)
+                grace.append(watchdog.call_later(
+                    min(WITHDRAW_SECONDS, self._ctx.bounds.kill), silent))
+            except RuntimeError:  # no pool (closing): the read is ended instead
+                stream.abort()
+
+        unlink = cancel.on_cancel(stop) if cancel is not None and not settling else None
         timer = watchdog.call_later(max(0.0, deadline.remaining()), stop)
         quiet = watchdog.call_later(AGENT_SILENCE_SECONDS, silent)
         try:
@@ -275,8 +373,8 @@ class AgentSession:
                     return
                 except E2BProviderError as exc:
                     self.end(
-                        f"the file agent answered nothing for {AGENT_SILENCE_SECONDS:g} s"
-                        if self.hung else f"the file agent's stream broke ({exc})"
+                        "the file agent answered nothing in time" if self.hung
+                        else f"the file agent's stream broke ({exc})"
                     )
                     return
                 except BaseException:
@@ -291,6 +389,8 @@ class AgentSession:
                 unlink()
             timer.cancel()
             quiet.cancel()
+            for t in grace:
+                t.cancel()
 
     def _take(self, ev: ProcessEvent) -> None:
         if isinstance(ev, DataEvent):
@@ -331,9 +431,60 @@ class AgentSession:
         self._stream.abort()
         self._stream.close()
 
-    def goodbye(self) -> None:
+    def withdraw(self, call: _Call) -> None:
+        """Tell the agent to drop ``call`` (once; bounded; a failure only ends the session
+        when the agent is gone)."""
+        with self._lock:
+            if call.withdrawn or call.done or self._ended is not None:
+                return
+            call.withdrawn = True
+            rid = self._next  # the withdrawal's own id (nothing answers it)
+            self._next += 1
+        data = encode_request(rid, "cancel", {"of": call.id})
+        try:
+            lease = self._ctx.leases.lease(self.sid)
+            if lease is None:
+                return
+            self._ctx.envd(lease.target).send_input(self.pid, data, timeout=_WITHDRAW_S)
+        except E2BHttpError as exc:
+            if _agent_gone(exc):
+                self.end(f"the file agent is gone ({exc})")
+            else:
+                log.info("e2b_provider: could not withdraw a file agent request in sandbox "
+                         "%s: %s", self.sid, exc)
+        except E2BProviderError as exc:
+            log.info("e2b_provider: could not withdraw a file agent request in sandbox %s: "
+                     "%s", self.sid, exc)
+
+    def retire(self, why: str) -> None:
+        """End the session, kill the agent and remove the temporary files it registered
+        (bounded by the kill bound; best effort)."""
+        self.end(why)
+        ctx = self._ctx
+        try:
+            lease = ctx.leases.lease(self.sid)
+            if lease is None:
+                return
+            run_process(
+                ctx.envd(lease.target), user=scripts.SANDBOX_USER, cmd="/bin/sh",
+                args=scripts.agent_retire_args(self.pid, self.tag), cwd="/", max_output_bytes=4096,
+                timeout=ctx.bounds.kill, token=None, watchdog=ctx.watchdog,
+                keepalive_seconds=ctx.bounds.keepalive,
+            )
+        except E2BProviderError as exc:
+            log.warning("e2b_provider: could not retire the file agent in sandbox %s: %s",
+                        self.sid, exc)
+
+    def _retire_later(self, why: str) -> None:
+        self.end(why)
+        try:
+            self._ctx.watchdog.submit(self.retire, why)
+        except RuntimeError:
+            pass
+
+    def goodbye(self, timeout: float = _GOODBYE_S) -> None:
         """Close the agent's standard input, so it exits once its work is done; kill it
-        (by its envd tag) if it was found hung. Best effort, bounded."""
+        if it was found hung. Best effort, bounded by ``timeout`` seconds."""
         ctx = self._ctx
         try:
             lease = ctx.leases.lease(self.sid)
@@ -341,11 +492,22 @@ class AgentSession:
                 return
             envd = ctx.envd(lease.target)
             if self.hung:
-                envd.signal_tag(self.tag, timeout=_GOODBYE_S)
+                envd.send_signal(self.pid, timeout=timeout)
             else:
-                envd.close_stdin(self.pid, timeout=_GOODBYE_S)
+                envd.close_stdin(self.pid, timeout=timeout)
         except E2BProviderError as exc:
             log.debug("e2b_provider: could not retire a file agent: %s", exc)
+
+
+def _stop_of(
+    cancel: Optional[CancelToken], deadline: Deadline
+) -> Optional[E2BProviderError]:
+    """What stopped a call: its cancel, else its deadline; None if neither."""
+    if cancel is not None and cancel.cancelled:
+        return Cancelled(cancel.reason)
+    if deadline.remaining() <= 0:
+        return OperationTimeout("the file agent did not answer within the bound")
+    return None
 
 
 def _agent_gone(exc: E2BHttpError) -> bool:
@@ -450,13 +612,22 @@ class FileAgents:
             s.end("the sandbox was stopped")
 
     def close(self) -> None:
-        """End every session (the agents exit on their own once idle)."""
+        """End every session and tell each agent to leave (its standard input is closed:
+        it exits once its work is done), all at once, within :data:`_GOODBYE_S` seconds
+        in all (an agent not told in time exits once idle)."""
         self._after_fork()
         with self._lock:
             sessions = list(self._sessions.values())
             self._sessions.clear()
+        pending: List[concurrent.futures.Future[None]] = []
         for s in sessions:
             s.end("the provider was closed")
+            try:
+                pending.append(self._ctx.watchdog.submit(s.goodbye))
+            except RuntimeError:  # no pool: said inline, briefly
+                s.goodbye(timeout=1.0)
+        if pending:
+            concurrent.futures.wait(pending, timeout=_GOODBYE_S)
 
     def sessions(self) -> List[AgentSession]:
         """The running sessions (for tests and diagnostics)."""

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: The agent program's protocol version (its ready frame says which it speaks).
-AGENT_VERSION = 1
+AGENT_VERSION = 2
 #: The largest JSON part of one frame the decoder accepts (a listing chunk is far less).
 MAX_FRAME_JSON = 16 << 20
 #: The largest data part of one frame (a read's data, at most its ``max_bytes`` + 1).

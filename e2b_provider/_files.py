@@ -109,6 +109,8 @@ _RETRY_MIN_S = 1.0
 _STOP_WAIT_S = 5.0
 #: How long a helper whose transfer was cut may take to end on its own.
 _SETTLE_S = 5.0
+#: How long after a transfer was cut its helper may take to say envd had opened its FIFO.
+_OPEN_S = 0.5
 #: What users are told when the sandbox user may not touch a path.
 ACCESS_HINT = (
     "files are read and written as user 'sandbox' (as root under /skills): use a path it may "
@@ -1113,6 +1115,7 @@ class _Helper:
         #: Lines the helper printed after its first (``open``: envd opened its FIFO).
         self._said: List[bytes] = []
         self._settling: Optional[TimerHandle] = None
+        self._settled = False  # settle() was tried (once is enough)
 
     def __enter__(self) -> _Helper:
         if self._cancel is not None:
@@ -1178,20 +1181,31 @@ class _Helper:
 
     def settle(self, bound: float) -> bool:
         """Read the helper to its end within ``bound`` seconds (its transfer was cut: it
-        ends on its own); True if it ended. Never raises a library error."""
+        ends on its own); True if it ended. A helper with a FIFO that has not said ``open``
+        within :data:`_OPEN_S` never got the transfer (envd opens the FIFO as soon as the
+        request's head arrives): it is not waited for. Never raises a library error."""
         if self.ended:
             return True
         stream = self._stream
-        if stream is None:
+        if stream is None or self._settled:
             return False
-        timer = self._ctx.watchdog.call_later(bound, stream.abort)
+        self._settled = True
+
+        def unopened() -> None:
+            if not self.opened:
+                stream.abort()
+
+        timers = [self._ctx.watchdog.call_later(bound, stream.abort)]
+        if self.posted and not self.opened:
+            timers.append(self._ctx.watchdog.call_later(min(bound, _OPEN_S), unopened))
         try:
             while self._next():
                 pass
         except E2BProviderError:
             return False
         finally:
-            timer.cancel()
+            for t in timers:
+                t.cancel()
         return self.ended
 
     def raise_stopped(self) -> None:

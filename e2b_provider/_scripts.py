@@ -26,6 +26,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 from .errors import InvalidArgument
 
 __all__ = [
+    "AGENT_RETIRE_SCRIPT",
     "BIG_PIPE",
     "EXEC_MARKER",
     "EXEC_WRAPPER",
@@ -93,6 +94,7 @@ __all__ = [
     "stream_write_args",
     "tree_upload_args",
     "write_args",
+    "agent_retire_args",
 ]
 
 #: Sandbox metadata key that records the platform's sandbox name.
@@ -655,7 +657,8 @@ STREAM_WRITE_SCRIPT = (
 #: As root: stops file operation ``$1`` (the process whose command line carries
 #: :data:`FILEOP_MARKER` ``$1``, and all its descendants: each is stopped before its
 #: children are listed, so none can fork away, then all are killed; an empty ``$1`` means
-#: every file operation) and removes its FIFO ``$2`` if given, after opening it once so
+#: every file operation and every file agent, whoever started them) and removes its FIFO
+#: ``$2`` if given, after opening it once so
 #: that a ``POST /files`` blocked on it fails instead of hanging. With ``$3`` = 1 (an upload
 #: may still be on its way to envd, which would create a regular file if the name were
 #: gone when it opens it) the FIFO is held open for half a second before its name is
@@ -676,7 +679,9 @@ FILEOP_CLEANUP_SCRIPT = (
     'done; }; al() { x=; { read -r x < "/proc/$1/stat"; } 2>/dev/null || return 1; '
     'x=${x##*") "}; case $x in [ZX]*) return 1;; esac; }; '
     'm=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
-    'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; z=; '
+    'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; '
+    'if [ -z "$1" ]; then for p in $(pgrep -f -- "${m}s-[0-9a-f]{32}\\$"); do '
+    'q="$q $(t "$p")"; done; fi; z=; '
     'for p in $q; do kill -9 "$p" 2>/dev/null; z="$z $p"; done; '
     'if [ -n "$f" ]; then if [ -p "$f" ]; then exec 3<>"$f"; '
     '[ "$3" != 1 ] || sleep 0.5; fi; rm -f -- "$f"; exec 3>&-; fi; '
@@ -691,6 +696,32 @@ FILEOP_CLEANUP_SCRIPT = (
     'if [ -z "$o" ]; then find ' + UPLOAD_DIR + " -mindepth 1 -maxdepth 1 ! -name parts "
     "\\( ! -type d -o -empty \\) -delete 2>/dev/null; fi; exit 0"
 )
+
+
+#: As the sandbox user: retires a file agent that did not answer (stopped, hung): kills
+#: process ``$1`` if its command line still carries the agent's name ``$2`` (so a reused
+#: pid is never hit), waits (about a second at most) until it is gone, then removes the
+#: temporary files it registered (each entry ``$1-<hex>`` of the user's registry and the
+#: file it names, only if that file's name is exactly ``.capybara-part-<entry>``). Exit 0.
+AGENT_RETIRE_SCRIPT = (
+    'p=$1; if grep -qF -- "$2" "/proc/$p/cmdline" 2>/dev/null; then kill -9 "$p" 2>/dev/null; '
+    'i=0; while [ -e "/proc/$p" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done; fi; '
+    'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
+    "r=" + USER_PARTS_PREFIX + '$u; [ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] || exit 0; '
+    'for e in "$r/$p"-*; do [ -L "$e" ] || continue; n=${e##*/}; l=$(readlink -- "$e"); '
+    'case $l in /*) [ "${l##*/}" != "' + PART_PREFIX + '$n" ] || rm -f -- "$l";; esac; '
+    'rm -f -- "$e"; done; exit 0'
+)
+
+
+def agent_retire_args(pid: int, name: str) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as the sandbox user) that retire the file agent
+    ``pid`` named ``name`` (see :data:`AGENT_RETIRE_SCRIPT`)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        raise InvalidArgument("pid must be an int above 1")
+    if re.fullmatch(r"[A-Za-z0-9_-]{8,80}", name) is None:
+        raise InvalidArgument("not a file agent's name")
+    return ["-c", AGENT_RETIRE_SCRIPT, "capybara-retire", str(pid), name]
 
 
 def fileop_name(op_id: str) -> str:

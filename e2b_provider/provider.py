@@ -483,7 +483,8 @@ class E2BSandboxProvider:
 
     def kill_all(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
         """Kill every command this library started in the sandbox, with its process tree,
-        and every file operation still running there (with its staged FIFOs).
+        every file operation still running there and every file agent, whoever started
+        them (the next file call starts a new agent), and remove what they staged.
 
         Takes at most 360 s: up to 120 s to connect a cold sandbox, 120 s for the kill
         script and 120 s for the file-operation sweep.
@@ -500,6 +501,7 @@ class E2BSandboxProvider:
             self._commands.kill_all(sid, cancel)
         with self._doing(f"stopping leftover file operations in sandbox {sid}", sid=sid):
             self._files.sweep(sid, cancel)
+        self._files.forget(sid)  # its agent was killed too
 
     def kill_tagged(
         self, sandbox: SandboxRef, tags: Iterable[str], *, cancel: Optional[CancelToken] = None

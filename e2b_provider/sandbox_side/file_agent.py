@@ -18,6 +18,12 @@ Modes:
     one does not hold up the others. Operations: ``ping``, ``stat``, ``read``,
     ``read_many``, ``write``, ``write_many``, ``list``, ``sweep``, and ``cmd_read`` /
     ``cmd_list`` over background commands' records (see ``supervisor.py``).
+    ``{"op": "cancel", "of": N}`` withdraws request ``N`` at once (it is handled as it
+    is read, not queued): one still queued, or not yet arrived, is answered
+    ``{"cancelled": true}`` and never run; a running one stops at its next step and is
+    answered so, unless it already finished — a write's rename and the cancel exclude each
+    other, so ``{"cancelled": true}`` means the file was not replaced, and any other answer
+    that it was.
 
 ``pack SRC NAME [EXCLUDE...]``
     (``NAME`` only names the process.) Write to standard output one line of JSON
@@ -61,7 +67,7 @@ if TYPE_CHECKING:
 
     Answer = Dict[str, Any]
 
-VERSION = 1
+VERSION = 2
 #: Marks temporary files: ``.capybara-part-<pid>-<hex>``.
 PART = ".capybara-part-"
 
@@ -293,11 +299,33 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def write_file(path: str, data: bytes) -> None:
+class Withdrawn(Exception):
+    """The request was cancelled before it took effect."""
+
+
+class Job(object):
+    """A request being served: whether it was cancelled, and the lock that makes its
+    commit (a rename) and a cancel exclusive."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise Withdrawn()
+
+
+#: A job that is never cancelled (for callers outside the server).
+NEVER = Job()
+
+
+def write_file(path: str, data: bytes, job: Job = NEVER) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the target's directory,
     renamed over the target once whole. A symbolic link at ``path`` is followed (the file
     it names is replaced); an existing file keeps its mode and must be writable by the
-    user; missing parent directories are made."""
+    user; missing parent directories are made. A ``job`` cancelled before the rename
+    raises :class:`Withdrawn` and leaves the target as it was."""
     target = os.path.realpath(path) if os.path.islink(path) else path
     parent, name = os.path.split(target)
     if not name:
@@ -327,10 +355,12 @@ def write_file(path: str, data: bytes) -> None:
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
-        try:
-            os.rename(tmp, target)
-        except PermissionError as exc:
-            raise replace_refused(exc, parent or "/", st, path) from None
+        with job.lock:
+            job.check()
+            try:
+                os.rename(tmp, target)
+            except PermissionError as exc:
+                raise replace_refused(exc, parent or "/", st, path) from None
     except BaseException:
         unlink_quietly(tmp)
         raise
@@ -557,7 +587,7 @@ class Frames(object):
             self._out.flush()
 
 
-def handle(req: "Answer", payload: bytes, frames: Frames) -> None:
+def handle(req: "Answer", payload: bytes, frames: Frames, job: Job = NEVER) -> None:
     rid = req["id"]
     op = req.get("op")
     if op == "ping":
@@ -572,6 +602,7 @@ def handle(req: "Answer", payload: bytes, frames: Frames) -> None:
         large = int(req.get("large", 0))
         paths = req["paths"]
         for i, path in enumerate(paths):
+            job.check()
             answer, data = do_read(path, limit, large)
             answer["i"] = i
             frames.send(rid, False, answer, data)
@@ -585,13 +616,18 @@ def handle(req: "Answer", payload: bytes, frames: Frames) -> None:
             data = payload[pos:pos + n]
             pos += n
             try:
-                write_file(f["path"], data)
+                write_file(f["path"], data, job)
                 results.append({"ok": True})
+            except Withdrawn:
+                # the files before were written (each whole); this and the rest are not
+                frames.send(rid, True, {"cancelled": True, "done": len(results)})
+                return
             except Exception as exc:  # each file stands alone; report which failed
                 results.append(error_of(exc, f["path"]))
         frames.send(rid, True, {"results": results})
     elif op == "list":
         def emit(chunk: "List[Answer]") -> None:
+            job.check()
             frames.send(rid, False, {"entries": chunk})
 
         frames.send(rid, True, do_list(req["path"], max(1, int(req.get("depth", 1))), emit))
@@ -607,19 +643,50 @@ def handle(req: "Answer", payload: bytes, frames: Frames) -> None:
         frames.send(rid, True, {"error": "EINVAL", "message": "unknown operation %r" % (op,)})
 
 
+#: Ids of requests cancelled before they arrived, remembered at most.
+MAX_WITHDRAWN = 4096
+
+
 class Server(object):
     def __init__(self, idle: float, frames: Frames) -> None:
         self.idle = idle
         self.frames = frames
         self.lock = threading.Condition()
         self.queue = []  # type: List[Tuple[Answer, bytes]]
+        self.jobs = {}  # type: Dict[int, Job]
+        self.withdrawn = []  # type: List[int]
         self.busy = 0
         self.threads = 0
         self.closing = False
         self.last = time.monotonic()
 
+    def cancel(self, rid: int) -> None:
+        """Withdraw request ``rid`` (see the module's docstring)."""
+        answer = False
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is not None:
+                with job.lock:
+                    job.cancelled = True
+            else:
+                for i, (req, _) in enumerate(self.queue):
+                    if req["id"] == rid:
+                        del self.queue[i]
+                        self.busy -= 1
+                        self.last = time.monotonic()
+                        break
+                else:  # not arrived yet (or done: then its answer went already)
+                    self.withdrawn.append(rid)
+                    del self.withdrawn[:-MAX_WITHDRAWN]
+                answer = True
+        if answer:
+            self.frames.send(rid, True, {"cancelled": True})
+
     def submit(self, req: "Answer", payload: bytes) -> None:
         with self.lock:
+            if req["id"] in self.withdrawn:
+                self.withdrawn.remove(req["id"])
+                return  # answered when it was withdrawn
             self.queue.append((req, payload))
             self.busy += 1
             if self.threads < WORKERS and self.threads < self.busy:
@@ -638,8 +705,11 @@ class Server(object):
                     self.threads -= 1
                     return
                 req, payload = self.queue.pop(0)
+                job = self.jobs[req["id"]] = Job()
             try:
-                handle(req, payload, self.frames)
+                handle(req, payload, self.frames, job)
+            except Withdrawn:
+                self.frames.send(req["id"], True, {"cancelled": True})
             except Exception as exc:
                 try:
                     self.frames.send(req.get("id", 0), True, error_of(exc))
@@ -647,6 +717,7 @@ class Server(object):
                     pass
             finally:
                 with self.lock:
+                    self.jobs.pop(req["id"], None)
                     self.busy -= 1
                     self.last = time.monotonic()
                     self.lock.notify_all()
@@ -690,7 +761,13 @@ def parse_requests(buf: bytearray, server: Server) -> None:
             return
         payload = bytes(buf[nl + 1:nl + 1 + need])
         del buf[:nl + 1 + need]
-        server.submit(req, payload)
+        if req.get("op") == "cancel":
+            of = req.get("of")
+            if isinstance(of, bool) or not isinstance(of, int) or of <= 0:
+                raise ValueError("malformed request line")
+            server.cancel(of)
+        else:
+            server.submit(req, payload)
 
 
 def enlarge_pipe(fd: int, size: int = 1 << 20) -> None:

@@ -570,6 +570,61 @@ def test_write_many_reports_only_the_path_that_failed(who: Who, start: Any) -> N
     assert leftovers(w) == [] and a.registered() == []
 
 
+# -- withdrawn requests -----------------------------------------------------------------------
+
+
+def test_a_request_withdrawn_before_it_arrives_is_answered_once_and_never_run(
+    who: Who, start: Any
+) -> None:
+    w = who.work
+    a = start(who)
+    rid = a._next  # the id the next request will carry
+    a._next += 1  # reserved
+    a.send("cancel", of=rid)
+    [f] = a.frames(rid)
+    assert f.last and f.answer == {"cancelled": True}
+    # the request itself comes later (its SendInput was slower): it is dropped unanswered
+    a.send_raw(encode_request(rid, "write", {"path": str(w / "never")}, b"data"))
+    assert a.call("ping") == ({"pong": True}, b"")
+    assert not (w / "never").exists() and a._got.get(rid) is None
+    # a cancel of what is over: a stray answer, nothing else happens
+    answer, _ = a.call("write", b"now", path=str(w / "now"))
+    assert answer == {"results": [{"ok": True}]}
+    a.send("cancel", of=a._next - 1)
+    assert a.call("ping") == ({"pong": True}, b"")
+    assert (w / "now").read_bytes() == b"now"
+    assert leftovers(w) == [] and a.registered() == []
+
+
+def test_a_running_batch_withdrawn_stops_between_files_each_whole(who: Who, start: Any) -> None:
+    w = who.work
+    a = start(who)
+    n = 4000
+    data = [os.urandom(64) for _ in range(n)]
+    files = [{"path": str(w / "b" / str(i)), "len": 64} for i in range(n)]
+    rid = a.send("write_many", b"".join(data), files=files)
+    a.send("cancel", of=rid)
+    [f] = a.frames(rid, timeout=60)
+    if "results" in f.answer:  # every file was written before the withdrawal came
+        done = n
+        assert f.answer["results"] == [{"ok": True}] * n
+    else:  # stopped while it ran ("done" files before), or still queued (none)
+        assert f.answer["cancelled"] is True
+        done = f.answer.get("done", 0)
+        assert 0 <= done < n
+    for i in range(n):  # those before the stop are written whole, none after
+        target = w / "b" / str(i)
+        assert (target.read_bytes() == data[i]) if i < done else not target.exists(), i
+    assert leftovers(w) == [] and a.registered() == []
+    assert a.call("ping") == ({"pong": True}, b"")
+
+
+def test_a_malformed_withdrawal_ends_the_agent_like_any_bad_line(who: Who, start: Any) -> None:
+    a = start(who)
+    a.send("cancel", of="x")
+    assert a.close() == 2
+
+
 # -- the registry of temporary files and the sweep ------------------------------------------
 
 
