@@ -53,6 +53,7 @@ import collections
 import concurrent.futures
 import datetime
 import logging
+import posixpath
 import re
 import threading
 import time
@@ -217,6 +218,15 @@ class Files:
     def _mark_missing(self, sid: str, tool: str) -> None:
         log.info("e2b_provider: sandbox %s has no %s; using the slower file path", sid, tool)
         self._remember(sid, tool)
+
+    def lacks_python(self, sid: str) -> bool:
+        """Whether the sandbox was found to have no ``python3`` (the file agent could not
+        start there, or a helper that needs it could not run)."""
+        return self._lacks(sid, "python3") or self._agents.unavailable(sid) is not None
+
+    def mark_missing(self, sid: str, tool: str) -> None:
+        """Remember that the sandbox has no ``tool`` (the slower paths are taken)."""
+        self._mark_missing(sid, tool)
 
     # -- the three operations -------------------------------------------------------------
 
@@ -554,10 +564,8 @@ class Files:
             got = self._agents.call(
                 sid, "list", {"path": path, "depth": depth}, deadline=deadline, cancel=cancel
             )
-        except AgentUnavailable as exc:
-            raise CommandFailed(
-                f"listing a directory needs python3 in the sandbox, and {exc}"
-            ) from None
+        except AgentUnavailable:
+            return self._list_by_script(sid, path, depth, cancel, deadline)
         answer = got.answer
         if answer.get("missing"):
             return None
@@ -574,6 +582,32 @@ class Files:
                 raise ProtocolError("the file agent sent a listing that is not a list")
             entries.extend(_entry_of(e) for e in raw)
         return entries
+
+    def _list_by_script(
+        self,
+        sid: str,
+        path: str,
+        depth: int,
+        cancel: Optional[CancelToken],
+        deadline: Deadline,
+    ) -> Optional[List[DirEntry]]:
+        """:meth:`list_dir` without the file agent (no ``python3``): GNU ``find`` as the
+        sandbox user, its records put in the agent's order (level by level, sorted by name
+        within each directory)."""
+        r = self._script(sid, scripts.SANDBOX_USER, scripts.list_args(path, depth),
+                         _LIST_OUTPUT, cancel, deadline)
+        if r.exit_code == 3:
+            return None
+        if r.exit_code == scripts.NO_ENTRY_EXIT:
+            raise _closed_dir(path, r.stderr.decode("utf-8", "replace").strip() or path)
+        if r.exit_code == scripts.NOT_DIR_EXIT:
+            raise CommandFailed(f"{path} is not a directory")
+        if r.exit_code == scripts.CLOSED_DIR_EXIT:
+            raise CommandFailed(f"permission denied (cannot open '{path}' for reading); "
+                                f"{ACCESS_HINT}")
+        if r.exit_code not in (0, 1):  # 1: find could not enter some directory below
+            raise _failed("the listing script failed", r)
+        return _found_entries(r.stdout, path)
 
     def sweep(self, sid: str, cancel: Optional[CancelToken]) -> None:
         """Kill every file operation's processes in the sandbox and remove staged FIFOs."""
@@ -1050,6 +1084,44 @@ def _write_results(answer: AgentAnswer, paths: List[str]) -> Dict[str, CommandFa
             continue
         failed[path] = _agent_failure(path, r, "create")
     return failed
+
+
+#: Output kept from the listing script (about 100 bytes an entry; past it the listing is
+#: cut at the last whole entry, as the agent cuts one at a million entries).
+_LIST_OUTPUT = 128 << 20
+_FIND_KINDS = {"f": "file", "d": "dir", "l": "symlink"}
+
+
+def _found_entries(printed: bytes, top: str) -> List[DirEntry]:
+    """The entries of :data:`~._scripts.LIST_SCRIPT`'s records, in the file agent's order:
+    level by level, each directory's entries sorted by name, directories in the order
+    they were listed."""
+    fields = printed.split(b"\0")
+    by_level: Dict[int, List[DirEntry]] = {}
+    for i in range(0, len(fields) - 3, 3):  # whole records only
+        head, name, link = fields[i : i + 3]
+        try:
+            kind, size, mode, mtime, level_text = head.decode("ascii").split(" ")
+            path = name.decode("utf-8", "surrogateescape")
+            typ = _FIND_KINDS.get(kind, "other")
+            entry = DirEntry(
+                name=posixpath.basename(path), path=path, type=typ, size=int(size),
+                mode=int(mode, 8),
+                mtime=datetime.datetime.fromtimestamp(float(mtime), datetime.timezone.utc),
+                symlink_target=link.decode("utf-8", "surrogateescape")
+                if typ == "symlink" else None,
+            )
+            by_level.setdefault(int(level_text), []).append(entry)
+        except (ValueError, OverflowError, OSError):
+            raise ProtocolError("the listing script printed a malformed entry") from None
+    out: List[DirEntry] = []
+    place = {top.rstrip("/") or "/": 0}  # a directory's place in the level above
+    for depth in sorted(by_level):
+        level = sorted(by_level[depth],
+                       key=lambda e: (place.get(posixpath.dirname(e.path), 0), e.name))
+        place = {e.path: n for n, e in enumerate(level)}
+        out += level
+    return out
 
 
 def _entry_of(raw: Any) -> DirEntry:

@@ -536,6 +536,70 @@ STAT_PROBE_SCRIPT = NOT_THERE + STAT_SCRIPT.replace(
     'if [ ! -e "$1" ]; then exit 3; fi; ', 'if [ ! -e "$1" ]; then gone "$1"; fi; ', 1
 )
 
+#: Exit status of :data:`LIST_SCRIPT` and :data:`PACK_SCRIPT` for a directory the user may
+#: not read (or enter); its path is on standard error.
+CLOSED_DIR_EXIT = 7
+#: Exit status of :data:`LIST_SCRIPT` for a path that is not a directory.
+NOT_DIR_EXIT = 8
+
+#: As the sandbox user, without ``python3`` (the file agent's ``list``): the entries below
+#: directory ``$1`` (a symbolic link to one is followed, the entries' own links never),
+#: ``$2`` levels down, one record each on standard output — ``TYPE SIZE MODE MTIME
+#: DEPTH``, NUL, the path, NUL, the link's target (empty unless a link), NUL; ``TYPE`` is
+#: GNU find's ``%y`` letter, ``MODE`` octal. A directory below that the user may not read
+#: is listed, not entered (find says so on standard error). Exit 3: missing;
+#: :data:`NO_ENTRY_EXIT`; :data:`NOT_DIR_EXIT`; :data:`CLOSED_DIR_EXIT`.
+LIST_SCRIPT = (
+    NOT_THERE + 'if [ ! -e "$1" ]; then gone "$1"; fi; '
+    f'if [ ! -d "$1" ]; then exit {NOT_DIR_EXIT}; fi; '
+    f'if [ ! -r "$1" ] || [ ! -x "$1" ]; then exit {CLOSED_DIR_EXIT}; fi; '
+    'exec find -H "$1" -mindepth 1 -maxdepth "$2" -printf "%y %s %m %T@ %d\\0%p\\0%l\\0"'
+)
+
+
+def list_args(path: str, depth: int) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as ``sandbox``) that run :data:`LIST_SCRIPT`."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
+        raise InvalidArgument("depth must be an int from 1 to 64")
+    return ["-c", LIST_SCRIPT, "capybara-list", path, str(depth)]
+
+
+#: As the sandbox user, without ``python3`` (the file agent's ``pack``, with GNU ``tar``):
+#: writes one line of JSON (``{"total": bytes, "files": count, "single": bool}``), then a
+#: POSIX tar stream of ``$1`` — a directory's contents, names relative to it, or one file
+#: (or symbolic link) by its own name — leaving out what matches an ``fnmatch`` pattern of
+#: ``$2...`` by its relative path or its name. Links are kept as links, anything but files,
+#: directories and links is left out; what the user may not read is reported on standard
+#: error (``find:``/``tar:`` lines) and skipped (exit 2, as tar's). Exit 3: missing;
+#: :data:`NO_ENTRY_EXIT`; :data:`CLOSED_DIR_EXIT`; :data:`NOT_REGULAR_EXIT`: neither a
+#: file, a directory nor a link (what it is on standard error); :data:`MISSING_TOOL_EXIT`:
+#: no ``tar``.
+PACK_SCRIPT = (
+    NOT_THERE + _KIND + 's=$1; shift; '
+    f'command -v tar >/dev/null 2>&1 || exit {MISSING_TOOL_EXIT}; '
+    'if [ ! -e "$s" ] && [ ! -L "$s" ]; then gone "$s"; fi; '
+    'if [ -d "$s" ] && [ ! -L "$s" ]; then '
+    f'[ -r "$s" ] && [ -x "$s" ] && cd -- "$s" 2>/dev/null || exit {CLOSED_DIR_EXIT}; '
+    'n=$#; for x in "$@"; do set -- "$@" -o -path "./$x" -o -name "$x"; done; shift "$n"; '
+    'if [ $# -gt 0 ]; then shift; set -- "(" "$@" ")" -prune -o; fi; '
+    "t=$(find . -mindepth 1 \"$@\" -printf '%y %s\\n' | "
+    "awk '$1 == \"f\" { n++; b += $2 } END { printf \"%d %d\", b, n }'); "
+    'printf \'{"total": %s, "files": %s, "single": false}\\n\' "${t% *}" "${t#* }"; '
+    "find . -mindepth 1 \"$@\" \\( -type f -o -type d -o -type l \\) -printf '%P\\0' | "
+    "tar --null --no-recursion -T - -c -f - -b 2048 --format=pax; exit $?; fi; "
+    'if [ -f "$s" ] || [ -L "$s" ]; then z=0; [ -L "$s" ] || z=$(stat -c %s -- "$s") || exit 1; '
+    'printf \'{"total": %s, "files": 1, "single": true}\\n\' "$z"; '
+    'q=${s%/*}; cd -- "${q:-/}" || exit 1; '
+    'exec tar -c -f - -b 2048 --format=pax -- "${s##*/}"; fi; '
+    f'ty "$s"; echo "$s is $k" >&2; exit {NOT_REGULAR_EXIT}'
+)
+
+
+def pack_args(path: str, exclude: Sequence[str]) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as ``sandbox``) that run :data:`PACK_SCRIPT`."""
+    return ["-c", PACK_SCRIPT, "capybara-pack", path, *exclude]
+
+
 #: The fast read's holder (Python, run as root). A forked child drops to user ``argv[2]``
 #: for good (its groups, gid, uid), opens ``argv[1]`` and passes the descriptor back over a
 #: socket pair (SCM_RIGHTS), then exits; the holder itself never changes its credentials,
@@ -928,19 +992,38 @@ _CONTROL_RE = re.compile(
 
 # ---- tree uploads (the provider's own) ----------------------------------------------------
 
-#: As the sandbox user, for a tree upload whose destination ``$1`` does not exist yet (else
-#: it runs the file agent's ``extract``, program text ``$3``, which writes each file
-#: atomically into what is there): GNU ``tar`` extracts the stream into a new directory
-#: ``.capybara-part-<pid>-<op id>`` beside the destination (registered as a temporary
-#: file is, see :data:`INLINE_USER_WRITE_SCRIPT`), and only when the stream's end marker
-#: ``$2`` arrived is the marker removed and the directory renamed to ``$1``: the whole tree
-#: appears at once, or not at all (the traps remove the directory on any failure). Prints
-#: ``{"complete": ..., "whole": true}``; the caller knows what it sent. ``tar`` reads
-#: 1 MiB records (``-b 2048``; a pipe's short reads are fine): fewer, larger reads let the
-#: writer fill the FIFO in large pieces (2,000 files / 50 MiB: 0.29-0.34 s -> 0.24-0.26 s).
+#: As the sandbox user, for a tree upload into a destination that exists, without
+#: ``python3``: ``$1`` is the destination, then the paths (``./rel``) of what was extracted
+#: in the current directory, parents first. Each directory is made in the destination if
+#: missing (with the extracted one's mode), each file or link renamed over its place there
+#: (so each is replaced whole); what cannot take its place is named on a line ``E rel``.
+TREE_MERGE_SCRIPT = (
+    'd=$1; shift; for x; do r=${x#./}; if [ -d "$x" ] && [ ! -L "$x" ]; then '
+    '[ -d "$d/$r" ] || { mkdir -- "$d/$r" && chmod --reference="$x" -- "$d/$r"; } '
+    "|| printf 'E %s\\n' \"$r\"; elif ! mv -f -T -- \"$x\" \"$d/$r\"; then "
+    "printf 'E %s\\n' \"$r\"; fi; done"
+)
+
+#: As the sandbox user, for a tree upload to ``$1``: GNU ``tar`` extracts the stream into a
+#: new directory ``.capybara-part-<pid>-<op id>`` beside the destination (registered as a
+#: temporary file is, see :data:`INLINE_USER_WRITE_SCRIPT`), and only when the stream's end
+#: marker ``$2`` arrived is the marker removed and the directory renamed to ``$1``: the
+#: whole tree appears at once, or not at all (the traps remove the directory on any
+#: failure). Prints ``{"complete": ..., "whole": true}``; the caller knows what it sent.
+#: Into a destination that exists, the file agent's ``extract`` (program text ``$3``)
+#: writes each file atomically into what is there; without ``python3``, the tree is
+#: extracted beside it the same way and then merged into it by
+#: :data:`TREE_MERGE_SCRIPT` (``{"complete": true, "merged": true}`` after the ``E``
+#: lines). ``tar`` reads 1 MiB records (``-b 2048``; a pipe's short reads are fine): fewer,
+#: larger reads let the writer fill the FIFO in large pieces (2,000 files / 50 MiB:
+#: 0.29-0.34 s -> 0.24-0.26 s).
 TREE_WHOLE_SCRIPT = (
-    'd=$1; o=${0##*-}; case $o in ""|*[!0-9a-f]*) o=0;; esac; '
-    'if [ -e "$d" ] || [ -L "$d" ] || ! command -v tar >/dev/null 2>&1; then '
+    'd=$1; o=${0##*-}; case $o in ""|*[!0-9a-f]*) o=0;; esac; m=; '
+    'if [ -e "$d" ] || [ -L "$d" ]; then '
+    'if command -v python3 >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1; then '
+    'exec python3 -I -S -X utf8 -c "$3" extract "$d" "$2" "$4"; fi; '
+    '[ -d "$d" ] || { echo "cannot upload into $d: it is not a directory" >&2; exit 1; }; m=1; '
+    'elif ! command -v tar >/dev/null 2>&1; then '
     'exec python3 -I -S -X utf8 -c "$3" extract "$d" "$2" "$4"; fi; '
     'q=${d%/*}; q=${q:-/}; [ -d "$q" ] || mkdir -p -- "$q" || exit 1; '
     'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
@@ -949,8 +1032,11 @@ TREE_WHOLE_SCRIPT = (
     "trap 'exit 143' HUP INT TERM; { [ -d \"$r\" ] || mkdir -m 0700 -- \"$r\"; } 2>/dev/null; "
     '[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] && ln -s -T -- "$p" "$e" 2>/dev/null || e=; '
     'mkdir -- "$p" || exit 1; c=1; '
-    'if tar -x -p -b 2048 -f - -C "$p" && [ -f "$p/$2" ] && [ ! -L "$p/$2" ] && rm -f -- "$p/$2" '
-    '&& mv -T -- "$p" "$d"; then c=; echo \'{"complete": true, "whole": true}\'; exit 0; fi; '
+    'if tar -x -p -b 2048 -f - -C "$p" && [ -f "$p/$2" ] && [ ! -L "$p/$2" ] && rm -f -- "$p/$2"; '
+    'then if [ -n "$m" ]; then cd -- "$p" || exit 1; '
+    "find . -mindepth 1 -exec /bin/sh -c " + shlex.quote(TREE_MERGE_SCRIPT) + ' sh "$d" {} +; '
+    'cd /; echo \'{"complete": true, "merged": true}\'; exit 0; fi; '
+    'if mv -T -- "$p" "$d"; then c=; echo \'{"complete": true, "whole": true}\'; exit 0; fi; fi; '
     'echo \'{"complete": false, "whole": true}\'; exit 3'
 )
 
@@ -961,8 +1047,11 @@ TREE_WHOLE_SCRIPT = (
 #: that exists, the file agent's ``extract`` writes each file atomically), or, under
 #: ``/skills`` (``$4`` = 1), as root by ``extract`` with the ``/skills`` rules. ``$1`` is
 #: the destination directory, ``$3`` the name of the stream's end marker, ``$6`` the file
-#: agent's program text. Either prints a JSON summary.
+#: agent's program text. Either prints a JSON summary. Under ``/skills`` without
+#: ``python3`` it exits :data:`MISSING_TOOL_EXIT` at once (before ``ready``).
 TREE_UPLOAD_SCRIPT = (
+    'if [ "$4" = 1 ] && ! command -v python3 >/dev/null 2>&1; then exit '
+    + str(MISSING_TOOL_EXIT) + '; fi; '
     "d=" + UPLOAD_DIR + '; f=$2; '
     'if [ "$5" = 1 ] || [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then '
     'mkdir -p -- "$d" && [ ! -L "$d" ] && chown 0:0 -- "$d" && chmod 0700 -- "$d" || exit 90; '

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import stat as stat_mod
 import struct
 import tarfile
@@ -50,6 +51,7 @@ from .errors import (
     E2BProviderError,
     InvalidArgument,
     ProtocolError,
+    UnsafePath,
 )
 from .models import Target, TransferSummary
 from .sandbox_side import source
@@ -672,12 +674,62 @@ class Trees:
         single_name = posixpath.basename(remote_path)
         plan = plan_upload(local_path, single_name, exclude)
         dest = remote_path if plan.is_dir else posixpath.dirname(remote_path) or "/"
+        skills = scripts.is_skills_path(dest)
+        if skills and self._files.lacks_python(sid):
+            return self._upload_by_files(sid, plan, dest, cancel, progress)
         deadline = Deadline.after(tree_bound(plan.total))
-        return self._ctx.on_target(
-            sid, cancel,
-            lambda t: self._upload(t, plan, dest, cancel, deadline, progress),
-            need=min(86400.0, tree_bound(plan.total)),
-        )
+        try:
+            return self._ctx.on_target(
+                sid, cancel,
+                lambda t: self._upload(t, plan, dest, cancel, deadline, progress),
+                need=min(86400.0, tree_bound(plan.total)),
+            )
+        except _NoPython:
+            self._files.mark_missing(sid, "python3")
+            return self._upload_by_files(sid, plan, dest, cancel, progress)
+
+    def _upload_by_files(
+        self,
+        sid: str,
+        plan: UploadPlan,
+        dest: str,
+        cancel: Optional[CancelToken],
+        progress: Optional[Progress],
+    ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        """An upload under ``/skills`` without ``python3`` (whose extractor applies root's
+        rules to a tree): each regular file written as :meth:`Files.write` writes one
+        there (same rules, each whole); symbolic links and empty directories are reported
+        as not written."""
+        refused: List[Dict[str, Any]] = []
+        files = dirs = 0
+        done = 0
+        parents = {posixpath.dirname(i.rel) for i in plan.items if not i.is_dir}
+        if progress is not None:
+            progress(0, plan.total)
+        for item in plan.items:
+            path = posixpath.join(dest, item.rel) if item.rel else dest
+            if item.is_dir:
+                if item.rel in parents or any(p.startswith(item.rel + "/") for p in parents):
+                    dirs += 1
+                    continue
+                why = "an empty directory under /skills needs python3 in the sandbox"
+            elif item.link:
+                why = "a symbolic link under /skills needs python3 in the sandbox"
+            else:
+                with open(item.path, "rb") as f:
+                    data = f.read(item.size + 1)[: item.size]
+                try:
+                    self._files.write(sid, path, data, cancel)
+                except (CommandFailed, UnsafePath) as exc:
+                    refused.append({"path": path, "message": str(exc)})
+                    continue
+                files += 1
+                done += item.size
+                if progress is not None:
+                    progress(done, plan.total)
+                continue
+            refused.append({"path": path, "message": f"not written: {why}"})
+        return TransferSummary(files=files, dirs=dirs, symlinks=0, bytes=done), refused
 
     def _upload(
         self,
@@ -705,6 +757,8 @@ class Trees:
             self._files.staged(sid, ready)
             if not ready:
                 helper.finish()
+                if skills and helper.exit_code == scripts.MISSING_TOOL_EXIT:
+                    raise _NoPython()
                 raise _helper_failed("the upload could not start", helper, dest)
             helper.posted = True
             try:
@@ -731,13 +785,13 @@ class Trees:
                 summary = _summary(helper)
                 if summary is None or not summary.get("complete"):
                     raise
-                return _outcome(plan, summary)
+                return _outcome(plan, summary, helper, dest)
             helper.finish()
             summary = _summary(helper)
             if summary is None or not summary.get("complete"):
                 raise _refusal(helper) or _helper_failed("the upload did not arrive whole",
                                                          helper, dest)
-            return _outcome(plan, summary)
+            return _outcome(plan, summary, helper, dest)
 
         return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)
 
@@ -755,14 +809,24 @@ class Trees:
         """Fetch ``remote_path`` to ``local_path``; what was written, and the entries the
         sandbox could not read."""
         deadline = Deadline.after(tree_bound(max_bytes))
-        # the lease is asked to last the base bound only: how much comes is not known yet
-        # (a lease that would end sooner is renewed first)
-        return self._ctx.on_target(
-            sid, cancel,
-            lambda t: self._download(t, remote_path, local_path, exclude, max_bytes, cancel,
-                                     deadline, progress),
-            need=_BASE_S,
-        )
+
+        def run(shell: bool) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+            # the lease is asked to last the base bound only: how much comes is not known
+            # yet (a lease that would end sooner is renewed first)
+            return self._ctx.on_target(
+                sid, cancel,
+                lambda t: self._download(t, remote_path, local_path, exclude, max_bytes,
+                                         cancel, deadline, progress, shell),
+                need=_BASE_S,
+            )
+
+        if self._files.lacks_python(sid):
+            return run(True)
+        try:
+            return run(False)
+        except _NoPython:
+            self._files.mark_missing(sid, "python3")
+            return run(True)
 
     def _download(
         self,
@@ -774,10 +838,17 @@ class Trees:
         cancel: Optional[CancelToken],
         deadline: Deadline,
         progress: Optional[Progress],
+        shell: bool = False,
     ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        """``shell``: GNU ``tar`` packs the tree (:data:`~._scripts.PACK_SCRIPT`), for a
+        sandbox without ``python3``; else the file agent's ``pack``."""
         op_id = uuid.uuid4().hex
-        argv = ["python3", "-I", "-S", "-X", "utf8", "-c", source("file_agent"), "pack",
-                remote_path, scripts.fileop_name(op_id), *exclude]
+        if shell:
+            args = scripts.pack_args(remote_path, exclude)
+            argv = ["/bin/sh", args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
+        else:
+            argv = ["python3", "-I", "-S", "-X", "utf8", "-c", source("file_agent"), "pack",
+                    remote_path, scripts.fileop_name(op_id), *exclude]
 
         def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
             reader = _Chunks(helper.next_output)
@@ -788,6 +859,8 @@ class Trees:
                 head = None
             if not isinstance(head, dict):
                 helper.finish()
+                if not shell and helper.exit_code in (126, 127):
+                    raise _NoPython()
                 raise _pack_failed(remote_path, helper, None)
             if "absent" in head:
                 helper.finish()
@@ -799,6 +872,10 @@ class Trees:
                 total=_int(head.get("total")),
             )
             helper.finish()
+            if shell:  # tar's status: 2 when some entries could not be read
+                if helper.exit_code not in (0, 1, 2):
+                    raise _pack_failed(remote_path, helper, None)
+                return summary, _unread(helper, remote_path) + refused
             tail = _stderr_json(helper) or {}
             if helper.exit_code not in (0, 1):
                 raise _pack_failed(remote_path, helper, None)
@@ -810,12 +887,43 @@ class Trees:
 
 
 def _outcome(
-    plan: UploadPlan, summary: Dict[str, Any]
+    plan: UploadPlan, summary: Dict[str, Any], helper: _Helper, dest: str
 ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
     """What a complete upload wrote, and the entries the sandbox refused."""
     if summary.get("whole"):  # a new destination, written as one: all of it is there
         return plan.summary(), []
+    if summary.get("merged"):  # merged into what was there by the shell: E lines refused
+        said = helper.outcome().stdout.splitlines()
+        refused = [
+            {"path": posixpath.join(dest, line[2:].decode("utf-8", "surrogateescape")),
+             "message": "not written: something there could not be replaced by it"}
+            for line in said if line.startswith(b"E ")
+        ]
+        whole = plan.summary()
+        return attrs.evolve(whole, files=max(0, whole.files - len(refused))), refused
     return _transfer(summary), list(summary.get("errors") or [])
+
+
+class _NoPython(Exception):
+    """The sandbox has no ``python3``, which this path needs: take the shell's."""
+
+
+#: What ``find`` or ``tar`` says of an entry it could not read: ``find: './x': reason`` or
+#: ``tar: x: Cannot open: reason``.
+_UNREAD = re.compile(r"(?:find: '\./(.*)'|tar: (.*?)(?:: Cannot \w+)?): ([^:]+)")
+
+
+def _unread(helper: _Helper, remote_path: str) -> List[Dict[str, Any]]:
+    """The entries :data:`~._scripts.PACK_SCRIPT` reported as not read, as the file
+    agent's ``pack`` reports them (``{"path", "message"}``)."""
+    out: List[Dict[str, Any]] = []
+    for line in helper.stderr_lines():
+        m = _UNREAD.fullmatch(line.decode("utf-8", "surrogateescape").strip())
+        if m is None or "Exiting with failure" in line.decode("utf-8", "replace"):
+            continue
+        rel = m.group(1) if m.group(1) is not None else m.group(2)
+        out.append({"path": posixpath.join(remote_path, rel), "message": m.group(3)})
+    return out
 
 
 def _stderr_json(helper: _Helper) -> Optional[Dict[str, Any]]:
@@ -894,9 +1002,26 @@ def _pack_failed(
                 f"{remote_path} cannot be read"
             )
         return CommandFailed(f"{remote_path}: {absent.get('message', 'cannot be read')}")
-    if helper.exit_code in (126, 127):
+    code = helper.exit_code
+    said = helper.outcome().stderr.decode("utf-8", "replace").strip()
+    if code == 3:
+        return CommandFailed(f"{remote_path} does not exist")
+    if code == scripts.NO_ENTRY_EXIT:
+        return CommandFailed(
+            f"permission denied: user 'sandbox' may not enter {said or 'a directory on the way'}"
+            f", so {remote_path} cannot be read"
+        )
+    if code == scripts.CLOSED_DIR_EXIT:
+        return CommandFailed(f"permission denied: user 'sandbox' may not read {remote_path}")
+    if code == scripts.NOT_REGULAR_EXIT:
+        return CommandFailed(f"{said or remote_path + ' is not a file'}: only files, "
+                             "directories and symbolic links are downloaded")
+    if code == scripts.MISSING_TOOL_EXIT:
+        return CommandFailed("the sandbox has neither python3 nor tar, one of which "
+                             "downloads need", exit_code=code)
+    if code in (126, 127):
         return CommandFailed("the sandbox has no python3, which downloads need",
-                             exit_code=helper.exit_code)
+                             exit_code=code)
     text = helper.outcome().stderr.decode("utf-8", "replace").strip()[-300:]
     return CommandFailed(
         f"the download of {remote_path} failed (status {helper.exit_code})"

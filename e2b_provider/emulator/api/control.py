@@ -209,6 +209,7 @@ class ControlPlane:
             template=found.template_id,
             alias=found.alias,
             files_from=found.build.files_dir if found.build is not None else None,
+            without=found.without,
         )
 
     async def _do_create(self, spec: CreateRequest) -> Dict[str, Any]:

@@ -335,6 +335,7 @@ class EmulatorServer:
             volume_binds=tuple(
                 (self.volumes.get(m.volume_id).data_dir, m.path) for m in req.volume_mounts
             ),
+            without=req.without,
         )
         state_dir = os.path.join(self.state_dir, sandbox_id)
         try:

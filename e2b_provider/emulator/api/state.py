@@ -31,6 +31,8 @@ __all__ = [
     "ENVD_PORT",
     "ENVD_VERSION",
     "KNOWN_TEMPLATES",
+    "NO_PYTHON_TEMPLATE",
+    "TEMPLATE_WITHOUT",
     "MAX_TIMEOUT_SECONDS",
     "BadRequest",
     "CreateRequest",
@@ -64,6 +66,12 @@ DEFAULT_DOMAIN = "e2b.localhost"
 ENVD_PORT = 49983
 #: The template every sandbox runs (E2B's ``base``), named in the CLI's ready line.
 DEFAULT_TEMPLATE = "base"
+#: An emulator template for testing code that must work where a template lacks
+#: ``python3``: E2B's ``base`` without ``python3`` (and ``python``) on ``PATH``. Root mode only.
+NO_PYTHON_TEMPLATE = "base-without-python3"
+#: What each such template lacks: program names hidden from every ``PATH`` directory (the
+#: name itself and ``name.*``/``name-*``, so ``python3.11`` and ``python3-config`` go too).
+TEMPLATE_WITHOUT = {NO_PYTHON_TEMPLATE: ("python3", "python")}
 #: Templates that always exist.
 KNOWN_TEMPLATES = frozenset({DEFAULT_TEMPLATE})
 #: The base template's envd defaults (its build's ``Context.User`` and ``Context.WorkDir``),
@@ -277,6 +285,8 @@ class CreateRequest:
     alias: Optional[str] = None
     files_from: Optional[str] = None
     volume_mounts: Tuple[VolumeMount, ...] = ()
+    #: Programs the template lacks (see :data:`TEMPLATE_WITHOUT`).
+    without: Tuple[str, ...] = ()
 
 
 def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:

@@ -18,7 +18,7 @@ import attrs
 
 from .errors import BadRequest
 from .names import DEFAULT_TAG, TEAM_SLUG, new_template_id, split_namespace, with_tag
-from .state import DEFAULT_TEMPLATE
+from .state import DEFAULT_TEMPLATE, TEMPLATE_WITHOUT
 
 __all__ = [
     "BASE",
@@ -69,6 +69,7 @@ class Resolved:
     template_id: str
     alias: Optional[str]
     build: Optional[SnapshotBuild]  # None for base
+    without: Tuple[str, ...] = ()  # programs the template lacks
 
 
 class TemplateStore:
@@ -97,12 +98,14 @@ class TemplateStore:
         Raises:
             BadRequest: 404 for an unknown template or tag.
         """
-        if self.is_base(identifier):
+        if self.is_base(identifier) or identifier in TEMPLATE_WITHOUT:
             if tag is not None:
                 raise BadRequest(
                     f"tag '{tag}' does not exist for template '{identifier}'", status=404
                 )
-            return Resolved(template_id=BASE, alias=BASE, build=None)
+            name = BASE if self.is_base(identifier) else identifier
+            return Resolved(template_id=name, alias=name, build=None,
+                            without=TEMPLATE_WITHOUT.get(name, ()))
         tpl = self.find(identifier)
         if tpl is None:
             raise BadRequest(f"template '{identifier}' not found", status=404)

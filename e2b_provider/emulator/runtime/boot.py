@@ -175,6 +175,9 @@ class SandboxSpec:
         volume_binds: ``(host directory, mount point)`` pairs: each host directory (a volume's
             files) is bound read-write at its absolute mount point inside the sandbox at every
             boot; missing directories on the way are made, a symlink on the way fails the boot.
+        without: program names the sandbox's template lacks: hidden (whited out in its
+            overlay) from every ``PATH`` directory, as ``name``, ``name.*`` and ``name-*``.
+            Root mode only (a whiteout is a device node the rootless mode cannot make).
     """
 
     sandbox_id: str = attrs.field(validator=_check_id)
@@ -191,6 +194,7 @@ class SandboxSpec:
     volume_binds: Tuple[Tuple[str, str], ...] = attrs.field(
         default=(), converter=_binds, validator=_check_binds
     )
+    without: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 
 def _package_dir() -> str:
@@ -343,6 +347,11 @@ class SandboxRuntime:
         self._frozen = False
         self._lock: Optional[Tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = None
         self._rootless = os.geteuid() != 0
+        if spec.without and self._rootless:
+            raise ValueError(
+                "a template without " + ", ".join(spec.without) + " needs the emulator's "
+                "root mode (its overlay hides them with whiteouts, which rootless cannot make)"
+            )
         self._log_pump: Optional[threading.Thread] = None
         self._disk = False
         self.last_boot_seconds: Optional[float] = None
@@ -572,6 +581,7 @@ class SandboxRuntime:
             "symlinks": links,
             "ro_binds": binds,
             "volume_binds": [list(b) for b in spec.volume_binds],
+            "without": list(spec.without),
             "agent_argv": self._agent_argv,
             "agent_env": env,
             "agent_cwd": self._agent_cwd,

@@ -44,6 +44,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -624,11 +625,38 @@ def _base_template(cfg: Mapping[str, Any]) -> None:
             # opaque: the host's own rules never show inside
             xattr = "user.overlay.opaque" if _rootless else "trusted.overlay.opaque"
             os.setxattr(rules, xattr, b"y")
-    if not os.path.lexists("/usr/bin/python") and os.path.exists("/usr/bin/python3"):
+    without = [str(name) for name in cfg.get("without") or ()]
+    if "python" not in without and not os.path.lexists("/usr/bin/python") and (
+        os.path.exists("/usr/bin/python3")
+    ):
         link = _upper_path(cfg, "/usr/bin/python")
         if link is not None and not os.path.lexists(link):
             os.symlink("python3", link)
             _own(link)
+    for name in without:
+        _hide_program(cfg, name)
+
+
+#: Where a sandbox's programs are found (its ``PATH``, as envd's).
+_PROGRAM_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _hide_program(cfg: Mapping[str, Any], name: str) -> None:
+    """Hide ``name`` (and ``name.*``, ``name-*``) from every directory of the sandbox's
+    ``PATH``: an overlay whiteout (a 0/0 character device in the upper layer) over each,
+    unless the sandbox already has its own version. Root mode only."""
+    seen = set()
+    for directory in _PROGRAM_DIRS:
+        real = os.path.realpath(directory)
+        if real in seen or not os.path.isdir(real):
+            continue
+        seen.add(real)
+        for entry in sorted(os.listdir(real)):
+            if entry != name and not entry.startswith((name + ".", name + "-")):
+                continue
+            dest = _upper_path(cfg, os.path.join(real, entry))
+            if dest is not None and not os.path.lexists(dest):
+                os.mknod(dest, stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
 
 def _accounts(cfg: Mapping[str, Any]) -> None:
