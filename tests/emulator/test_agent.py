@@ -154,6 +154,9 @@ def test_launch_like_envd(agent: Agent) -> None:
     assert int(pid) == events[0]["start"]["pid"]  # exec chain: the pid is the program's
     assert int(pgid) == os.getpgid(agent.pid) and int(sid) == os.getsid(agent.pid)
     assert (nice, oom) == (b"0", b"100")
+    if shutil.which("ionice"):  # envd: "ionice -c 2 -n 4" when it is on PATH
+        events, end = start(agent.sock, "sh", "-c", "ionice -p $$")
+        assert end.ok and output(events).strip() == b"best-effort: prio 4", output(events)
 
 
 def test_env_cwd_and_user(agent: Agent) -> None:
@@ -892,5 +895,48 @@ def test_a_new_process_of_a_tag_drops_the_old_ones_kept_exit(agent: Agent) -> No
             assert c.next_event() == {"start": {"pid": pid}}
         finally:
             c.close()
+    finally:
+        s.close()
+
+
+def test_an_input_into_a_full_pipe_waits_as_long_as_it_takes_and_arrives_whole(
+    agent: Agent,
+) -> None:
+    """envd's SendInput writes its bytes to the pipe whatever the request's deadline, and
+    holds the process's stdin lock meanwhile (a later input and CloseStdin wait behind it):
+    a reader that starts late gets every byte, in order, even after a client gave up."""
+    s = Stream(agent.sock, "Start", {"process": {"cmd": "sh", "args": [
+        "-c", "sleep 1.5; cat | sha256sum"]}, "stdin": True})
+    try:
+        pid = s.next_event()["start"]["pid"]  # type: ignore[index]
+        first, second = os.urandom(4 << 20), os.urandom(1 << 20)
+
+        def send(data: bytes, timeout: Optional[float] = None) -> Any:
+            conn = UnixConnection(agent.sock)
+            conn.timeout = timeout
+            try:
+                body = {"process": {"pid": pid}, "input": {"stdin": b64(data)}}
+                conn.request("POST", "/process.Process/SendInput", json.dumps(body).encode(),
+                             {"Content-Type": "application/json",
+                              "Connect-Timeout-Ms": "200"})
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except OSError as exc:  # the client gave up
+                return exc
+            finally:
+                conn.close()
+
+        t0 = time.monotonic()
+        gave_up = send(first, timeout=0.3)  # blocked on the full pipe: the client leaves
+        assert isinstance(gave_up, OSError), gave_up
+        # the next input waits behind the first, past its own deadline, then succeeds
+        assert send(second) == (200, b"{}")
+        assert time.monotonic() - t0 > 1.0
+        assert unary(agent.sock, "/process.Process/CloseStdin", {"process": {"pid": pid}}) == (
+            200, {})
+        events, end = s.collect()
+        assert end.ok
+        digest = output(events).split()[0].decode()
+        assert digest == hashlib.sha256(first + second).hexdigest()
     finally:
         s.close()

@@ -80,8 +80,6 @@ fs_log = logging.getLogger("e2b_provider.emulator.agent.filesystem")
 
 #: Seconds between keepalive events when the client sends no valid Keepalive-Ping-Interval.
 DEFAULT_KEEPALIVE = 90.0
-#: Upper bound for one SendInput write when the request carries no Connect-Timeout-Ms.
-_INPUT_TIMEOUT = 60.0
 _WANTED_NOFILE = 8192
 
 T = TypeVar("T")
@@ -348,12 +346,13 @@ class Agent:
         return {}
 
     async def send_input(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
-        """``SendInput``: bytes to a process's stdin (or PTY)."""
+        """``SendInput``: bytes to a process's stdin (or PTY). As envd's, the write blocks
+        while the pipe is full for as long as it takes, whatever the request's deadline or
+        the client's going away, and later inputs and ``CloseStdin`` wait behind it."""
         self._user(request)
-        timeout = parse_timeout_ms(request) or _INPUT_TIMEOUT
         proc = self.processes.get_live(parse_selector(body))
         data, pty = decode_input(body)
-        await proc.write_input(data, pty=pty, timeout=timeout)
+        await asyncio.shield(proc.write_input(data, pty=pty))
         return {}
 
     async def close_stdin(self, request: web.Request, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -375,11 +374,9 @@ class Agent:
         """``StreamInput`` (client stream): a ``start`` selecting the process, then ``data``
         and ``keepalive`` messages in order; answers ``{}`` when the client ends the stream."""
         stream = ServerStream(request)
-        timeout = _INPUT_TIMEOUT
         proc: Optional[ManagedProcess] = None
         try:
             self._user(request)
-            timeout = parse_timeout_ms(request) or _INPUT_TIMEOUT
             async for message in stream_messages(request):
                 if isinstance(message.get("start"), dict):
                     proc = self.processes.get_live(parse_selector(message["start"]))
@@ -390,7 +387,7 @@ class Agent:
                         raise RpcError(
                             "failed_precondition", "no process selected: send start first"
                         )
-                    await proc.write_input(data, pty=pty, timeout=timeout)
+                    await asyncio.shield(proc.write_input(data, pty=pty))
                 elif "keepalive" not in message:
                     raise RpcError("unimplemented", "invalid event type <nil>")
         except UnsupportedMediaType as exc:
