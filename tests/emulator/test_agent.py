@@ -940,3 +940,14 @@ def test_an_input_into_a_full_pipe_waits_as_long_as_it_takes_and_arrives_whole(
         assert digest == hashlib.sha256(first + second).hexdigest()
     finally:
         s.close()
+
+
+def test_an_upload_makes_the_parents_of_the_cleaned_path_only(agent: Agent, workdir: str) -> None:
+    """upload.go: EnsureDirs(filepath.Dir(path)), and Go's Dir cleans the path, so a ``..``
+    never makes the directory before it; the open of the path as given then fails."""
+    status, _, raw = request(
+        agent.sock, "POST", f"/files?path={workdir}/nodir/../made/f",
+        b"x", {"Content-Type": "application/octet-stream"},
+    )
+    assert status == 500, raw
+    assert os.path.isdir(f"{workdir}/made") and not os.path.exists(f"{workdir}/nodir")

@@ -458,7 +458,8 @@ class _Writer:
         """Write one file from ``read()`` chunks; its upload result entry."""
         user = self.user
         try:
-            ensure_dirs(posixpath.dirname(path) or "/", user.uid, user.gid)
+            # envd: EnsureDirs(filepath.Dir(path)), and Go's Dir cleans ("/a/../b" is "/b")
+            ensure_dirs(posixpath.normpath(posixpath.dirname(path) or "/"), user.uid, user.gid)
         except RpcError as err:
             raise _Fail(500, f"error ensuring directories: {err.message}") from None
         chowned = False
