@@ -157,7 +157,26 @@ def _failed(what: str, r: RunOutcome) -> CommandFailed:
         raise unsafe_path(lines[-1] if lines else "the path is not safe for root")
     reason = script_reason(r.stderr.decode("utf-8", "replace"), r.exit_code)
     denied = reason.startswith(("permission denied", "operation not permitted"))
-    return script_failed(what, r, ACCESS_HINT if denied else "")
+    return script_failed(what, r, ACCESS_HINT if denied else _advice(reason))
+
+
+#: What to do about a path of the wrong kind, by what its error says.
+_KIND_ADVICE = (
+    ("not a regular file", "only regular files are read and written (a FIFO or a device "
+     "could block or never end)"),
+    ("is a directory", "give the path of a file"),
+    ("not a directory", "a directory on the way is a file: remove it, or choose another path"),
+    ("file exists", "a directory on the way is a file: remove it, or choose another path"),
+)
+
+
+def _advice(reason: str) -> str:
+    """What to do about ``reason`` when it says a path is of the wrong kind ("" if not)."""
+    said = reason.lower()
+    for words, advice in _KIND_ADVICE:
+        if words in said:
+            return advice
+    return ""
 
 
 def _no_entry(path: str, r: RunOutcome) -> CommandFailed:
@@ -1016,11 +1035,12 @@ def _agent_failure(path: str, answer: Dict[str, Any], doing: str = "open") -> Co
         why = said if message.lower() in _GENERIC_DENIALS else message
         return CommandFailed(f"permission denied ({why}); {ACCESS_HINT}", exit_code=None)
     if code == "EISDIR":
-        return CommandFailed("it is a directory", exit_code=None)
+        return CommandFailed(f"it is a directory; {_advice('is a directory')}", exit_code=None)
     reason = f"{message[:1].lower()}{message[1:]}"
     if where != path and where not in reason:
         reason = f"{reason} ({where})"
-    return CommandFailed(reason, exit_code=None)
+    advice = _advice(reason)
+    return CommandFailed(f"{reason}; {advice}" if advice else reason, exit_code=None)
 
 
 def _closed_dir(path: str, closed: str) -> CommandFailed:

@@ -618,7 +618,8 @@ def extract_stream(
                 if size + member.size > max_bytes:
                     raise CommandFailed(
                         f"the download is larger than max_bytes ({max_bytes} bytes); "
-                        "nothing more was written"
+                        "nothing more was written: pass a larger max_bytes, or exclude= "
+                        "what is not needed"
                     )
                 size += member.size
             if single:
@@ -774,9 +775,8 @@ class Trees:
                 if exc.status == 502:
                     raise
                 helper.finish()
-                raise _refusal(helper) or _helper_failed(
-                    f"the upload was refused: HTTP {exc.status}", helper, dest
-                ) from None
+                raise _upload_failed(f"the upload was refused: HTTP {exc.status}", helper,
+                                     dest) from None
             except Exception:
                 # cut (a cancel, the bound, a broken connection): if all of it had gone,
                 # the upload is done
@@ -789,8 +789,7 @@ class Trees:
             helper.finish()
             summary = _summary(helper)
             if summary is None or not summary.get("complete"):
-                raise _refusal(helper) or _helper_failed("the upload did not arrive whole",
-                                                         helper, dest)
+                raise _upload_failed("the upload did not arrive whole", helper, dest)
             return _outcome(plan, summary, helper, dest)
 
         return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)
@@ -901,7 +900,14 @@ def _outcome(
         ]
         whole = plan.summary()
         return attrs.evolve(whole, files=max(0, whole.files - len(refused))), refused
-    return _transfer(summary), list(summary.get("errors") or [])
+    refused = []
+    for e in summary.get("errors") or []:
+        if isinstance(e, dict) and isinstance(e.get("path"), str) and not e["path"].startswith(
+            "/"
+        ):  # the extractor names a member by its path in the tree
+            e = dict(e, path=posixpath.join(dest, e["path"].rstrip("/")))
+        refused.append(e)
+    return _transfer(summary), refused
 
 
 class _NoPython(Exception):
@@ -976,10 +982,32 @@ def _transfer(summary: Dict[str, Any]) -> TransferSummary:
         raise ProtocolError("the sandbox sent a malformed upload summary") from None
 
 
+def _upload_failed(what: str, helper: _Helper, dest: str) -> E2BProviderError:
+    """The error for an upload to ``dest`` that did not complete: refused under
+    ``/skills``, a destination the user may not write into, or what its helper said."""
+    refused = _refusal(helper)
+    if refused is not None:
+        return refused
+    summary = _summary(helper) or {}
+    if summary.get("unwritable"):
+        first = (summary.get("errors") or [{}])[0]
+        said = str(first.get("message") or "it cannot be written") if isinstance(
+            first, dict) else "it cannot be written"
+        denied = isinstance(first, dict) and first.get("error") in ("EACCES", "EPERM")
+        return CommandFailed(
+            f"cannot upload into {dest}: {said[:1].lower()}{said[1:]}; "
+            + (ACCESS_HINT if denied else "upload to a directory, or to a path that does "
+               "not exist yet")
+        )
+    return _helper_failed(what, helper, dest)
+
+
 def _helper_failed(what: str, helper: _Helper, dest: str) -> CommandFailed:
     """The error for an upload to ``dest`` whose helper failed: why, in the user's terms
-    (no temporary or staging name), from its standard error."""
+    (no temporary or staging name, no program's traceback), from its standard error."""
     text = helper.outcome().stderr.decode("utf-8", "replace")
+    if "Traceback (most recent call last)" in text:  # a crash: its last line says what
+        text = text.strip().splitlines()[-1]
     code = helper.exit_code
     if code in (126, 127) and "python3" in text:
         return CommandFailed(f"{what}: the sandbox has no python3", exit_code=code)
@@ -1001,7 +1029,12 @@ def _pack_failed(
                 f"permission denied: user 'sandbox' may not enter {absent['noentry']}, so "
                 f"{remote_path} cannot be read"
             )
-        return CommandFailed(f"{remote_path}: {absent.get('message', 'cannot be read')}")
+        said = str(absent.get("message", "cannot be read"))
+        return CommandFailed(
+            f"{remote_path}: {said}"
+            + ("; only files, directories and symbolic links are downloaded"
+               if said.startswith("it is ") else "")
+        )
     code = helper.exit_code
     said = helper.outcome().stderr.decode("utf-8", "replace").strip()
     if code == 3:

@@ -751,13 +751,20 @@ class E2BSandboxProvider:
         if not isinstance(stdin, bool):
             raise InvalidArgument("stdin must be True or False")
         v.check_cancel(cancel)
+        doing = f"starting a background command in sandbox {sid}"
         with self._doing(
-            f"starting a background command in sandbox {sid}",
-            "the command may or may not have started: commands() lists what runs", sid=sid):
-            return self._background.start(
-                sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
-                max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
-            )
+            doing, "the command may or may not have started: commands() lists what runs",
+            sid=sid):
+            try:
+                return self._background.start(
+                    sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
+                    max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
+                )
+            except E2BProviderError as exc:
+                refused = cwd_refused(exc)
+                if refused is not None:  # envd checks the directory before it starts
+                    raise InvalidArgument(f"{doing} failed: {refused}") from exc
+                raise
 
     def attach(
         self, sandbox: SandboxRef, command_id: str, *, cancel: Optional[CancelToken] = None

@@ -1357,8 +1357,17 @@ def extract(dest: str, end_name: str, root_rules: bool = False, run: str = "") -
             sys.stdout.flush()
             return 80
     else:
-        os.makedirs(dest, exist_ok=True)
-        root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.makedirs(dest, exist_ok=True)
+            root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:  # not a directory, or the user may not make or open it
+            if isinstance(exc, FileExistsError) or exc.errno == errno.ENOTDIR:
+                exc = NotADirectoryError(errno.ENOTDIR, "it is not a directory", dest)
+            out = {"files": 0, "dirs": 0, "symlinks": 0, "bytes": 0, "complete": False,
+                   "unwritable": True, "errors": [error_of(exc, dest)]}
+            sys.stdout.write(json.dumps(out) + "\n")
+            sys.stdout.flush()
+            return 4
     x = Extractor(root, dest, root_rules, run)
     complete = False
     reader = TarReader(io.BufferedReader(io.FileIO(0, closefd=False), buffer_size=1 << 20))
