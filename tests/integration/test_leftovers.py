@@ -192,6 +192,8 @@ CLIENT = textwrap.dedent(
                     p.write_file(sid, "/workspace/c/small", data[: 900_000])
                 elif what == "upload":
                     p.upload(sid, sys.argv[5], "/workspace/c/tree-%d" % i)
+                elif what == "download":
+                    p.download(sid, "/workspace/c", sys.argv[5] + "-down-%d" % i)
                 else:
                     p.read_file(sid, "/workspace/c/big", max_bytes=8 << 20)
         except KeyboardInterrupt:
@@ -224,7 +226,7 @@ def _kill(child: subprocess.Popen) -> None:  # type: ignore[type-arg]
     child.communicate(timeout=30)
 
 
-@pytest.mark.parametrize("what", ["write", "small", "read", "upload"])
+@pytest.mark.parametrize("what", ["write", "small", "read", "upload", "download"])
 def test_ctrl_c_during_a_file_call_leaves_nothing_once_it_returns(
     emu, provider: E2BSandboxProvider, fresh: SandboxHandle, what: str, tmp_path: Any
 ) -> None:  # type: ignore[no-untyped-def]
