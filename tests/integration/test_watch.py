@@ -448,5 +448,5 @@ def test_the_readme_example_runs_as_written() -> None:
     assert out.stdout.splitlines() == [
         "create /workspace/out/report.txt",
         "write /workspace/out/report.txt",
-        "FileStat(size=6, is_dir=False)",
+        "FileStat(size=3, is_dir=False)",
     ]
