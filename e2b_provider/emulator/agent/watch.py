@@ -533,7 +533,11 @@ class _Polled:
         self.error: Optional[str] = None
         self.watcher = watcher
         loop.add_reader(watcher.fd, self._on_readable)
-        watcher.on_close = lambda: loop.remove_reader(watcher.fd)
+
+        def stop_reading() -> None:
+            loop.remove_reader(watcher.fd)
+
+        watcher.on_close = stop_reading
 
     def _on_readable(self) -> None:
         try:
