@@ -49,6 +49,7 @@ import math
 import posixpath
 import threading
 import time
+import weakref
 from typing import Any, Deque, List, Mapping, Optional, Tuple, Union, final
 
 from . import _scripts as scripts
@@ -67,6 +68,7 @@ from .errors import (
     PathNotFound,
     PermissionDenied,
     ProtocolError,
+    ProviderClosed,
     RemoteError,
     SandboxGoneError,
     TransportError,
@@ -252,6 +254,7 @@ class Watch:
         self._restart = False
         self._restarts = 0
         self._broken: Optional[E2BProviderError] = None
+        self._cut = False  # closed by the provider's close()
         self._touched = 0.0
 
     def __repr__(self) -> str:
@@ -384,6 +387,12 @@ class Watch:
             stream.abort()
             stream.close()
 
+    def cut(self) -> None:
+        """End the watch because its provider is closing: iteration raises
+        :class:`~e2b_provider.ProviderClosed`."""
+        self._cut = True
+        self.close()
+
     def __enter__(self) -> Watch:
         return self
 
@@ -444,6 +453,8 @@ class Watch:
             if self._broken is not None:
                 error, self._broken = self._broken, None
                 raise error
+            if self._cut:
+                raise self._ctx.closed_error() or ProviderClosed("the provider was closed")
             if self._done or self._closed:
                 raise StopIteration
             self._check()
@@ -463,7 +474,7 @@ class Watch:
             except TransportError:
                 self._check()
                 if self._closed:
-                    raise StopIteration from None
+                    continue  # closed meanwhile: said above
                 raise
             if not chunk:
                 self._decoder.close()  # raises: EOF before the end-of-stream message
@@ -561,6 +572,17 @@ class Watches:
     def __init__(self, ctx: ProviderContext, files: Files) -> None:
         self._ctx = ctx
         self._files = files
+        self._lock = threading.Lock()
+        self._open: weakref.WeakSet[Watch] = weakref.WeakSet()
+
+    def close(self) -> None:
+        """End every watch still open (the provider is closing): their loops raise
+        :class:`~e2b_provider.ProviderClosed`."""
+        with self._lock:
+            watches = list(self._open)
+            self._open.clear()
+        for watch in watches:
+            watch.cut()
 
     def check(self, sid: str, path: str, cancel: Optional[CancelToken]) -> None:
         """Raise unless ``sandbox`` may watch the directory ``path`` (one script).
@@ -602,6 +624,8 @@ class Watches:
         self.check(sid, path, cancel)
         watch = Watch(self, sid, path, recursive, timeout, cancel, doing)
         watch.start()
+        with self._lock:
+            self._open.add(watch)
         return watch
 
     def wait_for_file(

@@ -217,13 +217,15 @@ class E2BSandboxProvider:
     def close(self) -> None:
         """Release HTTP connections. Idempotent. Sandboxes are left as they are.
 
-        A command still running when the provider is closed keeps its stream; if its
+        A watch still open is ended: its loop raises ProviderClosed. A command still
+        running when the provider is closed keeps its stream; if its
         timeout or cancel fires after ``close()``, no kill is sent and nothing is rebooted:
         its result comes back at once with ``timed_out``/``cancelled`` set and
         ``wedged=False``, and the command is left to its in-sandbox timeout (its ``timeout``
         plus 5 s).
         """
         self._ports.close()
+        self._watches.close()
         self._files.close()
         self._ctx.close()
 

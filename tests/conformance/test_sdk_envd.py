@@ -6,8 +6,9 @@ uploads, downloads (gzip, bytes, streams), many files in one write, metadata, ``
 of files, directories and symlinks, the filesystem calls (``exists``, ``make_dir``,
 ``rename``, ``remove``, ``list``), ``watch_dir`` (the sync client polls, the async one
 streams; a burst larger than the kernel's queue is kept until polled, two watches of one
-directory are independent, the async watch's timeout ends it), and the command surface beyond ``run``: ``list``, ``send_stdin``,
-``stream_input``, ``close_stdin``, ``connect``, ``kill`` and the PTY.
+directory are independent, the async watch's timeout ends it), and the command surface
+beyond ``run``: ``list``, ``send_stdin``, ``stream_input``, ``close_stdin``, ``connect``,
+``kill`` and the PTY.
 """
 
 from __future__ import annotations

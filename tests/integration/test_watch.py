@@ -37,7 +37,9 @@ from e2b_provider import (
     OperationTimeout,
     PathNotFound,
     PermissionDenied,
+    SandboxGoneError,
     SandboxHandle,
+    SandboxPaused,
 )
 
 from .conftest import root
@@ -450,3 +452,58 @@ def test_the_readme_example_runs_as_written() -> None:
         "write /workspace/out/report.txt",
         "FileStat(size=3, is_dir=False)",
     ]
+
+
+# -- the sandbox or the provider going away under a watch ------------------------------------
+
+
+def _watch_in_thread(p: E2BSandboxProvider, h: SandboxHandle, path: str) -> Tuple[
+        threading.Thread, List[BaseException], threading.Event]:
+    errors: List[BaseException] = []
+    ready = threading.Event()
+
+    def run() -> None:
+        try:
+            with p.watch(h, path) as events:
+                ready.set()
+                for _ in events:
+                    pass
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            ready.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert ready.wait(60)
+    return t, errors, ready
+
+
+def test_closing_the_provider_ends_a_watch_with_provider_closed(emu: Any) -> None:
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        h = p.create(f"w-{uuid.uuid4().hex[:8]}")
+        try:
+            other = E2BSandboxProvider(emu.config(template="base"))
+            t, errors, _ = _watch_in_thread(other, h, "/workspace")
+            other.close()
+            t.join(30)
+            assert not t.is_alive()
+            assert [type(e).__name__ for e in errors] == ["ProviderClosed"], errors
+        finally:
+            p.destroy(h)
+
+
+@pytest.mark.parametrize("what", ["suspend", "destroy"])
+def test_a_sandbox_paused_or_deleted_under_a_watch_says_so(emu: Any, what: str) -> None:
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        h = p.create(f"w-{uuid.uuid4().hex[:8]}")
+        try:
+            t, errors, _ = _watch_in_thread(p, h, "/workspace")
+            getattr(p, what)(h)
+            t.join(60)
+            assert not t.is_alive() and len(errors) == 1, errors
+            want = SandboxPaused if what == "suspend" else SandboxGoneError
+            assert isinstance(errors[0], want), errors
+            assert h.id in str(errors[0])
+        finally:
+            p.destroy(h)
