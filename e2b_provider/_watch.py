@@ -59,6 +59,7 @@ from ._files import ACCESS_HINT, Files
 from ._http import Stream
 from ._messages import is_ambiguous, mark_worded, reword
 from .cancel import CancelReason, CancelToken, Deadline
+from .envd import START_OPEN_SECONDS
 from .errors import (
     Cancelled,
     CommandFailed,
@@ -101,9 +102,10 @@ SERVER_SLACK_S = 10.0
 #: While a watch goes on, its sandbox's lease is looked at this often (at most), so that a
 #: long watch keeps the sandbox alive as any other use does.
 LEASE_TOUCH_S = 30.0
-#: How long envd may take to set a watch up, once it answered (a recursive watch of a large
-#: tree walks it first).
-START_SECONDS = 60.0
+#: How long the opening of a watch's stream may take, its start message included (envd
+#: sends it, with its answer's headers, once the watch is set up: a recursive watch of a
+#: large tree walks the tree first).
+START_SECONDS = START_OPEN_SECONDS
 #: What envd calls the operation in its messages.
 _OPERATION = "filesystem watch"
 
@@ -291,7 +293,10 @@ class Watch:
             server = max(0.001, left) + SERVER_SLACK_S
         need = FILE_OP_TIMEOUT + (server or 0.0)
 
+        began: List[float] = []
+
         def run(target: Target) -> Stream:
+            began[:] = [time.monotonic()]
             return ctx.envd(target).watch_dir(
                 self.path, user=scripts.SANDBOX_USER, recursive=self.recursive,
                 keepalive_seconds=ctx.bounds.keepalive, token=self._cancel,
@@ -316,7 +321,8 @@ class Watch:
             late.append(True)
             self._abort_stream(stream)
 
-        opening = ctx.watchdog.call_later(START_SECONDS, too_late)
+        left = max(0.0, START_SECONDS - (time.monotonic() - began[0]))
+        opening = ctx.watchdog.call_later(left, too_late)
         undo = (self._cancel.on_cancel(lambda _r: self._abort_stream(stream))
                 if self._cancel is not None else None)
         try:
@@ -670,25 +676,33 @@ class Watches:
         found = self._stat(sid, path, guard)
         if found is not None:
             return found
-        parent = posixpath.dirname(path)
+        target = path
         while True:
+            parent = posixpath.dirname(target)
             try:
                 watch = self.open(sid, parent, recursive=False, timeout=None, cancel=guard,
                                   doing=doing)
             except PathNotFound:
                 # Its directory is not there yet: wait for that first (the same way, one
                 # level up; "/" always exists).
-                self._wait(sid, parent, guard, doing)
+                target = parent
                 continue
             with watch:
                 # The watch is set up: from here on no creation can be missed.
-                found = self._stat(sid, path, guard)
-                if found is not None:
-                    return found
-                for event in watch:
-                    if event.path == path or event.type == "overflow":
-                        found = self._stat(sid, path, guard)
-                        if found is not None:
-                            return found
-            # The watch ended: its directory was removed or moved. Watch it again.
-
+                found = self._stat(sid, target, guard)
+                if found is None:
+                    for event in watch:
+                        if event.path == target or event.type == "overflow":
+                            found = self._stat(sid, target, guard)
+                            if found is not None:
+                                break
+            if found is None:
+                continue  # the watch ended: its directory was removed or moved; again
+            if target == path:
+                return found
+            # A directory on the way appeared: start again from the path itself (what was
+            # made with it may already be there).
+            target = path
+            found = self._stat(sid, path, guard)
+            if found is not None:
+                return found
