@@ -52,11 +52,13 @@ def test_watch_prints_one_event_a_line_and_ctrl_c_exits_130(
     with started(env, "watch", str(sb.name), "/workspace/w", "-r") as child:
         assert child.stdout is not None and child.stderr is not None
         assert "watching /workspace/w" in child.stderr.readline()  # set up: nothing is missed
-        assert provider.exec(sb, "mkdir /workspace/w/d && echo hi > /workspace/w/d/a.txt && "
+        assert provider.exec(sb, "mkdir /workspace/w/d").ok
+        assert child.stdout.readline() == "create /workspace/w/d\n"  # watched from now on
+        assert provider.exec(sb, "echo hi > /workspace/w/d/a.txt && "
                                  "mv /workspace/w/d/a.txt /workspace/w/b.txt").ok
-        lines = [child.stdout.readline().rstrip("\n") for _ in range(5)]
-        assert lines[0] == "create /workspace/w/d"
-        assert lines[-2:] == ["rename /workspace/w/d/a.txt", "create /workspace/w/b.txt"]
+        lines = [child.stdout.readline().rstrip("\n") for _ in range(4)]
+        assert lines == ["create /workspace/w/d/a.txt", "write /workspace/w/d/a.txt",
+                         "rename /workspace/w/d/a.txt", "create /workspace/w/b.txt"]
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=30)
     assert child.returncode == 130, err

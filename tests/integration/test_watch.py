@@ -171,7 +171,7 @@ def test_the_timeout_ends_the_iteration_cleanly_and_the_watch_in_the_sandbox(
         t0 = time.monotonic()
         assert list(events) == []  # nothing happened: no event, no error
         took = time.monotonic() - t0
-    assert 0.9 <= took < 3.0, took
+    assert 0.9 <= took < 5.0, took
     wait_until(lambda: watches_on(emu, p, h, d) == 0, 10, "the watch to be removed")
 
 
@@ -186,7 +186,7 @@ def test_cancel_from_another_thread_raises_cancelled_at_once(
         t0 = time.monotonic()
         with pytest.raises(Cancelled) as info:
             next(iter(events))
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 5.0
     assert "watching" in str(info.value) and "enough" in str(info.value)
     wait_until(lambda: watches_on(emu, p, h, d) == 0, 10, "the watch to be removed")
     with pytest.raises(Cancelled):  # a fired token: the watch is not even set up
@@ -202,7 +202,7 @@ def test_close_from_another_thread_stops_the_iteration(
         threading.Timer(0.3, events.close).start()
         t0 = time.monotonic()
         assert list(events) == []
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 5.0
 
 
 CHILD = textwrap.dedent(
@@ -353,7 +353,7 @@ def test_wait_for_file_times_out_on_time_and_is_cancellable(
     t0 = time.monotonic()
     with pytest.raises(OperationTimeout) as info:
         p.wait_for_file(h, f"{d}/never", timeout=1.0)
-    assert 0.9 <= time.monotonic() - t0 < 4.0
+    assert 0.9 <= time.monotonic() - t0 < 6.0
     assert str(info.value) == (
         f"waiting for {d}/never in sandbox {h.id} failed: {d}/never did not appear within 1 s"
     )
@@ -362,7 +362,7 @@ def test_wait_for_file_times_out_on_time_and_is_cancellable(
     t0 = time.monotonic()
     with pytest.raises(Cancelled):
         p.wait_for_file(h, f"{d}/never", timeout=60.0, cancel=tok)
-    assert time.monotonic() - t0 < 4.0
+    assert time.monotonic() - t0 < 6.0
     wait_until(lambda: watches_on(emu, p, h, d) == 0, 10, "the watches to be removed")
 
 
