@@ -37,6 +37,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "trees": ["--rounds", "1", "--files", "500", "--mib", "10", "--big-mib", "128"],
     "background": ["--rounds", "5"],
     "forward": ["--rounds", "5"],
+    "watch": ["--rounds", "2", "--writes", "20", "--flood", "100000"],
 }
 
 

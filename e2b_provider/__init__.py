@@ -14,6 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from ._background import Command, CommandInfo, CommandOutput
+    from ._watch import Watch
     from .cancel import CancelReason, CancelToken, Deadline
     from .config import DeploymentConfig
     from .errors import (
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
         FilesFailed,
         InvalidArgument,
         MissingAccessToken,
+        NotADirectory,
         NotFound,
         OperationTimeout,
+        PathNotFound,
+        PermissionDenied,
         ProtocolError,
         ProviderClosed,
         RemoteError,
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
         DirEntry,
         ExecResult,
         FileContent,
+        FileEvent,
         FileStat,
         SandboxHandle,
         SandboxLimits,
@@ -74,12 +79,16 @@ _HOMES: Dict[str, str] = {
     "E2BSandboxProvider": ".provider",
     "ExecResult": ".models",
     "FileContent": ".models",
+    "FileEvent": ".models",
     "FileStat": ".models",
     "FilesFailed": ".errors",
     "InvalidArgument": ".errors",
     "MissingAccessToken": ".errors",
+    "NotADirectory": ".errors",
     "NotFound": ".errors",
     "OperationTimeout": ".errors",
+    "PathNotFound": ".errors",
+    "PermissionDenied": ".errors",
     "ProtocolError": ".errors",
     "ProviderClosed": ".errors",
     "RemoteError": ".errors",
@@ -92,6 +101,7 @@ _HOMES: Dict[str, str] = {
     "TransportError": ".errors",
     "TransportTimeout": ".errors",
     "UnsafePath": ".errors",
+    "Watch": "._watch",
 }
 
 
@@ -131,11 +141,15 @@ __all__ = [
     "FilesFailed",
     "TransferSummary",
     "FileContent",
+    "FileEvent",
     "FileStat",
     "InvalidArgument",
     "MissingAccessToken",
+    "NotADirectory",
     "NotFound",
     "OperationTimeout",
+    "PathNotFound",
+    "PermissionDenied",
     "ProtocolError",
     "ProviderClosed",
     "RemoteError",
@@ -147,5 +161,6 @@ __all__ = [
     "TransportError",
     "TransportTimeout",
     "UnsafePath",
+    "Watch",
     "__version__",
 ]

@@ -60,7 +60,8 @@ _WORDED = "_e2b_worded"
 #: by the HTTP layer or the envd/control clients: the request is ours, not the caller's.
 _OPERATION_PREFIX = re.compile(
     r"^E2B (?:(?:GET|POST|PUT|PATCH|DELETE) \S+|process start|process signal|process input|"
-    r"file upload|file download|health check|request|stream)(?: failed)?(?::\s*|\s+(?=timed out))"
+    r"file upload|file download|filesystem watch|health check|request|stream)"
+    r"(?: failed)?(?::\s*|\s+(?=timed out))"
 )
 #: Programs and internal names a sandbox script's messages start with.
 _SCRIPT_PREFIX = re.compile(

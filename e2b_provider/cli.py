@@ -14,8 +14,16 @@ a terminal, a table of sandboxes, and exit codes:
   printed on one line without a traceback;
 * 130 after Ctrl-C in any other command, or while it starts (one line: ``e2b-provider:
   interrupted``), except ``forward``, which runs until Ctrl-C and then exits 0 (as
-  ``kubectl port-forward`` does);
+  ``kubectl port-forward`` does); ``watch`` exits 130 after Ctrl-C, as ``logs -f`` does, and
+  0 once its ``--timeout`` passed, its directory went, or the reader of its output went away
+  (``| head -n 1``: it stops at once, also when no event comes, quietly);
 * ``emulator`` exits 0 once Ctrl-C or SIGTERM stopped it, 1 when it cannot run here.
+
+``watch`` prints one event a line as it comes (``create /workspace/a.txt``; control
+characters of a path escaped, so one event stays one line; ``--json``: one JSON object a
+line). When its output is a pipe, one daemon thread waits for the pipe's reader to go away
+and then ends the watch (a process that only writes when an event comes would otherwise
+notice a ``| head`` that has exited only at the next event).
 
 ``exec`` and ``start`` take the command after ``--``, as ``docker exec`` does: one word is a
 shell command line (``-- 'make && ./run'``), run by ``bash -c``; several words are the
@@ -38,6 +46,7 @@ Commands::
     e2b-provider ls [-l] [--depth N] SANDBOX:/path
     e2b-provider forward SANDBOX [LOCAL:]PORT [--local-port N]   (until Ctrl-C)
     e2b-provider url SANDBOX PORT
+    e2b-provider watch SANDBOX PATH [-r] [--json] [--timeout S]   (until Ctrl-C)
     e2b-provider rm SANDBOX...
     e2b-provider suspend SANDBOX
     e2b-provider resume SANDBOX
@@ -52,12 +61,16 @@ import sys
 
 try:
     import argparse
+    import json
     import logging
     import os
     import posixpath
     import re
+    import select
     import shlex
     import shutil
+    import stat
+    import threading
     import time
     from datetime import datetime
     from typing import IO, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
@@ -67,7 +80,7 @@ try:
     from ._version import __version__
     from .config import DeploymentConfig
     from .errors import E2BProviderError, InvalidArgument
-    from .models import ExecResult, SandboxHandle, SandboxLimits
+    from .models import ExecResult, FileEvent, SandboxHandle, SandboxLimits
     from .provider import E2BSandboxProvider
 except KeyboardInterrupt:  # Ctrl-C while the command line starts: one line, no traceback
     sys.stderr.write("e2b-provider: interrupted\n")
@@ -500,6 +513,72 @@ def _cmd_url(args: argparse.Namespace) -> int:
     return 0
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _event_line(event: FileEvent, as_json: bool) -> str:
+    """One line for one event: ``create /workspace/a.txt`` (control characters in the path
+    escaped, so one event stays one line), or a JSON object."""
+    if as_json:
+        return json.dumps({"type": event.type, "path": event.path})
+    path = _CONTROL.sub(lambda m: repr(m.group())[1:-1], event.path)
+    return f"{event.type} {path}"
+
+
+def _on_reader_gone(stream: TextIO, stop: Callable[[], None]) -> None:
+    """Call ``stop`` (once, from a daemon thread) when the reader of ``stream`` goes away
+    (a pipe whose other end closed: ``| head``), even while nothing is written to it."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return  # a terminal or a file: its reader does not go away
+        poller = select.poll()
+        poller.register(fd, select.POLLERR | select.POLLHUP)
+    except (OSError, ValueError, AttributeError):
+        return
+
+    def wait() -> None:
+        try:
+            while not poller.poll(3600 * 1000):
+                pass
+        except (OSError, ValueError):
+            return
+        stop()
+
+    threading.Thread(target=wait, name="e2b-provider-cli-stdout", daemon=True).start()
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    gone = threading.Event()
+    with E2BSandboxProvider(_config()) as p:
+        h = _resolve(p, args.sandbox)
+        try:
+            with p.watch(h, args.path, recursive=args.recursive, timeout=args.timeout) as events:
+                print(f"{PROG}: watching {args.path} in sandbox {h.id}; Ctrl-C stops",
+                      file=sys.stderr, flush=True)
+
+                def reader_gone() -> None:
+                    gone.set()
+                    events.close()
+
+                _on_reader_gone(sys.stdout, reader_gone)
+                for event in events:
+                    sys.stdout.write(_event_line(event, args.json) + "\n")
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            print(f"{PROG}: stopped watching", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            gone.set()
+        if gone.is_set():
+            # Our reader went away: end quietly (nothing more is written to the pipe).
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+    return 0
+
+
 def _cmd_suspend(args: argparse.Namespace) -> int:
     with E2BSandboxProvider(_config()) as p:
         p.suspend(_resolve(p, args.sandbox))
@@ -753,6 +832,27 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     ur.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
     ur.add_argument("port", type=_port_type, metavar="PORT")
     ur.set_defaults(func=_cmd_url)
+
+    wt = sub.add_parser(
+        "watch",
+        help="print the changes in a sandbox directory as they happen",
+        description="Watch a directory of the sandbox (as user sandbox: it must exist and "
+        "be readable by it) and print one line per change as it happens, until Ctrl-C "
+        "(exit 130): 'create PATH', 'write PATH', 'remove PATH', 'rename PATH' (the old "
+        "name; the new one comes as create), 'chmod PATH', or 'overflow DIR' when changes "
+        "came faster than they were read and some were lost (the watch goes on). Paths are "
+        "absolute. Exits 0 once --timeout passed, the directory itself was removed or "
+        "renamed, or the reader of the output went away (| head -n 1).",
+    )
+    wt.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    wt.add_argument("path", metavar="PATH", help="an absolute directory path in the sandbox")
+    wt.add_argument("-r", "--recursive", action="store_true",
+                    help="watch every directory below PATH too")
+    wt.add_argument("--json", action="store_true",
+                    help='one JSON object per line: {"type": ..., "path": ...}')
+    wt.add_argument("--timeout", type=_positive_float, default=None,
+                    help="stop after this many seconds (exit 0)")
+    wt.set_defaults(func=_cmd_watch)
 
     rm = sub.add_parser("rm", help="destroy sandboxes", description="Destroy sandboxes.")
     rm.add_argument("sandboxes", nargs="+", metavar="SANDBOX")

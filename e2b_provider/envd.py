@@ -1,12 +1,13 @@
 """The envd client for one sandbox: process streams, signals, file upload/download, health.
 
 This module owns the requests made to a sandbox's envd (``process.Process/Start`` as a
-Connect server stream, ``process.Process/SendSignal`` as a unary Connect call, ``/files``
-and ``/health``) and :class:`ProcessStream`, the iterator of process events read from a
-``Start`` answer. Every request carries ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port: 49983`` and
-``X-Access-Token``; redirects are never followed (the transport refuses them). All I/O goes
-through :class:`~e2b_provider._http.Transport`; framing and event parsing are the sans-IO
-:mod:`._connect` and :mod:`._process`.
+Connect server stream, ``process.Process/SendSignal`` as a unary Connect call,
+``filesystem.Filesystem/WatchDir`` as a server stream, ``/files`` and ``/health``) and
+:class:`ProcessStream`, the iterator of process events read from a ``Start`` answer. Every
+request carries ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port: 49983`` and ``X-Access-Token``;
+redirects are never followed (the transport refuses them). All I/O goes through
+:class:`~e2b_provider._http.Transport`; framing and event parsing are the sans-IO
+:mod:`._connect` and :mod:`._process` (a watch's events: :mod:`._watch`).
 
 No message built here contains the access token.
 """
@@ -59,6 +60,7 @@ SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _READ_SIZE = 64 * 1024
 _START_OP = "process start"
 _CONNECT_OP = "process connect"
+_WATCH_OP = "filesystem watch"
 
 
 def _basic(user: str) -> str:
@@ -368,6 +370,55 @@ class EnvdClient:
         return self._open_events("Connect", {"process": {"pid": pid}}, user, keepalive_seconds,
                                  token, _CONNECT_OP)
 
+    def watch_dir(
+        self,
+        path: str,
+        *,
+        user: str,
+        recursive: bool = False,
+        keepalive_seconds: int = KEEPALIVE_SECONDS,
+        token: Optional[CancelToken] = None,
+        server_timeout: Optional[float] = None,
+    ) -> Stream:
+        """Watch a directory: ``POST /filesystem.Filesystem/WatchDir`` (a Connect server
+        stream of ``start``, then ``filesystem`` events and keepalives; decoded by
+        :mod:`._watch`).
+
+        Bounded as :meth:`start`'s stream: the opening takes at most
+        :data:`START_OPEN_SECONDS` (envd answers once the watch is set up, a recursive
+        one after walking the tree), then each read at most ``2 * keepalive_seconds + 10``
+        seconds. envd removes the watch when the stream ends or its connection closes.
+
+        Args:
+            path: the directory (absolute; envd resolves it as ``user``, watches as root).
+            user: the user envd resolves the path for (``Authorization: Basic``).
+            recursive: watch every directory below too.
+            keepalive_seconds: the keepalive interval asked of envd (1-3600).
+            token: guards only the opening of the stream.
+            server_timeout: seconds after which envd ends the watch itself
+                (``Connect-Timeout-Ms``; None: never).
+
+        Returns:
+            The raw stream (the caller decodes its envelopes and closes it).
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            E2BHttpError: envd (or the edge) answered with a non-200 status.
+            ProtocolError: a 200 answer that is not a Connect stream.
+            Cancelled, TransportError, TransportTimeout.
+        """
+        _check_path(path)
+        _check_user(user)
+        _check_keepalive(keepalive_seconds)
+        extra: Dict[str, str] = {}
+        if server_timeout is not None:
+            ms = _check_timeout(server_timeout, "server_timeout") * 1000.0
+            extra["Connect-Timeout-Ms"] = str(max(1, min(int(ms), 9_999_999_999)))
+        return self._open_stream(
+            "/filesystem.Filesystem/WatchDir", {"path": path, "recursive": bool(recursive)},
+            user, keepalive_seconds, token, _WATCH_OP, extra,
+        )
+
     def _open_events(
         self,
         method: str,
@@ -377,17 +428,33 @@ class EnvdClient:
         token: Optional[CancelToken],
         operation: str,
     ) -> ProcessStream:
+        stream = self._open_stream(f"/process.Process/{method}", request, user,
+                                   keepalive_seconds, token, operation)
+        return ProcessStream(stream, operation=operation)
+
+    def _open_stream(
+        self,
+        route: str,
+        request: Dict[str, Any],
+        user: str,
+        keepalive_seconds: int,
+        token: Optional[CancelToken],
+        operation: str,
+        extra: Optional[Mapping[str, str]] = None,
+    ) -> Stream:
+        """Open one Connect server stream of envd; its answer checked (200, Connect)."""
         headers = self._headers(
             {
                 "Content-Type": "application/connect+json",
                 "Connect-Protocol-Version": "1",
                 "Authorization": _basic(user),
                 "Keepalive-Ping-Interval": str(keepalive_seconds),
+                **(extra or {}),
             }
         )
         stream = self._transport.open_stream(
             "POST",
-            f"{self._base}/process.Process/{method}",
+            f"{self._base}{route}",
             headers=headers,
             data=encode_envelope(request),
             read_timeout=2.0 * keepalive_seconds + 10.0,
@@ -411,7 +478,7 @@ class EnvdClient:
             stream.abort()
             stream.close()
             raise
-        return ProcessStream(stream, operation=operation)
+        return stream
 
     def _rpc(
         self,

@@ -26,7 +26,13 @@ Catch :class:`E2BProviderError` to catch everything the library raises. The tree
     │                                           the sandbox is not used unauthenticated
     ├── RemoteError(E2BProviderError)           a Connect end-of-stream error: .code .message
     ├── CommandFailed(E2BProviderError)         an internal sandbox script (read, write, stat,
-    │                                           kill) exited non-zero: .exit_code .stderr
+    │   │                                       kill) exited non-zero: .exit_code .stderr
+    │   ├── PathNotFound(CommandFailed, FileNotFoundError)
+    │   │                                       the sandbox path a call needs does not exist
+    │   ├── NotADirectory(CommandFailed, NotADirectoryError)
+    │   │                                       it exists but is not a directory
+    │   └── PermissionDenied(CommandFailed, PermissionError)
+    │                                           user ``sandbox`` may not read it (or reach it)
     ├── OperationTimeout(E2BProviderError, TimeoutError)
     │                                           an internal bounded operation ran out of time
     ├── ProviderClosed(E2BProviderError)        a call on a provider after its close()
@@ -77,8 +83,11 @@ __all__ = [
     "FilesFailed",
     "InvalidArgument",
     "MissingAccessToken",
+    "NotADirectory",
     "NotFound",
     "OperationTimeout",
+    "PathNotFound",
+    "PermissionDenied",
     "ProtocolError",
     "ProviderClosed",
     "RemoteError",
@@ -419,6 +428,21 @@ class FilesFailed(CommandFailed):
         more = len(items) - len(said)
         tail = f"; and {more} more (see .failed)" if more > 0 else ""
         super().__init__(f"{what}: {len(items)} failed: {'; '.join(said)}{tail}")
+
+
+class PathNotFound(CommandFailed, FileNotFoundError):
+    """The sandbox path the call needs does not exist (found in the sandbox, as user
+    ``sandbox``; the message names the path). Also a :class:`FileNotFoundError`."""
+
+
+class NotADirectory(CommandFailed, NotADirectoryError):
+    """The sandbox path exists but is not a directory where the call needs one. Also a
+    :class:`NotADirectoryError`."""
+
+
+class PermissionDenied(CommandFailed, PermissionError):
+    """User ``sandbox`` may not read the sandbox path, or may not reach it (a directory on
+    the way it may not enter; the message says which). Also a :class:`PermissionError`."""
 
 
 class CommandNotFound(E2BProviderError, LookupError):

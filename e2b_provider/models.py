@@ -2,7 +2,7 @@
 
 This module owns the data the library hands out and takes in: :class:`SandboxLimits`,
 :class:`SandboxHandle`, :class:`SandboxSummary`, :class:`ExecResult`, :class:`FileContent`,
-:class:`FileStat`, and the
+:class:`FileStat`, :class:`FileEvent`, and the
 internal :class:`Target` (where and how to reach one sandbox's envd). Values only: no I/O, no
 requests, no threads. Secrets (the envd access token) are kept out of ``repr``.
 """
@@ -21,6 +21,8 @@ __all__ = [
     "Egress",
     "ExecResult",
     "FileContent",
+    "FileEvent",
+    "FileEventType",
     "FileStat",
     "SandboxHandle",
     "SandboxLimits",
@@ -31,6 +33,8 @@ __all__ = [
 ]
 
 Egress = Literal["none", "allowlist", "open"]
+#: What happened to a path, as :class:`FileEvent` says it.
+FileEventType = Literal["create", "write", "remove", "rename", "chmod", "overflow"]
 
 
 def _tuple_of_str(value: Iterable[str]) -> Tuple[str, ...]:
@@ -197,6 +201,28 @@ class FileStat:
 
     size: int
     is_dir: bool
+
+
+@attrs.frozen
+class FileEvent:
+    """One change a watch saw (see :meth:`~e2b_provider.E2BSandboxProvider.watch`).
+
+    Attributes:
+        type: ``"create"`` (made, or moved in: a rename's new name), ``"write"`` (content
+            changed), ``"remove"``, ``"rename"`` (moved away: the old name; the new one, if
+            still in the watched tree, comes as ``"create"``), ``"chmod"`` (mode, owner or
+            times changed), or ``"overflow"``: events were lost (too many came faster than
+            they were read, or the sandbox restarted the watch); look at the directory
+            again, the watch goes on.
+        path: the absolute sandbox path it happened to (the watched directory itself for
+            ``"overflow"``, and when the change was to the directory).
+    """
+
+    type: FileEventType
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.path}"
 
 
 @attrs.frozen

@@ -8,7 +8,8 @@ cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and fi
 before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
 its API client: :mod:`._lifecycle` (whole sandboxes), :mod:`._commands` (exec and its kill
 job), :mod:`._background` (commands that outlive the call), :mod:`._files` and
-:mod:`._trees` (files), all sharing one :mod:`._context` (clients, watchdog, bounds).
+:mod:`._trees` (files), :mod:`._watch` (watching directories), all sharing one
+:mod:`._context` (clients, watchdog, bounds).
 It speaks no HTTP itself. Every error a call raises is said in the caller's terms — what was
 being done, to which sandbox and path, and what to do (:mod:`._messages`).
 """
@@ -50,6 +51,7 @@ from ._messages import (
 )
 from ._ports import ForwardLimits, Ports, check_port
 from ._trees import Progress, Trees
+from ._watch import Watch, Watches
 from ._watchdog import Watchdog
 from .cancel import CancelToken, Deadline
 from .config import DeploymentConfig
@@ -202,6 +204,7 @@ class E2BSandboxProvider:
         self._trees = Trees(ctx, self._files)
         self._background = Background(ctx, agents)
         self._ports = Ports(ctx)
+        self._watches = Watches(ctx, self._files)
         ctx.on_fork(self._lifecycle.after_fork)
 
     # -- housekeeping -------------------------------------------------------------------
@@ -214,13 +217,15 @@ class E2BSandboxProvider:
     def close(self) -> None:
         """Release HTTP connections. Idempotent. Sandboxes are left as they are.
 
-        A command still running when the provider is closed keeps its stream; if its
+        A watch still open is ended: its loop raises ProviderClosed. A command still
+        running when the provider is closed keeps its stream; if its
         timeout or cancel fires after ``close()``, no kill is sent and nothing is rebooted:
         its result comes back at once with ``timed_out``/``cancelled`` set and
         ``wedged=False``, and the command is left to its in-sandbox timeout (its ``timeout``
         plus 5 s).
         """
         self._ports.close()
+        self._watches.close()
         self._files.close()
         self._ctx.close()
 
@@ -1063,6 +1068,132 @@ class E2BSandboxProvider:
         v.check_cancel(cancel)
         with self._doing(f"listing {path} in sandbox {sid}", sid=sid):
             return self._files.list_dir(sid, path, depth, cancel)
+
+    # -- watching ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def watch(
+        self,
+        sandbox: SandboxRef,
+        path: str,
+        *,
+        recursive: bool = False,
+        timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Iterator[Watch]:
+        """Watch a directory for changes, for the ``with`` block. ::
+
+            with provider.watch(sandbox, "/workspace", recursive=True) as events:
+                for event in events:       # FileEvent(type, path), as they happen
+                    print(event.type, event.path)
+
+        Yields an iterator of :class:`~e2b_provider.FileEvent` (``create``, ``write``,
+        ``remove``, ``rename``, ``chmod``; paths absolute) once the watch is set up: every
+        change from then on is reported, in order. It runs envd's ``WatchDir``: events come
+        within milliseconds, and each ``next`` blocks until one comes (on the calling
+        thread: no thread per watch). A rename is ``rename`` (the old name) then ``create``
+        (the new name, when it is in the watched tree). Identical events that arrive
+        together (a burst of writes to one file) come once.
+
+        Memory stays bounded however many events come: they are read only as they are
+        asked for, 64 KiB of the stream at a time. When they come faster than the loop
+        takes them, the sandbox's queue (16,384 events) overflows: the iterator then yields
+        ``FileEvent("overflow", path)`` (some events were lost: look at the directory
+        again) and watches on.
+
+        The iteration ends when ``timeout`` passes, after the watched directory itself was
+        removed or renamed (that event is the last), or when the block is left. Ctrl-C
+        raises ``KeyboardInterrupt`` from the loop; ``cancel`` raises ``Cancelled``. The
+        directory is checked as user ``sandbox`` (as file calls are): it must exist, be a
+        directory and be readable by ``sandbox``; below it, a recursive watch reports
+        every change (envd watches as root), also in subdirectories ``sandbox`` may not
+        read. A long watch keeps the sandbox alive as other calls do.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            path: the directory (absolute, normalized).
+            recursive: watch every directory below too (directories made later included;
+                what a directory holds when it appears is reported as created).
+            timeout: seconds to watch once the watch is set up (at most 86400); the
+                iteration then ends (no error). None (default): until the block is left.
+            cancel: cancels the set-up, and the watch: iteration raises ``Cancelled``.
+
+        Bounds: the set-up (a check as ``sandbox``, then envd's answer) takes at most 120 s
+        for the check plus 30 s for the stream's opening (plus 120 s to connect a cold
+        sandbox); each ``next`` then waits at most for the next event, the timeout, or
+        twice the keepalive plus 10 s of silence from the sandbox (then
+        ``TransportTimeout``).
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            PathNotFound: ``path`` does not exist.
+            NotADirectory: ``path`` is not a directory.
+            PermissionDenied: user ``sandbox`` may not read ``path`` (or reach it).
+            Cancelled, SandboxGoneError, SandboxPaused, TransportError, ProtocolError,
+            RemoteError, ProviderClosed: from the set-up or from the iteration.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        v.check_path(path)
+        if not isinstance(recursive, bool):
+            raise InvalidArgument("recursive must be True or False")
+        if timeout is not None:
+            v.check_timeout(timeout)
+        v.check_cancel(cancel)
+        doing = f"watching {path} in sandbox {sid}"
+        with self._doing(doing, sid=sid):
+            watch = self._watches.open(
+                sid, path, recursive=recursive,
+                timeout=None if timeout is None else float(timeout), cancel=cancel, doing=doing,
+            )
+        try:
+            yield watch
+        finally:
+            watch.close()
+
+    def wait_for_file(
+        self,
+        sandbox: SandboxRef,
+        path: str,
+        *,
+        timeout: float = DEFAULT_EXEC_TIMEOUT,
+        cancel: Optional[CancelToken] = None,
+    ) -> FileStat:
+        """Wait until ``path`` exists in the sandbox (as user ``sandbox`` sees it).
+
+        A path that exists returns at once. Otherwise its directory is watched (see
+        :meth:`watch`) and the path looked at again once the watch is set up, so a file
+        made at any moment is never missed; the call returns when an event names it and
+        it is there. A directory that does not exist yet is waited for the same way, one
+        level up. Anything counts: a file (whole or not: a writer that renames a finished
+        file into place makes it appear whole), a directory, a symbolic link to something
+        that exists.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            path: an absolute, normalized sandbox path.
+            timeout: seconds to wait at most (default 60, at most 86400), everything
+                included.
+            cancel: cancels the wait.
+
+        Returns:
+            What :meth:`stat` says of the path.
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            OperationTimeout: the path did not appear within ``timeout``.
+            NotADirectory: a directory on the way is a file.
+            PermissionDenied: user ``sandbox`` may not reach or read a directory on the way.
+            Cancelled, SandboxGoneError, SandboxPaused, TransportError, ProviderClosed.
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        v.check_path(path)
+        v.check_timeout(timeout)
+        v.check_cancel(cancel)
+        doing = f"waiting for {path} in sandbox {sid}"
+        with self._doing(doing, sid=sid):
+            return self._watches.wait_for_file(sid, path, float(timeout), cancel, doing)
 
     # -- whole trees --------------------------------------------------------------------
 

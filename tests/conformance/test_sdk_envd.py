@@ -5,8 +5,10 @@ test connects to the module's sandbox inside its own event loop): gzip and octet
 uploads, downloads (gzip, bytes, streams), many files in one write, metadata, ``EntryInfo``
 of files, directories and symlinks, the filesystem calls (``exists``, ``make_dir``,
 ``rename``, ``remove``, ``list``), ``watch_dir`` (the sync client polls, the async one
-streams), and the command surface beyond ``run``: ``list``, ``send_stdin``,
-``stream_input``, ``close_stdin``, ``connect``, ``kill`` and the PTY.
+streams; a burst larger than the kernel's queue is kept until polled, two watches of one
+directory are independent, the async watch's timeout ends it), and the command surface
+beyond ``run``: ``list``, ``send_stdin``, ``stream_input``, ``close_stdin``, ``connect``,
+``kill`` and the PTY.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from e2b import (
     PtySize,
     Sandbox,
     SandboxException,
+    TimeoutException,
 )
 from waiting import wait_until
 
@@ -359,6 +362,96 @@ def test_watch_dir_async(emulator: Emulator, envd_sandbox: Sandbox) -> None:
             await asyncio.sleep(0.05)
         with pytest.raises(NotFoundException):
             await sb.files.watch_dir(f"{d}/missing", got.append)
+
+    run_async(envd_sandbox, body)
+
+
+FLOOD = (
+    "python3 -c 'import os,sys\n"
+    "fds = [os.open(n, os.O_CREAT | os.O_WRONLY) for n in (\"a\", \"b\")]\n"
+    "for i in range(int(sys.argv[1])): os.write(fds[i % 2], b\"x\")' "
+)
+
+
+def test_watch_dir_sync_keeps_more_than_the_kernel_queue_until_polled(
+    envd_sandbox: Sandbox,
+) -> None:
+    # envd reads the kernel's queue as it fills and keeps the events until asked: a poll
+    # after a burst larger than the kernel's queue (16,384) still returns every event
+    sb, d = envd_sandbox, tmpdir()
+    sb.files.make_dir(d)
+    handle = sb.files.watch_dir(d)
+    made = 20_000
+    try:
+        sb.commands.run(f"cd {d} && {FLOOD} {made}")
+        got: List[FilesystemEvent] = []
+
+        def all_in() -> bool:
+            got.extend(handle.get_new_events())
+            return len(got) >= made + 2
+
+        wait_until(all_in, 30, "every event of the burst")
+        assert len(got) == made + 2  # two creates, then every write
+        assert _names(got)[:2] == [("a", FilesystemEventType.CREATE),
+                                   ("b", FilesystemEventType.CREATE)]
+    finally:
+        handle.stop()
+    sb.files.remove(d)
+
+
+def sees(handle: Any, want: Any) -> None:
+    """Poll ``handle`` until one of its events is ``want`` (name, type)."""
+    got: List[FilesystemEvent] = []
+
+    def seen() -> bool:
+        got.extend(handle.get_new_events())
+        return want in _names(got)
+
+    wait_until(seen, 15, f"{want}")
+
+
+def test_two_watches_of_one_directory_are_independent(
+    emulator: Emulator, envd_sandbox: Sandbox
+) -> None:
+    # each watcher has its own inotify instance (as envd's): both see every event, and
+    # stopping one leaves the other watching
+    sb, d = envd_sandbox, tmpdir()
+    sb.files.make_dir(d)
+    one, two = sb.files.watch_dir(d), sb.files.watch_dir(d)
+    try:
+        assert watched(emulator, sb, d) == 2
+        sb.files.write(f"{d}/x", "1")
+        sees(one, ("x", FilesystemEventType.CREATE))
+        sees(two, ("x", FilesystemEventType.CREATE))
+        one.stop()
+        assert watched(emulator, sb, d) == 1
+        sb.files.write(f"{d}/y", "2")
+        sees(two, ("y", FilesystemEventType.CREATE))
+    finally:
+        two.stop()
+    sb.files.remove(d)
+
+
+def test_watch_dir_async_timeout_ends_the_watch(
+    emulator: Emulator, envd_sandbox: Sandbox
+) -> None:
+    d = tmpdir()
+
+    async def body(sb: AsyncSandbox) -> None:
+        await sb.files.make_dir(d)
+        exits: List[Any] = []
+        t0 = time.monotonic()
+        handle = await sb.files.watch_dir(d, lambda e: None, on_exit=exits.append, timeout=1)
+        try:
+            await await_for(lambda: bool(exits), "the end of the watch", 20)
+        finally:
+            await handle.stop()
+        assert time.monotonic() - t0 < 10
+        assert len(exits) == 1 and isinstance(exits[0], TimeoutException), exits
+        deadline = time.monotonic() + 10
+        while await awatched(emulator, sb, d):
+            assert time.monotonic() < deadline, "the watch outlived its timeout"
+            await asyncio.sleep(0.05)
 
     run_async(envd_sandbox, body)
 

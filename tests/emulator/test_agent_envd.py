@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import gzip
 import json
 import os
 import pwd
 import re
+import signal
 import subprocess
 import time
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
@@ -768,6 +770,18 @@ class Watch:
                 got.append(message["filesystem"])
         return got
 
+    def rest(self, timeout: float = 30.0) -> List[Dict[str, Any]]:
+        """Every filesystem event until the end-of-stream frame (see ``stream.end``)."""
+        got: List[Dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            assert time.monotonic() < deadline, f"the stream did not end; got {got[-5:]}"
+            message = self.stream.next_message()
+            if message is None:
+                return got
+            if "filesystem" in message:
+                got.append(message["filesystem"])
+
     def close(self) -> None:
         self.stream.close()
 
@@ -931,16 +945,54 @@ def test_polling_watcher(agent: Agent, workdir: str) -> None:
     wait_until(lambda: not watching(agent, *tree(workdir)), what="the watches to be removed")
 
 
+def churn(workdir: str, events: int) -> None:
+    """Cause ``events`` inotify events in ``workdir``: one-byte writes to two files in turn
+    (the kernel merges an event only into an identical one queued just before it)."""
+    fds = [os.open(f"{workdir}/{n}", os.O_CREAT | os.O_WRONLY, 0o644) for n in "ab"]
+    try:
+        for i in range(events):
+            os.write(fds[i % 2], b"x")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def inotify_instances(pid: int) -> int:
+    """How many inotify instances process ``pid`` holds."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            continue
+    return count
+
+
+@contextlib.contextmanager
+def stopped(agent: Agent) -> Iterator[None]:
+    """The agent stopped (SIGSTOP) for the block: what happens meanwhile waits in the
+    kernel's inotify queues until it goes on."""
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+
+
+def max_queued_events() -> int:
+    with open("/proc/sys/fs/inotify/max_queued_events") as fh:
+        return int(fh.read())
+
+
 def test_polling_watcher_memory_is_bounded(agent: Agent, workdir: str) -> None:
     wid = fs(agent, "CreateWatcher", {"path": workdir})[1]["watcherId"]
     try:
-        for i in range(MAX_PENDING + 10):
-            os.close(os.open(f"{workdir}/f{i}", os.O_CREAT | os.O_WRONLY, 0o644))
+        churn(workdir, MAX_PENDING + 100)
 
         def failed() -> bool:
             return fs(agent, "GetWatcherEvents", {"watcherId": wid})[0] == 500
 
-        wait_until(failed, timeout=20, what="the overflow error")
+        wait_until(failed, timeout=30, what="the overflow error")
         assert fs(agent, "GetWatcherEvents", {"watcherId": wid})[1] == {
             "code": "internal",
             "message": "watcher error: fsnotify: queue or buffer overflow",
@@ -948,6 +1000,99 @@ def test_polling_watcher_memory_is_bounded(agent: Agent, workdir: str) -> None:
         assert not watching(agent, workdir)
     finally:
         assert fs(agent, "RemoveWatcher", {"watcherId": wid})[0] == 200
+
+
+def test_polling_watcher_keeps_what_the_kernel_queue_could_not(agent: Agent, workdir: str) -> None:
+    # envd reads the kernel's queue as it fills and keeps the events in memory: a client
+    # that polls late still gets them all (more than the kernel's queue holds)
+    wid = fs(agent, "CreateWatcher", {"path": workdir})[1]["watcherId"]
+    want = max_queued_events() + 4000
+    got: List[Dict[str, Any]] = []
+    try:
+        churn(workdir, want)  # a.txt: create, b: create, then the writes
+        got.extend(fs(agent, "GetWatcherEvents", {"watcherId": wid})[1].get("events", []))
+
+        def all_in() -> bool:
+            got.extend(fs(agent, "GetWatcherEvents", {"watcherId": wid})[1].get("events", []))
+            return len(got) >= want + 2
+
+        wait_until(all_in, timeout=30, what="every event")
+        assert kinds(got)[:4] == [("a", "CREATE"), ("b", "CREATE"), ("a", "WRITE"), ("b", "WRITE")]
+        assert len(got) == want + 2
+    finally:
+        assert fs(agent, "RemoveWatcher", {"watcherId": wid})[0] == 200
+
+
+def test_each_watcher_has_its_own_inotify_instance(agent: Agent, tmp_path: Any) -> None:
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    os.mkdir(one)
+    os.mkdir(two)
+    before = inotify_instances(agent.pid)
+    flooded, calm = Watch(agent, one), Watch(agent, two)
+    wid = fs(agent, "CreateWatcher", {"path": two})[1]["watcherId"]
+    try:
+        assert flooded.first() == calm.first() == {"start": {}}
+        assert inotify_instances(agent.pid) == before + 3
+        # while the agent is stopped the kernel queues: one's overflows, two's does not
+        with stopped(agent):
+            churn(one, max_queued_events() + 100)
+            write(f"{two}/later", b"")
+        got = flooded.rest()
+        assert flooded.stream.end is not None
+        assert (flooded.stream.end.error_code, flooded.stream.end.error_message) == (
+            "internal", "watcher error: fsnotify: queue or buffer overflow")
+        assert len(got) >= max_queued_events() - 10  # what was queued before the overflow
+        calm.events(has(("later", "CREATE")))
+        polled: List[Dict[str, Any]] = []
+
+        def seen() -> bool:
+            polled.extend(fs(agent, "GetWatcherEvents", {"watcherId": wid})[1].get("events", []))
+            return ("later", "CREATE") in kinds(polled)
+
+        wait_until(seen, what="the polling watcher's event")
+        wait_until(lambda: inotify_instances(agent.pid) == before + 2, what="the flooded one's end")
+    finally:
+        flooded.close()
+        calm.close()
+        assert fs(agent, "RemoveWatcher", {"watcherId": wid})[0] == 200
+    wait_until(lambda: inotify_instances(agent.pid) == before, what="every instance closed")
+
+
+def test_watch_dir_has_no_queue_of_its_own(agent: Agent, workdir: str) -> None:
+    # A client that reads nothing: the agent stops reading the kernel's queue once the
+    # connection's buffers are full, so the events wait in the kernel (its queue, not the
+    # agent's memory) until the queue overflows; the client then gets everything queued
+    # before the overflow, and the error.
+    w = Watch(agent, workdir)
+    try:
+        assert w.first() == {"start": {}}
+        churn(workdir, 3 * max_queued_events())
+        got = w.rest()
+        assert w.stream.end is not None
+        assert w.stream.end.error_message == "watcher error: fsnotify: queue or buffer overflow"
+        assert max_queued_events() <= len(got) < 3 * max_queued_events()
+    finally:
+        w.close()
+
+
+def test_recursive_watch_ends_when_a_new_directory_vanishes(agent: Agent, workdir: str) -> None:
+    # fsnotify cannot watch a directory that is gone by the time it handles its creation:
+    # it sends that error, which ends the watch (envd: "watcher error: ...")
+    w = Watch(agent, workdir, recursive=True)
+    try:
+        assert w.first() == {"start": {}}
+        write(f"{workdir}/before", b"")
+        w.events(has(("before", "CREATE")))
+        with stopped(agent):
+            os.mkdir(f"{workdir}/brief")
+            os.rmdir(f"{workdir}/brief")
+            write(f"{workdir}/after", b"")
+        assert w.rest() == []  # neither the directory nor what came after it
+        assert w.stream.end is not None
+        assert (w.stream.end.error_code, w.stream.end.error_message) == (
+            "internal", "watcher error: no such file or directory")
+    finally:
+        w.close()
 
 
 # ---- StreamInput ---------------------------------------------------------------------------

@@ -182,6 +182,7 @@ def test_every_command_exits_1_for_a_sandbox_that_is_gone(
             ["rm", ref],
             ["suspend", ref],
             ["resume", ref],
+            ["watch", ref, "/workspace"],
         ):
             _one_line(run(env, *args), 1, text)
     assert not (tmp_path / "g").exists()
@@ -317,7 +318,7 @@ def test_every_command_has_help() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     names: List[str] = list(sub.choices)  # type: ignore[union-attr]
     assert set(names) == {"create", "exec", "start", "logs", "kill", "ps", "cp", "ls", "rm",
-                          "suspend", "resume", "emulator", "forward", "url"}
+                          "suspend", "resume", "emulator", "forward", "url", "watch"}
     for name in [*names, None]:
         args = [name, "--help"] if name else ["--help"]
         r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)

@@ -53,6 +53,10 @@ def test_tree() -> None:
     assert issubclass(e.TransportTimeout, e.TransportError)
     assert issubclass(e.TransportTimeout, TimeoutError)
     assert issubclass(e.OperationTimeout, TimeoutError)
+    for cls, builtin in ((e.PathNotFound, FileNotFoundError),
+                         (e.NotADirectory, NotADirectoryError),
+                         (e.PermissionDenied, PermissionError)):
+        assert issubclass(cls, e.CommandFailed) and issubclass(cls, builtin)
     roots: Tuple[type, ...] = (
         e.E2BHttpError,
         e.TransportError,
@@ -211,6 +215,9 @@ PICKLABLE: List[BaseException] = [
     e.ProtocolError("bad frame"),
     e.RemoteError("deadline_exceeded", "late", operation="process start"),
     e.CommandFailed("cannot read /x", exit_code=3, stderr="nope"),
+    e.PathNotFound("/x does not exist", exit_code=3),
+    e.NotADirectory("/x is not a directory"),
+    e.PermissionDenied("permission denied: /root", exit_code=6),
     e.OperationTimeout("file op"),
     e.Cancelled(CancelReason("deadline", "too late")),
     e.Cancelled(),

@@ -34,6 +34,8 @@ CALLS: Tuple[Tuple[str, Call], ...] = (
     ("read_file path", lambda p: p.read_file(SID, f"/tmp/{BAD}")),
     ("write_file path", lambda p: p.write_file(SID, f"/tmp/{BAD}", b"x")),
     ("stat path", lambda p: p.stat(SID, f"/tmp/{BAD}")),
+    ("watch path", lambda p: p.watch(SID, f"/tmp/{BAD}").__enter__()),
+    ("wait_for_file path", lambda p: p.wait_for_file(SID, f"/tmp/{BAD}")),
     ("create name", lambda p: p.create(f"job{BAD}")),
     ("destroy_by_name name", lambda p: p.destroy_by_name(f"job{BAD}")),
     ("list_sandboxes name", lambda p: p.list_sandboxes(f"job{BAD}")),
@@ -136,6 +138,8 @@ CANCELS: Tuple[Tuple[str, Callable[[E2BSandboxProvider, Any], Any]], ...] = (
     ("upload", lambda p, c: p.upload(SID, __file__, "/x", cancel=c)),
     ("download", lambda p, c: p.download(SID, "/x", "/tmp/never-written", cancel=c)),
     ("url", lambda p, c: p.url(SID, 8000, cancel=c)),
+    ("watch", lambda p, c: p.watch(SID, "/x", cancel=c).__enter__()),
+    ("wait_for_file", lambda p, c: p.wait_for_file(SID, "/x", cancel=c)),
     ("traffic_headers", lambda p, c: p.traffic_headers(SID, cancel=c)),
 )
 

@@ -36,7 +36,7 @@ import signal
 import socket
 import stat
 import sys
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, TypeVar
 
 import attrs
 from aiohttp import web
@@ -71,7 +71,8 @@ from .rpc import (
     stream_messages,
     unsupported_response,
 )
-from .watch import MAX_PENDING, OVERFLOW, Watcher, WatcherRegistry, check_watch_path
+from .watch import WatchEnded, WatcherRegistry, check_watch_path
+from .watch import readable as watch_readable
 
 __all__ = ["DEFAULT_KEEPALIVE", "Agent", "AgentConfig", "main", "serve"]
 
@@ -451,18 +452,15 @@ class Agent:
         return path
 
     async def fs_watch_dir(self, request: web.Request) -> web.StreamResponse:
-        """``WatchDir``: ``{"start": {}}``, then ``{"filesystem": event}`` and keepalives."""
+        """``WatchDir``: ``{"start": {}}``, then ``{"filesystem": event}`` and keepalives.
+
+        As envd's: no queue of its own. The watcher's inotify instance is read only once the
+        events read before were written to the client, so a slow client leaves events in
+        the kernel's queue, whose overflow ends the stream (``watcher error: fsnotify: queue
+        or buffer overflow``) after every event queued before it.
+        """
         loop = asyncio.get_running_loop()
         stream = ServerStream(request)
-        queue: asyncio.Queue[Tuple[str, Any]] = asyncio.Queue()
-        started: List[Watcher] = []
-
-        def on_event(event: Dict[str, Any]) -> None:
-            if queue.qsize() < MAX_PENDING:
-                queue.put_nowait(("event", event))
-            else:  # the client reads too slowly: end the watch as envd's overflow does
-                started[0].fail(OVERFLOW)
-
         try:
             timeout = parse_timeout_ms(request)
             deadline = None if timeout is None else loop.time() + timeout
@@ -472,10 +470,7 @@ class Agent:
                 path,
                 _bool_field(body, "recursive"),
                 _bool_field(body, "includeEntry", "include_entry"),
-                on_event,
-                lambda message: queue.put_nowait(("error", message)),
             )
-            started.append(watcher)
             journal.event(fs_log, "watcher_created", f"Watch of {path} started", path=path)
         except UnsupportedMediaType as exc:
             return unsupported_response(exc)
@@ -492,16 +487,16 @@ class Agent:
                     if wait <= 0:
                         error = RpcError("deadline_exceeded", "context deadline exceeded")
                         break
-                try:
-                    kind, item = await asyncio.wait_for(queue.get(), wait)
-                except asyncio.TimeoutError:
+                if not await watch_readable(watcher.fd, wait):
                     if deadline is None or loop.time() < deadline:
                         await stream.send({"keepalive": {}})
                     continue
-                if kind == "error":
-                    error = RpcError("internal", item)
+                try:
+                    for event in watcher.read():
+                        await stream.send({"filesystem": event})
+                except WatchEnded as ended:
+                    error = RpcError("internal", f"watcher error: {ended}")
                     break
-                await stream.send({"filesystem": item})
         except ConnectionError:
             return stream.response
         finally:

@@ -1,7 +1,7 @@
 """Filesystem watchers of the envd look-alike agent (``WatchDir`` and the polling watchers).
 
-envd watches directories with inotify through its fork of fsnotify; this module does the
-same inside the sandbox with libc's ``inotify_init1``/``inotify_add_watch`` (ctypes), and
+envd watches directories with inotify through its fork of fsnotify (v0.0.1); this module does
+the same inside the sandbox with libc's ``inotify_init1``/``inotify_add_watch`` (ctypes), and
 reproduces what a client sees:
 
 * events ``EVENT_TYPE_CREATE`` (``IN_CREATE``, ``IN_MOVED_TO``), ``EVENT_TYPE_WRITE``
@@ -10,17 +10,42 @@ reproduces what a client sees:
   watched directory) and ``EVENT_TYPE_CHMOD`` (``IN_ATTRIB``), one message per kind in that
   order, named relative to the watched path (``.`` for the directory itself);
 * recursive watches: every directory below is watched, a directory created (or moved in)
-  later is watched at once and what it already holds is reported as created; a directory
-  moved within the tree keeps its watches under the new name;
+  later is watched at once and what it already holds is reported as created (the directory's
+  own event first, then each entry as Go's ``filepath.WalkDir`` meets it); a directory moved
+  within the tree keeps its watches under the new name;
 * ``includeEntry``: create/write/chmod events carry the entry's ``EntryInfo`` when it can
   still be read;
-* errors end a watcher with envd's ``watcher error: …`` (a kernel queue overflow, or more
-  than :data:`MAX_PENDING` undelivered events: ``fsnotify: queue or buffer overflow``).
+* errors end a watcher with envd's ``watcher error: …``.
 
-Two deliberate differences from envd: one inotify instance serves all watchers of the agent
-(the per-user instance limit is small and shared), and a directory that vanishes while it is
-being added to a recursive watch is skipped instead of ending the watch. Watchers are
-removed when their stream ends, on ``RemoveWatcher`` and when the agent stops.
+As in envd, every watcher has **its own inotify instance** (fsnotify's ``NewWatcher``): a
+kernel queue overflow (``IN_Q_OVERFLOW``) ends that watcher only, with ``watcher error:
+fsnotify: queue or buffer overflow``. Instances count against the kernel's per-user limit
+(``fs.inotify.max_user_instances``, 128 by default); past it a watch fails as envd's does,
+``internal`` ``error creating watcher: too many open files``. On this emulator the sandboxes
+of one host share that budget (their root is one unprivileged host user), where each E2B
+sandbox has its own.
+
+A ``WatchDir`` stream has no queue of its own, as in envd (whose fsnotify channel is
+unbuffered): its instance is read only when the previous events have been written to the
+client, so a client that reads slowly leaves events in the kernel's queue
+(``fs.inotify.max_queued_events``, 16,384 by default) until it overflows; the client then gets
+every event queued before the overflow, then the error.
+
+A recursive watch ends, as fsnotify's does, when a directory appearing in the tree cannot be
+watched or walked (it was removed again before the watcher got to it: ``watcher error: no
+such file or directory``, or ``open <dir>: …`` when it vanished while being read); a
+directory that vanishes while a recursive watch is being set up fails the set-up (``error
+adding path P to watcher: …``). Directories the agent may not read are skipped (the agent's
+root is not host root: host directories closed to others stay closed to it; envd, real root
+in its VM, can read everything).
+
+Two differences remain, on purpose: a polling watcher (``CreateWatcher``) keeps at most
+:data:`MAX_PENDING` undelivered events and then ends with the overflow error, where envd's
+slice grows without bound (the agent's memory counts against the sandbox's limit: a forgotten
+watcher of a busy tree would otherwise take the sandbox's envd down with it); and a watcher
+that ended with an error drops its kernel watches at once (envd's stay until
+``RemoveWatcher``; nothing reads them either way). Watchers are removed when their stream
+ends, on ``RemoveWatcher`` and when the agent stops.
 """
 
 from __future__ import annotations
@@ -36,14 +61,17 @@ import secrets
 import stat
 import string
 import struct
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from .filesystem import entry_info, os_rpc_error
 from .rpc import RpcError, errno_text
 
 __all__ = [
     "MAX_PENDING",
-    "InotifyHub",
+    "OVERFLOW",
+    "READ_BYTES",
+    "Inotify",
+    "WatchEnded",
     "Watcher",
     "WatcherRegistry",
     "check_watch_path",
@@ -51,8 +79,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Undelivered events one watcher may hold before it ends with an overflow error.
-MAX_PENDING = 10_000
+#: Undelivered events one polling watcher may hold before it ends with an overflow error.
+MAX_PENDING = 100_000
+#: One read of an inotify instance, as fsnotify's buffer (4,096 raw events).
+READ_BYTES = 16 * 4096
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
@@ -90,6 +120,8 @@ OVERFLOW = "fsnotify: queue or buffer overflow"
 
 # Filesystem magic numbers of network mounts (linux/magic.h): NFS, CIFS, SMB, SMB2, FUSE.
 _NETWORK_FS = frozenset({0x6969, 0xFF534D42, 0x517B, 0xFE534D42, 0x65735546})
+#: Errors that make the agent skip a directory (it may not read it; envd as root can).
+_CLOSED = (errno.EACCES, errno.EPERM)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -133,80 +165,61 @@ def check_watch_path(path: str, allow_network_mounts: bool) -> None:
             raise RpcError("invalid_argument", f"cannot watch path on network filesystem: {path}")
 
 
-class InotifyHub:
-    """One inotify instance for the whole agent, shared by every :class:`Watcher`.
+class Inotify:
+    """One inotify instance (non-blocking), as fsnotify's ``NewWatcher`` makes per watcher.
 
-    Watches are reference-counted per watch descriptor: two watchers of one directory share
-    the kernel watch, which is removed when the last of them lets go.
+    Raises:
+        OSError: ``inotify_init1`` failed (EMFILE past the per-user instance limit).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self) -> None:
         fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
             raise _os_error()
-        self._fd = fd
-        self._loop = loop
-        self._subs: Dict[int, Set[Watcher]] = {}
-        loop.add_reader(fd, self._on_readable)
+        self.fd = int(fd)
 
-    def add(self, path: str, watcher: Watcher) -> int:
-        """Watch ``path`` for ``watcher``; its watch descriptor.
+    def add(self, path: str) -> int:
+        """Watch ``path``; its watch descriptor (the same one for a path watched already).
 
         Raises:
             OSError: ``inotify_add_watch`` failed (missing path, watch limit, …).
         """
-        wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), WATCH_MASK)
+        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
         if wd < 0:
             raise _os_error()
-        self._subs.setdefault(wd, set()).add(watcher)
         return int(wd)
 
-    def release(self, wd: int, watcher: Watcher) -> None:
-        """``watcher`` no longer needs ``wd``; the kernel watch goes with the last user."""
-        subs = self._subs.get(wd)
-        if subs is None:
-            return
-        subs.discard(watcher)
-        if not subs:
-            del self._subs[wd]
-            _libc.inotify_rm_watch(self._fd, wd)  # EINVAL when the kernel dropped it already
+    def remove(self, wd: int) -> None:
+        """Drop one watch (EINVAL, when the kernel dropped it already, is ignored)."""
+        _libc.inotify_rm_watch(self.fd, wd)
 
-    def _on_readable(self) -> None:
-        while True:
-            try:
-                data = os.read(self._fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                log.warning("inotify read failed: %s", exc)
-                return
-            if not data:
-                return
-            self._dispatch(data)
-
-    def _dispatch(self, data: bytes) -> None:
-        offset = 0
-        while offset + _EVENT.size <= len(data):
-            wd, mask, cookie, length = _EVENT.unpack_from(data, offset)
-            offset += _EVENT.size
-            raw = data[offset : offset + length].split(b"\0", 1)[0]
-            offset += length
-            name = raw.decode("utf-8", "replace")
-            if mask & IN_Q_OVERFLOW:
-                for subs in list(self._subs.values()):
-                    for watcher in list(subs):
-                        watcher.fail(OVERFLOW)
-                continue
-            for watcher in list(self._subs.get(wd, ())):
-                watcher.handle(wd, mask, cookie, name)
-            if mask & IN_IGNORED:
-                self._subs.pop(wd, None)  # the kernel dropped it: the number may be reused
+    def read(self) -> bytes:
+        """What the kernel has queued, at most :data:`READ_BYTES` (``b""``: nothing now)."""
+        try:
+            return os.read(self.fd, READ_BYTES)
+        except BlockingIOError:
+            return b""
 
     def close(self) -> None:
-        """Stop reading and close the inotify instance."""
-        self._loop.remove_reader(self._fd)
-        os.close(self._fd)
-        self._subs.clear()
+        """Close the instance (its watches go with it). Idempotent."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def raw_events(data: bytes) -> Iterator[Tuple[int, int, int, str]]:
+    """The ``(wd, mask, cookie, name)`` of each inotify event in ``data``."""
+    offset = 0
+    while offset + _EVENT.size <= len(data):
+        wd, mask, cookie, length = _EVENT.unpack_from(data, offset)
+        offset += _EVENT.size
+        raw = data[offset : offset + length].split(b"\0", 1)[0]
+        offset += length
+        yield wd, mask, cookie, raw.decode("utf-8", "replace")
+
+
+class WatchEnded(Exception):
+    """The watcher ended; ``str()`` is the text after ``watcher error: ``."""
 
 
 class _Node:
@@ -237,45 +250,45 @@ def _ops(mask: int) -> List[str]:
     return ops
 
 
-_VANISHED = (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM)
-
-
 class Watcher:
-    """One directory watch: inotify events in, envd ``FilesystemEvent`` messages out.
+    """One directory watch with its own inotify instance: inotify events in, envd
+    ``FilesystemEvent`` messages out.
 
     Args:
-        hub: the agent's inotify instance.
         watch_path: the resolved directory (names are relative to it).
         recursive: watch the whole tree.
         include_entry: attach ``EntryInfo`` to create/write/chmod events.
-        on_event: called with each event message.
-        on_error: called once with the error text that ends the watcher.
+
+    Raises:
+        RpcError: ``internal`` ``error creating watcher: …`` (no inotify instance).
     """
 
-    def __init__(
-        self,
-        hub: InotifyHub,
-        watch_path: str,
-        recursive: bool,
-        include_entry: bool,
-        on_event: Callable[[Dict[str, Any]], None],
-        on_error: Callable[[str], None],
-    ) -> None:
-        self._hub = hub
+    def __init__(self, watch_path: str, recursive: bool, include_entry: bool) -> None:
+        try:
+            self._ino = Inotify()
+        except OSError as exc:
+            raise RpcError("internal", f"error creating watcher: {errno_text(exc)}") from None
         self.watch_path = watch_path
         self.recursive = recursive
         self.include_entry = include_entry
-        self._on_event = on_event
-        self._on_error = on_error
         self._nodes: Dict[int, _Node] = {}
         self._paths: Dict[str, int] = {}
         self._cookies: Deque[Tuple[int, str]] = collections.deque(maxlen=10)
         self.closed = False
+        #: Called first by :meth:`close` (whoever reads the instance stops watching it).
+        self.on_close: Optional[Callable[[], None]] = None
+
+    @property
+    def fd(self) -> int:
+        """The inotify instance's descriptor (readable when events are queued)."""
+        return self._ino.fd
 
     # ---- setup and teardown -------------------------------------------------------------
 
     def start(self) -> None:
-        """Add the watches (the whole tree when recursive).
+        """Add the watches (the whole tree when recursive, as fsnotify's ``AddWith`` walks it:
+        any directory that cannot be watched or read fails it, except one the agent may not
+        read, which is skipped).
 
         Raises:
             RpcError: ``internal`` ``error adding path … to watcher: …``.
@@ -284,7 +297,8 @@ class Watcher:
         try:
             self._register(root, recursive=self.recursive, by_user=True)
             if self.recursive:
-                self._add_below(root, None, strict=True)
+                for _ in self._walk(root, root_read_strictly=True):
+                    pass
         except OSError as exc:
             self.close()
             raise RpcError(
@@ -292,50 +306,61 @@ class Watcher:
             ) from None
 
     def _register(self, path: str, recursive: bool, by_user: bool) -> None:
-        wd = self._hub.add(path, self)
+        wd = self._ino.add(path)
         if wd in self._nodes:
             return  # already watched under another name (a moved directory)
         self._nodes[wd] = _Node(wd, path, recursive, by_user)
         self._paths[path] = wd
 
     @staticmethod
-    def _children(directory: str, strict: bool) -> List[Tuple[str, bool]]:
-        try:
-            with os.scandir(directory) as it:
-                found = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        except OSError as exc:
-            if not strict and exc.errno in _VANISHED:
-                return []
-            raise
+    def _children(directory: str) -> List[Tuple[str, bool]]:
+        """The entries of ``directory``, sorted by name (``os.ReadDir``'s order).
+
+        Raises:
+            OSError: it cannot be read (``filename`` set: Go's ``open <dir>: …``).
+        """
+        with os.scandir(directory) as it:
+            found = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
         return [(posixpath.join(directory, name), is_dir) for name, is_dir in sorted(found)]
 
-    def _add_below(self, root: str, created: Optional[List[str]], strict: bool) -> None:
-        """Watch every directory below ``root``, depth first in lexical order (Go's
-        ``filepath.WalkDir``), appending every path below to ``created``."""
-        stack = [iter(self._children(root, strict))]
+    def _walk(self, root: str, root_read_strictly: bool = False) -> Iterator[str]:
+        """Watch every directory below ``root`` (already watched itself), depth first in
+        lexical order (Go's ``filepath.WalkDir``), yielding every path below as it is met.
+
+        A directory the agent may not watch or read is skipped (``root`` too, unless
+        ``root_read_strictly``); any other failure raises.
+        """
+        try:
+            first = self._children(root)
+        except OSError as exc:
+            if root_read_strictly or exc.errno not in _CLOSED:
+                raise
+            return
+        stack = [iter(first)]
         while stack:
             item = next(stack[-1], None)
             if item is None:
                 stack.pop()
                 continue
             child, is_dir = item
-            if created is not None:
-                created.append(child)
+            yield child
             if not is_dir:
                 continue
             try:
                 self._register(child, recursive=True, by_user=False)
+                below = self._children(child)
             except OSError as exc:
-                if exc.errno in _VANISHED:
-                    continue  # gone (or unreadable) meanwhile: skipped
+                if exc.errno in _CLOSED:
+                    continue  # the agent may not read it: skipped
                 raise
-            stack.append(iter(self._children(child, strict=False)))
+            stack.append(iter(below))
 
     def _forget(self, node: _Node) -> None:
         self._nodes.pop(node.wd, None)
         if self._paths.get(node.path) == node.wd:
             del self._paths[node.path]
-        self._hub.release(node.wd, self)
+        if not self.closed:
+            self._ino.remove(node.wd)
 
     def _remove_tree(self, node: _Node) -> None:
         self._forget(node)
@@ -345,28 +370,59 @@ class Watcher:
                 self._forget(other)
 
     def close(self) -> None:
-        """Drop every watch (idempotent)."""
-        self.closed = True
-        for node in list(self._nodes.values()):
-            self._forget(node)
-
-    def fail(self, message: str) -> None:
-        """End the watcher with ``watcher error: <message>``."""
+        """Drop every watch and the inotify instance (idempotent)."""
         if self.closed:
             return
-        self.close()
-        self._on_error(f"watcher error: {message}")
+        self.closed = True
+        if self.on_close is not None:
+            self.on_close()
+        self._nodes.clear()
+        self._paths.clear()
+        self._ino.close()
 
     # ---- events -----------------------------------------------------------------------
 
-    def handle(self, wd: int, mask: int, cookie: int, raw_name: str) -> None:
-        """Turn one inotify event into envd events (fsnotify's rules)."""
+    def read(self) -> Iterator[Dict[str, Any]]:
+        """The events of what the kernel has queued now (one read of the instance).
+
+        Raises:
+            WatchEnded: the watcher ended (overflow, or a new directory could not be
+                watched); the events before it were yielded first. The watcher is closed.
+        """
+        if self.closed:
+            return
+        try:
+            data = self._ino.read()
+        except OSError as exc:
+            self.close()
+            raise WatchEnded(errno_text(exc)) from None
+        for wd, mask, cookie, name in raw_events(data):
+            if mask & IN_Q_OVERFLOW:
+                self.close()
+                raise WatchEnded(OVERFLOW)
+            try:
+                yield from self.handle(wd, mask, cookie, name)
+            except OSError as exc:
+                self.close()
+                raise WatchEnded(_err_text(exc)) from None
+            if self.closed:
+                return
+
+    def handle(self, wd: int, mask: int, cookie: int, raw_name: str) -> Iterator[Dict[str, Any]]:
+        """Turn one inotify event into envd events (fsnotify's rules).
+
+        Raises:
+            OSError: a directory that appeared in a recursive watch could not be watched
+                or walked (the events met before it were yielded).
+        """
         node = self._nodes.get(wd)
         if node is None or self.closed:
             return
         name = node.path + "/" + raw_name if raw_name else node.path
         if mask & (IN_IGNORED | IN_UNMOUNT):
-            self._forget(node)
+            self._nodes.pop(node.wd, None)
+            if self._paths.get(node.path) == node.wd:
+                del self._paths[node.path]
             return
         if mask & IN_DELETE_SELF:
             self._forget(node)
@@ -375,7 +431,7 @@ class Watcher:
                 return
             self._remove_tree(node)
             if node.recursive:
-                self._send(node.path, [RENAME])
+                yield from self._events(node.path, [RENAME])
                 return
         if mask & IN_DELETE_SELF and posixpath.dirname(node.path) in self._paths:
             return  # the parent's IN_DELETE reports it
@@ -386,29 +442,29 @@ class Watcher:
                 self._cookies.append((cookie, name))
             elif mask & IN_MOVED_TO:
                 renamed_from = next((p for c, p in self._cookies if c == cookie), "")
-        created: List[str] = []
         if node.recursive and mask & IN_ISDIR and CREATE in ops:
-            try:
-                created = self._new_directory(node, name, renamed_from)
-            except OSError as exc:
-                self.fail(_err_text(exc))
-                return
-        self._send(name, ops)
-        for path in created:
-            self._send(path, [CREATE])
+            yield from self._new_directory(node, name, ops, renamed_from)
+            return
+        yield from self._events(name, ops)
 
-    def _new_directory(self, parent: _Node, name: str, renamed_from: str) -> List[str]:
-        """Watch a directory that appeared in a recursive watch; what it already holds.
+    def _new_directory(
+        self, parent: _Node, name: str, ops: List[str], renamed_from: str
+    ) -> Iterator[Dict[str, Any]]:
+        """A directory appeared in a recursive watch: watch it, then its own event and, unless
+        it was moved within the tree (its watches are renamed), an event for everything it
+        already holds, each sent when the walk meets the next one (fsnotify's order: an
+        entry whose directory cannot be watched or read is never reported).
 
-        A directory moved within the tree keeps its watches, renamed; one created or moved in
-        from outside is walked, and everything in it is reported as created.
+        Raises:
+            OSError: it, or a directory in it, could not be watched or read.
         """
         try:
             self._register(name, recursive=True, by_user=False)
         except OSError as exc:
-            if exc.errno in _VANISHED:
-                return []
-            raise
+            if exc.errno not in _CLOSED:
+                raise
+            yield from self._events(name, ops)
+            return
         if renamed_from:
             for node in self._nodes.values():
                 if node.wd == parent.wd or node.path == name:
@@ -419,14 +475,15 @@ class Watcher:
                     if self._paths.get(old) == node.wd:
                         del self._paths[old]
                     self._paths[node.path] = node.wd
-            return []
-        created: List[str] = []
-        self._add_below(name, created, strict=False)
-        return created
-
-    def _send(self, path: str, ops: List[str]) -> None:
-        if not ops or self.closed:
+            yield from self._events(name, ops)
             return
+        pending: Tuple[str, List[str]] = (name, ops)
+        for child in self._walk(name):
+            yield from self._events(*pending)
+            pending = (child, [CREATE])
+        yield from self._events(*pending)
+
+    def _events(self, path: str, ops: List[str]) -> Iterator[Dict[str, Any]]:
         rel = posixpath.relpath(path, self.watch_path)
         for op in ops:
             event: Dict[str, Any] = {"name": rel, "type": op}
@@ -435,9 +492,7 @@ class Watcher:
                     event["entry"] = entry_info(path)
                 except OSError:
                     pass  # gone already: the event carries no entry
-            self._on_event(event)
-            if self.closed:
-                return
+            yield event
 
 
 def _err_text(exc: OSError) -> str:
@@ -447,73 +502,94 @@ def _err_text(exc: OSError) -> str:
     return errno_text(exc)
 
 
+async def readable(fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable, at most ``timeout`` seconds; whether it is."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await asyncio.wait_for(ready, max(0.0, timeout))
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+    return True
+
+
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
 class _Polled:
-    """A polling watcher: its events wait in memory until ``GetWatcherEvents``."""
+    """A polling watcher: read as soon as the kernel has events (envd's goroutine), its
+    events waiting in memory until ``GetWatcherEvents``."""
 
-    def __init__(self) -> None:
+    def __init__(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
         self.events: List[Dict[str, Any]] = []
         self.error: Optional[str] = None
-        self.watcher: Optional[Watcher] = None
+        self.watcher = watcher
+        loop.add_reader(watcher.fd, self._on_readable)
 
-    def on_event(self, event: Dict[str, Any]) -> None:
-        if len(self.events) >= MAX_PENDING:
-            assert self.watcher is not None
-            self.watcher.fail(OVERFLOW)
-            return
-        self.events.append(event)
+        def stop_reading() -> None:
+            loop.remove_reader(watcher.fd)
 
-    def on_error(self, message: str) -> None:
-        self.error = message
+        watcher.on_close = stop_reading
+
+    def _on_readable(self) -> None:
+        try:
+            while not self.watcher.closed:
+                before = len(self.events)
+                for event in self.watcher.read():
+                    if len(self.events) >= MAX_PENDING:
+                        self.end(OVERFLOW)
+                        return
+                    self.events.append(event)
+                if len(self.events) == before:
+                    return  # nothing more queued now
+        except WatchEnded as ended:
+            self.end(str(ended))
+
+    def end(self, message: str) -> None:
+        """End the watcher with ``watcher error: <message>``."""
+        if self.error is None:
+            self.error = f"watcher error: {message}"
+        self.close()
+
+    def close(self) -> None:
+        self.watcher.close()
 
 
 class WatcherRegistry:
-    """The agent's watchers: the shared inotify instance and the polling watchers by id."""
+    """The agent's polling watchers by id (each with its own inotify instance)."""
 
     def __init__(self) -> None:
-        self._hub: Optional[InotifyHub] = None
         self._polled: Dict[str, _Polled] = {}
+        self._streams: List[Watcher] = []
 
-    def hub(self) -> InotifyHub:
-        """The agent's inotify instance (created on first use).
-
-        Raises:
-            RpcError: ``internal`` ``error creating watcher: …``.
-        """
-        if self._hub is None:
-            try:
-                self._hub = InotifyHub(asyncio.get_running_loop())
-            except OSError as exc:
-                raise RpcError("internal", f"error creating watcher: {errno_text(exc)}") from None
-        return self._hub
-
-    def watcher(
-        self,
-        path: str,
-        recursive: bool,
-        include_entry: bool,
-        on_event: Callable[[Dict[str, Any]], None],
-        on_error: Callable[[str], None],
-    ) -> Watcher:
-        """A started watcher of ``path`` (already checked with :func:`check_watch_path`).
+    def watcher(self, path: str, recursive: bool, include_entry: bool) -> Watcher:
+        """A started watcher of ``path`` (already checked with :func:`check_watch_path`),
+        for a ``WatchDir`` stream: the caller reads it (:meth:`Watcher.read`) and closes it;
+        :meth:`close` closes it too.
 
         Raises:
             RpcError: it could not be set up.
         """
-        watcher = Watcher(self.hub(), path, recursive, include_entry, on_event, on_error)
+        watcher = Watcher(path, recursive, include_entry)
         watcher.start()
+        self._streams = [w for w in self._streams if not w.closed]
+        self._streams.append(watcher)
         return watcher
 
     def create(self, path: str, recursive: bool, include_entry: bool) -> str:
         """``CreateWatcher``: a polling watcher's id (``w`` + 20 characters)."""
-        polled = _Polled()
-        polled.watcher = self.watcher(
-            path, recursive, include_entry, polled.on_event, polled.on_error
-        )
+        watcher = Watcher(path, recursive, include_entry)
+        watcher.start()
         watcher_id = "w" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(20))
-        self._polled[watcher_id] = polled
+        self._polled[watcher_id] = _Polled(watcher, asyncio.get_running_loop())
         return watcher_id
 
     def _get(self, watcher_id: str) -> _Polled:
@@ -540,17 +616,14 @@ class WatcherRegistry:
         Raises:
             RpcError: ``not_found`` for an unknown id.
         """
-        polled = self._get(watcher_id)
-        if polled.watcher is not None:
-            polled.watcher.close()
+        self._get(watcher_id).close()
         del self._polled[watcher_id]
 
     def close(self) -> None:
-        """Remove every watcher and close the inotify instance."""
+        """Remove every watcher (polling ones and those of open streams)."""
         for polled in self._polled.values():
-            if polled.watcher is not None:
-                polled.watcher.close()
+            polled.close()
         self._polled.clear()
-        if self._hub is not None:
-            self._hub.close()
-            self._hub = None
+        for watcher in self._streams:
+            watcher.close()
+        self._streams.clear()
