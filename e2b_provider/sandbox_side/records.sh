@@ -17,7 +17,8 @@
 # each. With WAIT > 0 it first waits (up to WAIT tenths of a second) until the command has
 # output past OUT or ERR or has ended, so a follower asks again only when there is news.
 # Every file is opened before anything is printed and read through that descriptor, so a
-# generation removed meanwhile is still read whole.
+# generation removed meanwhile is still read whole. A read starts few processes (sed, grep,
+# stat, cat, and a dd per generation it reads from): each costs about a millisecond.
 #
 # list: "LENGTH\n" then meta.json, for each record whose supervisor still runs.
 export LC_ALL=C
@@ -29,11 +30,15 @@ alive() {
   grep -qsxzF -e "$2" "/proc/$1/cmdline"
 }
 
-# pid META: the supervisor's pid in meta.json (as a key, never inside a string: a quote
-# in a JSON string is escaped)
-pid() {
-  sed -n 's/.*[{,][[:space:]]*"pid"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' -- "$1" \
-    2>/dev/null | head -n 1
+# keys META: sets P (the supervisor's pid) and C (the cap) from meta.json, each as a key,
+# never inside a string (a quote in a JSON string is escaped), digits only
+keys() {
+  P=
+  C=
+  eval "$(sed -n -e h \
+    -e 's/.*[{,][[:space:]]*"pid"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/P=\1/p' -e g \
+    -e 's/.*[{,][[:space:]]*"cap"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/C=\1/p' \
+    -- "$1" 2>/dev/null)"
 }
 
 # gens NAME: A and B, the two newest generations of stream NAME in $d (-1: none)
@@ -47,60 +52,71 @@ gens() {
   done
 }
 
-# stream NAME FD-A FD-B OFFSET: opens the stream's two newest generations on the
-# descriptors and sets F (the first offset kept), T (the bytes written), S (where to read
-# from), N (how many bytes to read), GA and GB (the generations open, -1: none)
-stream() {
+# news: whether either stream has had more than $from_out / $from_err bytes (a failed look
+# counts as news: the caller reads what there is)
+news() {
+  gens stdout
+  nb=$B
+  gens stderr
+  eb=$B
+  set --
+  [ "$nb" -lt 0 ] || set -- "$d/stdout.$nb"
+  [ "$eb" -lt 0 ] || set -- "$@" "$d/stderr.$eb"
+  [ $# -gt 0 ] || return 1
+  z=$(stat -c %s -- "$@" 2>/dev/null) || return 0
+  set -- $z
+  if [ "$nb" -ge 0 ]; then [ $((nb * cap + $1)) -le "$from_out" ] || return 0; shift; fi
+  [ "$eb" -ge 0 ] && [ $((eb * cap + $1)) -gt "$from_err" ]
+}
+
+# open NAME FD-A FD-B: opens the stream's two newest generations (consecutive ones) on the
+# descriptors; sets A and B to their numbers (-1: none)
+open() {
   k=0
   while [ $k -lt 5 ]; do
     k=$((k + 1))
     gens "$1"
     [ "$A" -eq $((B - 1)) ] || A=-1
-    GA=$A
-    GB=$B
-    F=0 T=0 S=0 N=0
     [ "$B" -ge 0 ] || return 0
     if [ "$A" -ge 0 ]; then
       eval "command exec $2<\"\$d/\$1.\$A\"" 2>/dev/null || continue
     fi
     eval "command exec $3<\"\$d/\$1.\$B\"" 2>/dev/null || continue
-    z=$(stat -L -c %s "/proc/self/fd/$3") || continue
-    T=$((B * c + z))
-    F=$(((A < 0 ? B : A) * c))
-    if [ "$4" -lt 0 ]; then S=$((T - c)); else S=$4; fi
-    [ "$S" -ge "$F" ] || S=$F
-    N=$((T - S))
-    [ "$N" -le "$m" ] || N=$m
-    [ "$N" -ge 0 ] || N=0
     return 0
   done
   echo "capybara-cmd: the record changed while it was read" >&2
   exit 1
 }
 
-# dump FD-A FD-B GA GB S N: N bytes of the stream from offset S
+# span A B SIZE OFFSET: sets F (the first offset kept), T (the bytes written), S (where to
+# read from) and N (how many bytes, at most $limit) of a stream whose newest generation B
+# has SIZE bytes
+span() {
+  F=0 T=0 S=0 N=0
+  [ "$2" -ge 0 ] || return 0
+  T=$(($2 * cap + $3))
+  F=$((($1 < 0 ? $2 : $1) * cap))
+  if [ "$4" -lt 0 ]; then S=$((T - cap)); else S=$4; fi
+  [ "$S" -ge "$F" ] || S=$F
+  N=$((T - S))
+  [ "$N" -le "$limit" ] || N=$limit
+  [ "$N" -ge 0 ] || N=0
+}
+
+# dump FD-A FD-B A B S N: N bytes of the stream from offset S
 dump() {
   p=$5
   q=$6
   while [ "$q" -gt 0 ]; do
-    g=$((p / c))
-    if [ "$g" -eq "$3" ]; then h=$1; elif [ "$g" -eq "$4" ]; then h=$2; else break; fi
-    l=$(((g + 1) * c - p))
+    g=$((p / cap))
+    if [ "$g" -eq "$3" ]; then h=$1; elif [ "$g" -eq "$4" ]; then h=$2; else exit 1; fi
+    l=$(((g + 1) * cap - p))
     [ "$l" -le "$q" ] || l=$q
-    dd if="/proc/self/fd/$h" bs=65536 iflag=skip_bytes,count_bytes skip=$((p - g * c)) \
+    dd if="/proc/self/fd/$h" bs=65536 iflag=skip_bytes,count_bytes skip=$((p - g * cap)) \
       count="$l" status=none || exit 1
     p=$((p + l))
     q=$((q - l))
   done
-}
-
-# total NAME: sets T to the bytes stream NAME has had
-total() {
-  gens "$1"
-  T=0
-  [ "$B" -ge 0 ] || return 0
-  z=$(stat -c %s -- "$d/$1.$B" 2>/dev/null) || z=0
-  T=$((B * c + z))
 }
 
 if [ "$1" = list ]; then
@@ -108,11 +124,12 @@ if [ "$1" = list ]; then
     id=${d##*/}
     case $id in *[!0-9a-f]*) continue;; esac
     [ ${#id} -eq 32 ] && [ ! -e "$d/status.json" ] && [ -f "$d/meta.json" ] || continue
-    alive "$(pid "$d/meta.json")" "$id" || continue
     command exec 5<"$d/meta.json" 2>/dev/null || continue
+    keys /proc/self/fd/5
+    alive "$P" "$id" || continue
     z=$(stat -L -c %s /proc/self/fd/5) && [ "$z" -le 1048576 ] || continue
     echo "$z"
-    head -c "$z" /proc/self/fd/5
+    cat /proc/self/fd/5
   done
   exit 0
 fi
@@ -121,22 +138,17 @@ id=$2
 case $id in *[!0-9a-f]*) exit 3;; esac
 [ ${#id} -eq 32 ] || exit 3
 d=$records/$id
-[ -f "$d/meta.json" ] || exit 3
-command exec 5<"$d/meta.json" 2>/dev/null || exit 3
-ml=$(stat -L -c %s /proc/self/fd/5) && [ "$ml" -le 1048576 ] || exit 3
-c=$(sed -n 's/.*[{,][[:space:]]*"cap"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' \
-  /proc/self/fd/5 | head -n 1)
-[ -n "$c" ] || c=1048576
-[ "$c" -ge 1 ] || c=1048576
-m=$5
-P=$(pid /proc/self/fd/5)
-if [ "$3" -ge 0 ] && [ "$4" -ge 0 ] && [ ! -e "$d/status.json" ] && alive "$P" "$id"; then
+from_out=$3
+from_err=$4
+limit=$5
+[ -f "$d/meta.json" ] && command exec 5<"$d/meta.json" 2>/dev/null || exit 3
+keys /proc/self/fd/5
+cap=$C
+[ -n "$cap" ] && [ "$cap" -ge 1 ] && [ "$cap" -le 1073741824 ] 2>/dev/null || cap=1048576
+if [ "$from_out" -ge 0 ] && [ "$from_err" -ge 0 ] && [ ! -e "$d/status.json" ] &&
+  alive "$P" "$id"; then
   i=0
-  while [ "$i" -lt "$6" ] && [ ! -e "$d/status.json" ]; do
-    total stdout
-    [ "$T" -le "$3" ] || break
-    total stderr
-    [ "$T" -le "$4" ] || break
+  while [ "$i" -lt "$6" ] && [ ! -e "$d/status.json" ] && ! news; do
     sleep 0.1
     i=$((i + 1))
   done
@@ -145,17 +157,36 @@ fi
 # before it exits, so one found gone without a status never wrote one)
 v=0
 ! alive "$P" "$id" || v=1
-sl=0
+st=0
 if [ -f "$d/status.json" ] && command exec 6<"$d/status.json" 2>/dev/null; then
-  sl=$(stat -L -c %s /proc/self/fd/6) && [ "$sl" -le 1048576 ] || sl=0
+  st=1
   v=0
 fi
-stream stdout 3 4 "$3"
-of=$S ot=$T on=$N oa=$GA ob=$GB
-stream stderr 7 8 "$4"
+open stdout 3 4
+oa=$A ob=$B
+open stderr 7 8
+ea=$A eb=$B
+# one stat for every size: meta.json, status.json, each stream's newest generation
+set -- /proc/self/fd/5
+[ "$st" = 0 ] || set -- "$@" /proc/self/fd/6
+[ "$ob" -lt 0 ] || set -- "$@" /proc/self/fd/4
+[ "$eb" -lt 0 ] || set -- "$@" /proc/self/fd/8
+z=$(stat -L -c %s -- "$@") || exit 1
+set -- $z
+ml=$1
+shift
+[ "$ml" -le 1048576 ] || exit 3
+sl=0
+if [ "$st" = 1 ]; then sl=$1; shift; fi
+[ "$sl" -le 1048576 ] || sl=0
+zo=0
+if [ "$ob" -ge 0 ]; then zo=$1; shift; fi
+ze=${1:-0}
+span "$oa" "$ob" "$zo" "$from_out"
+of=$S ot=$T on=$N
+span "$ea" "$eb" "$ze" "$from_err"
 echo "$v $ml $sl $of $ot $on $S $T $N"
-head -c "$ml" /proc/self/fd/5
-[ "$sl" -eq 0 ] || head -c "$sl" /proc/self/fd/6
+if [ "$sl" -gt 0 ]; then cat /proc/self/fd/5 /proc/self/fd/6; else cat /proc/self/fd/5; fi
 dump 3 4 "$oa" "$ob" "$of" "$on"
-dump 7 8 "$GA" "$GB" "$S" "$N"
+dump 7 8 "$ea" "$eb" "$S" "$N"
 exit 0

@@ -296,7 +296,8 @@ def test_a_read_waits_for_news_and_no_longer(records: Path) -> None:
     cid = uuid.uuid4().hex
     ctl = ctl_in(records)
     go = records.parent / "go"
-    command = f"echo one; while [ ! -e {go} ]; do sleep 0.05; done; echo two"
+    command = (f"echo one; while [ ! -e {go} ]; do sleep 0.05; done; echo two >&2; "
+               f"while [ ! -e {go}2 ]; do sleep 0.05; done; echo three")
     with subprocess.Popen(shell_args(records, cid, ctl, command), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL) as child:
         try:
@@ -313,10 +314,15 @@ def test_a_read_waits_for_news_and_no_longer(records: Path) -> None:
             go.touch()
             t0 = time.monotonic()
             answer, data = read_sh(records, cid, 4, 0, 100, wait=100)  # up to 10 s
-            assert time.monotonic() - t0 < 8 and data.startswith(b"two")
+            assert time.monotonic() - t0 < 8 and data == b"two\n"  # news on stderr
+            assert answer["err"] == [0, 4, 4] and answer["alive"]
+            (records.parent / "go2").touch()
+            t0 = time.monotonic()
+            answer, data = read_sh(records, cid, 4, 4, 100, wait=100)
+            assert time.monotonic() - t0 < 8 and data.startswith(b"three")  # on stdout
             assert child.wait(timeout=30) == 0
-            answer, data = read_sh(records, cid, 8, 0, 100, wait=100)  # ended: at once
-            assert answer["status"]["exit_code"] == 0 and not answer["alive"]
+            answer, data = read_sh(records, cid, 10, 4, 100, wait=100)  # ended: at once
+            assert answer["status"]["exit_code"] == 0 and not answer["alive"] and data == b""
         finally:
             child.kill()
             child.wait()
