@@ -347,3 +347,28 @@ def test_with_python3_the_python_supervisor_runs_alone(
     assert sent.count("POST Start") == 1 and c._frames
     assert not p._background.lacks_python(h.id)
     assert c.wait(timeout=30).stdout == "with python\n"
+
+
+def test_a_shell_supervised_command_is_followed_through_the_file_agent(
+    emulator: Emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle,
+) -> None:
+    """Where python3 runs after all, the file agent reads the shell supervisor's record (the
+    same layout), and a follower without live frames reads it again after a short pause."""
+    p, h = shared_provider, sandbox
+    p._background._mark_no_python(h.id)  # as if its python3 could not run
+    try:
+        c = p.start(h, "for i in 1 2 3; do echo line $i; sleep 0.2; done; echo e >&2; exit 3",
+                    max_output_bytes=4096)
+    finally:
+        with p._background._lock:
+            p._background._no_python.pop(h.id, None)
+    assert not c._frames
+    with E2BSandboxProvider(emulator.config(template="base")) as fresh:
+        late = fresh.attach(h, c.id)
+        assert not fresh._background.lacks_python(h.id) and not late._frames
+        seen: List[str] = []
+        r = late.wait(timeout=60, on_stdout=seen.append)
+        assert fresh._files._agents.sessions()  # read by the file agent
+    assert "".join(seen) == r.stdout == "line 1\nline 2\nline 3\n"
+    assert (r.exit_code, r.stderr, r.truncated) == (3, "e\n", False)
+    assert c.output().stdout == r.stdout
