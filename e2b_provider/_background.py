@@ -23,17 +23,22 @@ Without ``python3`` in the sandbox, the same calls go through shell programs ins
 (POSIX ``sh`` and GNU coreutils, as the library's other scripts): ``start`` first runs the
 python supervisor as above; when envd says it could not run (exit 126 or 127), or the file
 agents already found that the sandbox cannot run ``python3``, the sandbox is remembered
-(for the provider's life: a wrong guess costs only live frames, never a result) and its
-commands get ``supervisor.sh``, which keeps the same record (so either reader reads either
+(a wrong guess costs only live frames, never a result) and its commands get
+``supervisor.sh``, which keeps the same record (so either reader reads either
 supervisor's record) and says ready with the same frame. Records are then read by
 ``records.sh`` (one ``Start`` each, as the sandbox user; its answers are turned into the
 agent's, so one parser serves both), and a follower of a command that has no live frames
-(its meta says ``"supervisor": "sh"``) reads the record over and over instead: each read
-waits in the sandbox up to :data:`POLL_WAIT_SECONDS` for output past what it has or for the
-end, so new output shows within a tenth of a second and an idle command costs one request
-every two seconds. Kill, input and close go through envd and the kill scripts either way.
-The remembering is per sandbox, as ``_files`` remembers a missing tool; the fallback's
-limits are in the README ("Long-running commands").
+(its meta says ``"supervisor": "sh"``) reads the record over and over instead. Rather than
+at a fixed pace, each read waits in the sandbox up to :data:`POLL_WAIT_SECONDS` for output
+past what the follower has or for the end: new output shows within a tenth of a second and
+an idle command costs one request every two seconds, where a fixed 0.25 s poll would cost
+eight and show output 0.125 s later on average. Kill, input and close go through envd and
+the kill scripts either way. The remembering is per sandbox, as ``_files`` remembers a
+missing tool, and not forgotten after a while as the file agents' is (a sandbox seldom
+gains python3; one that does only loses live frames for new commands). The command's text
+travels twice (once as the command, once inside the JSON of its meta, which the client
+encodes so the shell never escapes it), the JSON cut into 64 KiB arguments for Linux's
+128 KiB limit on one. The fallback's limits are in the README ("Long-running commands").
 """
 
 from __future__ import annotations
