@@ -43,10 +43,11 @@ from .conftest import count_requests, root, unique_name
 pytestmark = pytest.mark.integration
 
 #: Runs "$@" with ``/usr`` seen without python3 (the interpreter at $1, which runs the
-#: emulator, kept), in a private mount namespace.
+#: emulator, kept), in a private mount namespace; the overlay's layers go in a new directory
+#: in $2.
 _WITHOUT_PYTHON3 = r"""
 set -e
-keep=$1; d=$2; shift 2
+keep=$1; d=$(mktemp -d "$2/usr.XXXXXX"); shift 2
 mkdir -p "$d/upper/bin" "$d/upper/local/bin" "$d/work"
 for f in /usr/bin/python3* /usr/bin/python /usr/local/bin/python3* /usr/local/bin/python; do
   [ -e "$f" ] || [ -L "$f" ] || continue
@@ -69,9 +70,17 @@ def bare_emu() -> Iterator[Emulator]:
     wrapper.write_text(
         "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c "
         f"{shlex.quote(_WITHOUT_PYTHON3)} sh {shlex.quote(python)} "
-        f"{shlex.quote(str(work / 'usr'))} {shlex.quote(sys.executable)} \"$@\"\n"
+        f"{shlex.quote(str(work))} {shlex.quote(sys.executable)} \"$@\"\n"
     )
     wrapper.chmod(0o755)
+    check = subprocess.run(  # the namespace's /usr has no python3 (and the emulator's own)
+        [str(wrapper), "-c", "import shutil, sys; sys.exit(shutil.which('python3', "
+         "path='/usr/local/bin:/usr/bin:/bin') is not None)"],
+        capture_output=True, text=True, timeout=60,
+    )
+    if check.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.skip(reason=f"cannot hide python3 in a mount namespace: {check.stderr[-300:]}")
     emu = Emulator(startup_timeout=60.0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "executable", str(wrapper))  # how Emulator starts its process
