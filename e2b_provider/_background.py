@@ -18,13 +18,36 @@ the file agent, one request), then envd's ``Connect`` to the supervisor, whose f
 stream offsets, so nothing is shown twice and a gap (frames the supervisor dropped while
 nobody read fast enough) is read from the record. No thread per command: deadlines and
 cancels go through the shared watchdog.
+
+Without ``python3`` in the sandbox, the same calls go through shell programs instead
+(POSIX ``sh`` and GNU coreutils, as the library's other scripts): ``start`` first runs the
+python supervisor as above; when envd says it could not run (exit 126 or 127), or the file
+agents already found that the sandbox cannot run ``python3``, the sandbox is remembered
+(a wrong guess costs only live frames, never a result) and its commands get
+``supervisor.sh``, which keeps the same record (so either reader reads either
+supervisor's record) and says ready with the same frame. Records are then read by
+``records.sh`` (one ``Start`` each, as the sandbox user; its answers are turned into the
+agent's, so one parser serves both), and a follower of a command that has no live frames
+(its meta says ``"supervisor": "sh"``) reads the record over and over instead. Rather than
+at a fixed pace, each read waits in the sandbox up to :data:`POLL_WAIT_SECONDS` for output
+past what the follower has or for the end: new output shows within a tenth of a second and
+an idle command costs one request every two seconds, where a fixed 0.25 s poll would cost
+eight and show output 0.125 s later on average. Kill, input and close go through envd and
+the kill scripts either way. The remembering is per sandbox, as ``_files`` remembers a
+missing tool, and not forgotten after a while as the file agents' is (a sandbox seldom
+gains python3; one that does only loses live frames for new commands). The command's text
+travels twice (once as the command, once inside the JSON of its meta, which the client
+encodes so the shell never escapes it), the JSON cut into 64 KiB arguments for Linux's
+128 KiB limit on one. The fallback's limits are in the README ("Long-running commands").
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -45,7 +68,8 @@ from ._command_records import (
     split_pieces,
     tag_of_control_path,
 )
-from ._context import FILE_OP_TIMEOUT, ProviderContext, script_failed
+from ._context import FILE_OP_TIMEOUT, STDERR_ROOM, ProviderContext, script_failed
+from ._exec import RunOutcome
 from ._messages import describe, mark_worded
 from ._process import DataEvent, EndEvent
 from .cancel import CancelToken, Deadline
@@ -82,6 +106,25 @@ STDIN_PIECE = 256 * 1024
 #: A follower reconnects after a broken stream at most this many times in a row without
 #: progress.
 _RECONNECTS = 3
+#: How long one read of a record may wait in the sandbox for news (output past what the
+#: follower has, or the end) when the command has no live frames (``supervisor.sh``).
+POLL_WAIT_SECONDS = 2.0
+#: The pause between two reads of a record that could not wait in the sandbox (the file
+#: agent's) and brought nothing new.
+_POLL_PAUSE = 0.25
+#: Exit statuses that say the sandbox could not run ``python3`` (not found, not runnable).
+_NO_PYTHON = (126, 127)
+#: Sandboxes remembered as lacking ``python3`` at most (the least recent dropped).
+_MAX_REMEMBERED = 1024
+#: Exit status of ``records.sh read`` for a record that does not exist.
+_ABSENT_EXIT = 3
+#: The longest piece of ``supervisor.sh``'s META in one argument (Linux takes 128 KiB).
+_META_PIECE = 64 * 1024
+#: The most ``records.sh list`` may print (the meta of every command that runs).
+_LIST_MAX = 64 << 20
+#: Room kept for a record's meta.json and status.json in a read's output (each at most
+#: 1 MiB, as the readers take them).
+_RECORD_ROOM = 2 << 20
 
 #: Runs the supervisor with the flag it needs (``${LC_CTYPE+1}``: was ``LC_CTYPE`` set before
 #: Python started, which may add one for itself).
@@ -134,6 +177,11 @@ class _Record:
     alive: bool
     out: Tuple[int, int, bytes]  # first offset returned, stream total, bytes
     err: Tuple[int, int, bytes]
+    waited: bool = False  # the read waited in the sandbox for news (records.sh)
+
+
+class _NoPython(Exception):
+    """envd could not run ``python3`` for the supervisor (exit 126 or 127)."""
 
 
 def _result(status: Optional[Dict[str, Any]], out: KeptOutput, err: KeptOutput) -> ExecResult:
@@ -189,6 +237,8 @@ class Command:
             raise CommandFailed(f"the record of command {self.id} is damaged") from None
         self.tag = tag_of_control_path(self._ctl)
         self.stdin = meta.get("stdin") is True
+        # supervisor.sh writes no live frames: a follower reads the record instead
+        self._frames = meta.get("supervisor") != "sh"
         self._stdin_closed = False
 
     def __repr__(self) -> str:
@@ -329,6 +379,32 @@ class Background:
     def __init__(self, ctx: ProviderContext, agents: FileAgents) -> None:
         self._ctx = ctx
         self._agents = agents
+        self._lock = threading.Lock()
+        # sandboxes whose supervisor could not run python3, most recent last
+        self._no_python: collections.OrderedDict[str, None] = collections.OrderedDict()
+        ctx.on_fork(self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # the facts stay true in a child
+
+    # -- what a sandbox lacks ---------------------------------------------------------------
+
+    def lacks_python(self, sid: str) -> bool:
+        """Whether the sandbox is known to be unable to run ``python3``: its supervisor
+        could not run, or the file agents found so."""
+        with self._lock:
+            if sid in self._no_python:
+                return True
+        return self._agents.unavailable(sid) is not None
+
+    def _mark_no_python(self, sid: str) -> None:
+        log.info("e2b_provider: sandbox %s cannot run python3; background commands use the "
+                 "shell supervisor there", sid)
+        with self._lock:
+            self._no_python[sid] = None
+            self._no_python.move_to_end(sid)
+            while len(self._no_python) > _MAX_REMEMBERED:
+                self._no_python.popitem(last=False)
 
     # -- start ------------------------------------------------------------------------------
 
@@ -346,75 +422,134 @@ class Background:
         cancel: Optional[CancelToken],
     ) -> Command:
         ctl = scripts.control_path(tag)
-        cid = uuid.uuid4().hex
         seconds = "0" if timeout is None else str(math.ceil(timeout))
-        args = ["-c", _LAUNCH, "capybara-bg", source("supervisor"), cid, ctl, seconds,
-                str(max_output_bytes), "1" if stdin else "0", scripts.LEAN_EXEC_WRAPPER,
-                command]
         need = FILE_OP_TIMEOUT if timeout is None else math.ceil(timeout) + FILE_OP_TIMEOUT
+
+        def python_args(cid: str) -> List[str]:
+            return ["-c", _LAUNCH, "capybara-bg", source("supervisor"), cid, ctl, seconds,
+                    str(max_output_bytes), "1" if stdin else "0", scripts.LEAN_EXEC_WRAPPER,
+                    command]
+
+        def shell_args(cid: str) -> List[str]:
+            cap = max(1024, max_output_bytes)
+            known = json.dumps({"id": cid, "command": command, "ctl": ctl, "cap": cap,
+                                "stdin": stdin, "timeout": float(seconds),
+                                "supervisor": "sh"})
+            # without its closing brace, in pieces that each fit in one argument
+            head = known[:-1]
+            pieces = [head[i:i + _META_PIECE] for i in range(0, len(head), _META_PIECE)]
+            return ["-c", source("supervisor.sh"), "capybara-bg", cid, ctl, seconds, str(cap),
+                    scripts.LEAN_EXEC_WRAPPER, command, *pieces]
 
         def run(target: Target) -> Command:
             deadline = Deadline.after(START_SECONDS)
-            stream = self._ctx.envd(target).start(
-                user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, envs=env,
-                cwd=cwd if cwd is not None else "/workspace",
-                keepalive_seconds=self._ctx.bounds.keepalive, token=cancel,
-                tag=COMMAND_TAG_PREFIX + cid, stdin=stdin,
-            )
-            with _Guard(self._ctx, stream, deadline, cancel):
-                decoder = FrameDecoder()
-                stderr = bytearray()
-                for ev in stream:
-                    if isinstance(ev, DataEvent):
-                        if ev.stderr and len(stderr) < 8192:
-                            stderr += ev.stderr
-                        for frame in decoder.feed(ev.stdout):
-                            if frame.kind == "r":
-                                meta = json.loads(frame.data.decode("utf-8"))
-                                return Command(self, sid, cid, meta)
-                    elif isinstance(ev, EndEvent):
-                        text = stderr.decode("utf-8", "replace").strip()
-                        raise CommandFailed(
-                            "the background command could not be started (exit "
-                            f"{ev.exit_code}): {text[-500:] or 'no message'}; it needs "
-                            "python3 in the sandbox",
-                            exit_code=ev.exit_code, stderr=text[-2000:],
-                        )
-            raise CommandFailed("the background command's supervisor ended without a word")
+            if not self.lacks_python(sid):
+                cid = uuid.uuid4().hex
+                try:
+                    return self._supervise(sid, target, cid, python_args(cid), env, cwd,
+                                           stdin, deadline, cancel, python=True)
+                except _NoPython:
+                    self._mark_no_python(sid)
+            cid = uuid.uuid4().hex  # a fresh one: nothing of the first try can be in the way
+            return self._supervise(sid, target, cid, shell_args(cid), env, cwd, stdin,
+                                   deadline, cancel, python=False)
 
         return self._ctx.on_target(sid, cancel, run, need=need)
+
+    def _supervise(
+        self, sid: str, target: Target, cid: str, args: List[str], env: Dict[str, str],
+        cwd: Optional[str], stdin: bool, deadline: Deadline, cancel: Optional[CancelToken],
+        *, python: bool,
+    ) -> Command:
+        """Start one supervisor and read its stream up to its ready frame.
+
+        Raises:
+            _NoPython: ``python`` and envd could not run ``python3``.
+            CommandFailed: the supervisor ended before it said it was ready.
+        """
+        stream = self._ctx.envd(target).start(
+            user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, envs=env,
+            cwd=cwd if cwd is not None else "/workspace",
+            keepalive_seconds=self._ctx.bounds.keepalive, token=cancel,
+            tag=COMMAND_TAG_PREFIX + cid, stdin=stdin,
+        )
+        with _Guard(self._ctx, stream, deadline, cancel):
+            decoder = FrameDecoder()
+            stderr = bytearray()
+            for ev in stream:
+                if isinstance(ev, DataEvent):
+                    if ev.stderr and len(stderr) < 8192:
+                        stderr += ev.stderr
+                    for frame in decoder.feed(ev.stdout):
+                        if frame.kind == "r":
+                            meta = json.loads(frame.data.decode("utf-8"))
+                            return Command(self, sid, cid, meta)
+                elif isinstance(ev, EndEvent):
+                    if python and ev.exit_code in _NO_PYTHON:
+                        raise _NoPython()
+                    text = stderr.decode("utf-8", "replace").strip()
+                    raise CommandFailed(
+                        "the background command could not be started (exit "
+                        f"{ev.exit_code}): {text[-500:] or 'no message'}",
+                        exit_code=ev.exit_code, stderr=text[-2000:],
+                    )
+        raise CommandFailed("the background command's supervisor ended without a word")
 
     # -- records ----------------------------------------------------------------------------
 
     def read(
         self, sid: str, cid: str, out_from: int, err_from: int, limit: int,
-        cancel: Optional[CancelToken],
+        cancel: Optional[CancelToken], wait: float = 0.0,
     ) -> _Record:
         """The command's record, and its output from the given offsets (-1: the last
-        ``limit`` bytes kept)."""
-        deadline = Deadline.after(FILE_OP_TIMEOUT)
+        ``limit`` bytes kept). ``wait``: the longest the sandbox may wait, when both
+        offsets are given, for output past them or for the end (only ``records.sh`` can;
+        :attr:`_Record.waited` says whether it did)."""
         fields = {"cid": cid, "out": out_from, "err": err_from, "max": limit}
-        try:
-            got = self._ctx.on_target(
-                sid, cancel,
-                lambda _t: self._agents.call(sid, "cmd_read", fields, deadline=deadline,
-                                             cancel=cancel),
-            )
-        except AgentUnavailable as exc:
-            raise CommandFailed(f"cannot read background commands' records: {exc}") from None
-        a = got.answer
-        if a.get("absent"):
+        waited = False
+        if self.lacks_python(sid):
+            answer, data, waited = self._read_by_script(sid, fields, cancel, wait)
+        else:
+            deadline = Deadline.after(FILE_OP_TIMEOUT)
+            try:
+                got = self._ctx.on_target(
+                    sid, cancel,
+                    lambda _t: self._agents.call(sid, "cmd_read", fields, deadline=deadline,
+                                                 cancel=cancel),
+                )
+                answer, data = got.answer, got.data
+            except AgentUnavailable:
+                answer, data, waited = self._read_by_script(sid, fields, cancel, wait)
+        if answer.get("absent"):
             raise CommandNotFound(
                 f"no background command {command_id(sid, cid)} in sandbox {sid} (was it "
                 "started in this sandbox, through start?)"
             )
-        if "error" in a:
+        if "error" in answer:
             raise CommandFailed(f"cannot read the record of command {command_id(sid, cid)}: "
-                                f"{a.get('message', a['error'])}")
-        o, e = a["out"], a["err"]
-        out_data, err_data = split_pieces(got.data, [int(o[2]), int(e[2])])
-        return _Record(a["meta"], a.get("status"), bool(a.get("alive")),
-                       (int(o[0]), int(o[1]), out_data), (int(e[0]), int(e[1]), err_data))
+                                f"{answer.get('message', answer['error'])}")
+        o, e = answer["out"], answer["err"]
+        out_data, err_data = split_pieces(data, [int(o[2]), int(e[2])])
+        return _Record(answer["meta"], answer.get("status"), bool(answer.get("alive")),
+                       (int(o[0]), int(o[1]), out_data), (int(e[0]), int(e[1]), err_data),
+                       waited)
+
+    def _read_by_script(
+        self, sid: str, fields: Dict[str, Any], cancel: Optional[CancelToken], wait: float,
+    ) -> Tuple[Dict[str, Any], bytes, bool]:
+        """``cmd_read`` by ``records.sh``: the file agent's answer and data, and whether
+        the script could wait for news."""
+        cid = str(fields["cid"])
+        limit = int(fields["max"])
+        tenths = max(0, min(int(wait * 10), 600))
+        args = ["-c", source("records.sh"), "capybara-cmd", "read", cid, str(fields["out"]),
+                str(fields["err"]), str(limit), str(tenths)]
+        r = self._ctx.script_on(sid, args, cancel,
+                                max_output_bytes=2 * limit + _RECORD_ROOM + STDERR_ROOM)
+        if r.exit_code == _ABSENT_EXIT:
+            return {"absent": True}, b"", False
+        answer, data = _parse_read(r, command_id(sid, cid))
+        return answer, data, tenths > 0
 
     def attach(self, sid: str, value: str, cancel: Optional[CancelToken]) -> Command:
         owner, cid = parse_command_id(value)
@@ -426,17 +561,22 @@ class Background:
         return Command(self, sid, cid, r.meta)
 
     def list(self, sid: str, cancel: Optional[CancelToken]) -> List[CommandInfo]:
-        deadline = Deadline.after(FILE_OP_TIMEOUT)
-        try:
-            got = self._ctx.on_target(
-                sid, cancel,
-                lambda _t: self._agents.call(sid, "cmd_list", {}, deadline=deadline,
-                                             cancel=cancel),
-            )
-        except AgentUnavailable as exc:
-            raise CommandFailed(f"cannot list background commands: {exc}") from None
+        metas: List[Any]
+        if self.lacks_python(sid):
+            metas = self._list_by_script(sid, cancel)
+        else:
+            deadline = Deadline.after(FILE_OP_TIMEOUT)
+            try:
+                got = self._ctx.on_target(
+                    sid, cancel,
+                    lambda _t: self._agents.call(sid, "cmd_list", {}, deadline=deadline,
+                                                 cancel=cancel),
+                )
+                metas = got.answer.get("commands") or []
+            except AgentUnavailable:
+                metas = self._list_by_script(sid, cancel)
         out = []
-        for meta in got.answer.get("commands") or []:
+        for meta in metas:
             try:
                 out.append(CommandInfo(
                     id=command_id(sid, str(meta["id"])), pid=int(meta["pid"]),
@@ -447,6 +587,14 @@ class Background:
             except (KeyError, TypeError, ValueError):
                 continue  # a record the sandbox user altered: not ours to show
         return sorted(out, key=lambda c: c.started_at)
+
+    def _list_by_script(self, sid: str, cancel: Optional[CancelToken]) -> List[Any]:
+        """``cmd_list`` by ``records.sh``: the meta of each command that still runs."""
+        args = ["-c", source("records.sh"), "capybara-cmd", "list"]
+        r = self._ctx.script_on(sid, args, cancel, max_output_bytes=_LIST_MAX)
+        if r.exit_code != 0 or r.truncated:
+            raise script_failed("cannot list background commands", r)
+        return _parse_list(r.stdout)
 
     # -- following --------------------------------------------------------------------------
 
@@ -506,6 +654,65 @@ class Background:
         r = self._ctx.script_on(cmd.sandbox_id, args, cancel)
         if r.exit_code != 0:
             raise script_failed(f"cannot kill command {cmd.id}", r)
+
+
+def _load_json(raw: bytes) -> Optional[Dict[str, Any]]:
+    """A JSON object, or None (not JSON, or not an object), as the file agent loads one."""
+    try:
+        value = json.loads(raw.decode("utf-8", "surrogateescape"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _parse_read(r: RunOutcome, what: str) -> Tuple[Dict[str, Any], bytes]:
+    """What ``records.sh read`` printed (exit 0), as the file agent's ``cmd_read`` answer
+    and data: ``{"meta", "status", "alive", "out": [first, total, length], "err": [...]}``.
+
+    Raises:
+        CommandFailed: the script failed.
+        ProtocolError: its output is not what it prints.
+    """
+    if r.exit_code != 0 or r.truncated:
+        raise script_failed(f"cannot read the record of command {what}", r)
+    line, sep, rest = r.stdout.partition(b"\n")
+    try:
+        alive, meta_len, status_len, *streams = (int(w) for w in line.split())
+    except ValueError:
+        alive = meta_len = status_len = -1
+        streams = []
+    if (not sep or len(streams) != 6 or min(meta_len, status_len, *streams) < 0
+            or len(rest) != meta_len + status_len + streams[2] + streams[5]):
+        raise ProtocolError(f"the record of command {what} was read as something else")
+    meta = _load_json(rest[:meta_len])
+    if meta is None:
+        return {"absent": True}, b""  # as the agent takes a meta.json that is not JSON
+    status = _load_json(rest[meta_len:meta_len + status_len]) if status_len else None
+    answer = {"meta": meta, "status": status, "alive": alive == 1 and status is None,
+              "out": streams[:3], "err": streams[3:]}
+    return answer, rest[meta_len + status_len:]
+
+
+def _parse_list(out: bytes) -> List[Dict[str, Any]]:
+    """What ``records.sh list`` printed (``LENGTH\\n`` and a meta.json, each command that
+    runs), as the file agent's ``cmd_list`` gives it: the metas that are JSON objects.
+
+    Raises:
+        ProtocolError: the output is not what it prints.
+    """
+    metas = []
+    pos = 0
+    while pos < len(out):
+        nl = out.find(b"\n", pos)
+        head = out[pos:nl] if nl >= 0 else b""
+        if not head.isdigit() or len(out) < nl + 1 + int(head):
+            raise ProtocolError("the list of background commands was read as something else")
+        end = nl + 1 + int(head)
+        meta = _load_json(out[nl + 1:end])
+        if meta is not None:
+            metas.append(meta)
+        pos = end
+    return metas
 
 
 class _Guard:
@@ -571,16 +778,21 @@ class _Follower:
             if piece:
                 cb(piece)
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, wait: float = 0.0) -> bool:
         """Read the record from where each stream was read to (at first: the last bytes
-        kept) and deliver what is new; note the end if the record has it."""
+        kept) and deliver what is new; note the end if the record has it. ``wait``: the
+        first read may wait that long in the sandbox for news (see :meth:`Background.read`).
+        Returns whether it did."""
         out, err = self.kept["o"], self.kept["e"]
+        waited = False
         while True:
             r = self.owner.read(
                 self.cmd.sandbox_id, self.cmd._cid,
                 out.end if out.known else -1, err.end if err.known else -1,
-                self.cmd._cap, self.cancel,
+                self.cmd._cap, self.cancel, wait if out.known and err.known else 0.0,
             )
+            waited = waited or r.waited
+            wait = 0.0
             for kind, (first, _total, data) in (("o", r.out), ("e", r.err)):
                 kept = self.kept[kind]
                 if not kept.known or first > kept.end:
@@ -592,10 +804,10 @@ class _Follower:
             if r.status is None:
                 if not r.alive:
                     self.ended = True  # its supervisor is gone without a status: a restart
-                return
+                return waited
             self._ended(r.status)
             if self._complete() or not (r.out[2] or r.err[2]):
-                return
+                return waited
 
     def _ended(self, status: Dict[str, Any]) -> None:
         self.status = status
@@ -613,6 +825,9 @@ class _Follower:
     def run(self) -> ExecResult:
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
+        if not self.cmd._frames:
+            self._poll()
+            return self._finish()
         failures = 0
         while True:
             error: Optional[E2BProviderError] = None
@@ -633,17 +848,38 @@ class _Follower:
                     raise error
                 log.info("e2b_provider: following command %s: %s; connecting again",
                          self.cmd.id, error)
-                pause = min(0.2 * failures, max(0.0, self.deadline.remaining()))
-                if self.cancel is not None:
-                    self.cancel.wait(pause)
-                else:
-                    time.sleep(pause)
+                self._pause(0.2 * failures)
+        return self._finish()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` at most up to the deadline; a cancel cuts it short."""
+        pause = min(seconds, max(0.0, self.deadline.remaining()))
+        if self.cancel is not None:
+            self.cancel.wait(pause)
+        else:
+            time.sleep(pause)
+
+    def _finish(self) -> ExecResult:
         for cb, text in self.live.values():
             if cb is not None:
                 rest = text.finish(False)
                 if rest:
                     cb(rest)
         return _result(self.status, self.kept["o"], self.kept["e"])
+
+    def _poll(self) -> None:
+        """Follow a command without live frames (``supervisor.sh``'s): read its record until
+        it ended, each read waiting in the sandbox for news when it can, else pausing
+        :data:`_POLL_PAUSE` after a read that brought nothing."""
+        out, err = self.kept["o"], self.kept["e"]
+        self._catch_up()
+        while not self.ended:
+            self._check()
+            before = (out.end, err.end)
+            wait = min(POLL_WAIT_SECONDS, self.deadline.remaining())
+            waited = self._catch_up(wait)
+            if not self.ended and not waited and (out.end, err.end) == before:
+                self._pause(_POLL_PAUSE)
 
     def _connect_once(self) -> None:
         """Follow the supervisor's frames until its last one (or the stream's end)."""

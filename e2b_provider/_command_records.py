@@ -1,10 +1,11 @@
 """Background commands' formats, without I/O: ids, supervisor frames, kept output.
 
 This module owns what the library and a background command's supervisor
-(:mod:`e2b_provider.sandbox_side.supervisor`) agree on: the command id a user passes
-between processes (``<sandbox id>:<32 hex>``), the frames the supervisor writes on its
-standard output for live followers (:class:`FrameDecoder`), and :class:`KeptOutput`, the
-last bytes of one stream as a follower assembles them from the record and the frames.
+(:mod:`e2b_provider.sandbox_side.supervisor`, or ``supervisor.sh`` beside it where the
+sandbox has no ``python3``: the same record and ready frame) agree on: the command id a
+user passes between processes (``<sandbox id>:<32 hex>``), the frames the supervisor writes
+on its standard output for live followers (:class:`FrameDecoder`), and :class:`KeptOutput`,
+the last bytes of one stream as a follower assembles them from the record and the frames.
 """
 
 from __future__ import annotations

@@ -717,8 +717,9 @@ class E2BSandboxProvider:
         keeps the last ``max_output_bytes`` of its stdout and, separately, of its stderr
         (for a server the latest lines matter most), and its exit status once it ended,
         until the sandbox is destroyed, also through a pause and resume: any process can
-        :meth:`attach` to it by its ``id``. It needs ``python3`` in the sandbox (E2B's
-        base image has it): a small supervisor process keeps the record.
+        :meth:`attach` to it by its ``id``. A small supervisor process keeps the record:
+        ``python3``'s, or, in a sandbox without ``python3``, a shell one (the same record,
+        read by polling: see the README, "Long-running commands").
 
         Args:
             sandbox: the handle or sandbox id.
@@ -740,7 +741,8 @@ class E2BSandboxProvider:
 
         Raises:
             InvalidArgument: bad arguments (before any I/O).
-            CommandFailed: the supervisor could not start (no ``python3``, say).
+            CommandFailed: the supervisor could not start (the records' directory is not
+                the sandbox user's own, say).
             Cancelled, SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
         """
         self._check_open()

@@ -12,6 +12,12 @@ run it locally).
 * :mod:`.supervisor` — a background command's supervisor: runs it under the exec
   wrapper, keeps its last output and its exit status in a record, and writes frames for
   live followers.
+
+Two shell programs (POSIX ``sh`` and GNU coreutils) stand in for them where the sandbox has
+no ``python3``; the provider sends their text to ``/bin/sh -c``:
+
+* ``supervisor.sh`` — the same supervisor, writing the same record, without live frames.
+* ``records.sh`` — the file agent's ``cmd_read`` and ``cmd_list`` over those records.
 """
 
 from __future__ import annotations
@@ -24,13 +30,18 @@ __all__ = ["source"]
 
 @functools.cache
 def source(module: str) -> str:
-    """The text of the sandbox-side program ``module`` (e.g. ``"file_agent"``).
+    """The text of the sandbox-side program ``module`` (e.g. ``"file_agent"``, or a shell
+    program by its file name, ``"supervisor.sh"``).
 
     Raises:
         ValueError: ``module`` is not one of this package's programs.
     """
-    if module not in ("file_agent", "supervisor"):
+    if module in ("file_agent", "supervisor"):
+        name = module + ".py"
+    elif module in ("supervisor.sh", "records.sh"):
+        name = module
+    else:
         raise ValueError(f"no sandbox-side program named {module!r}")
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), module + ".py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     with open(path, encoding="utf-8") as f:
         return f.read()

@@ -1,0 +1,383 @@
+"""Background commands in a sandbox without python3, against the emulator: every call goes
+through the shell supervisor and the shell record readers, and does what it does with
+python3 (start with stdin, tag and timeout, live follow, output and its cap, running,
+attach from another provider and another process, commands, input, kill, kill_all,
+kill_tagged, the README's dev-server flow); the sandbox is remembered after one failed start.
+
+A sandbox's root cannot remove python3 here: ``/usr`` is an overlay whose lower layer is the
+host's, owned by a user the sandbox does not map, and the sandbox may not mount. So these
+tests run their own emulator, started (as root) in a mount namespace whose ``/usr`` is an
+overlay without ``python3`` (whiteouts): its sandboxes' ``/usr`` lies on top of that one.
+The emulator's own envd keeps running, from the interpreter it binds outside ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+import pytest
+from waiting import wait_until
+
+from e2b_provider import (
+    Cancelled,
+    CancelToken,
+    CommandEnded,
+    E2BSandboxProvider,
+    InvalidArgument,
+    OperationTimeout,
+    SandboxHandle,
+)
+from e2b_provider.emulator import Emulator, EmulatorUnavailable
+
+from .conftest import count_requests, root, unique_name
+
+pytestmark = pytest.mark.integration
+
+#: Runs "$@" with ``/usr`` seen without python3 (the interpreter at $1, which runs the
+#: emulator, kept), in a private mount namespace; the overlay's layers go in a new directory
+#: in $2.
+_WITHOUT_PYTHON3 = r"""
+set -e
+keep=$1; d=$(mktemp -d "$2/usr.XXXXXX"); shift 2
+mkdir -p "$d/upper/bin" "$d/upper/local/bin" "$d/work"
+for f in /usr/bin/python3* /usr/bin/python /usr/local/bin/python3* /usr/local/bin/python; do
+  [ -e "$f" ] || [ -L "$f" ] || continue
+  [ "$(readlink -f -- "$f")" != "$keep" ] || [ -L "$f" ] || continue
+  mknod "$d/upper/${f#/usr/}" c 0 0
+done
+mount -t overlay overlay -o "lowerdir=/usr,upperdir=$d/upper,workdir=$d/work" /usr
+exec "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_emu() -> Iterator[Emulator]:
+    """An emulator whose sandboxes have no python3 (skipped where that cannot be made)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip(reason="needs root and unshare(1) to hide python3 from the sandboxes")
+    work = Path(tempfile.mkdtemp(prefix="e2b-nopython-"))
+    python = os.path.realpath(sys.executable)
+    wrapper = work / "python"
+    wrapper.write_text(
+        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c "
+        f"{shlex.quote(_WITHOUT_PYTHON3)} sh {shlex.quote(python)} "
+        f"{shlex.quote(str(work))} {shlex.quote(sys.executable)} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    check = subprocess.run(  # the namespace's /usr has no python3 (and the emulator's own)
+        [str(wrapper), "-c", "import shutil, sys; sys.exit(shutil.which('python3', "
+         "path='/usr/local/bin:/usr/bin:/bin') is not None)"],
+        capture_output=True, text=True, timeout=60,
+    )
+    if check.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.skip(reason=f"cannot hide python3 in a mount namespace: {check.stderr[-300:]}")
+    emu = Emulator(startup_timeout=60.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "executable", str(wrapper))  # how Emulator starts its process
+        try:
+            emu.start()
+        except EmulatorUnavailable as exc:
+            shutil.rmtree(work, ignore_errors=True)
+            pytest.skip(reason=f"local E2B emulator unavailable: {exc}")
+    try:
+        yield emu
+    finally:
+        emu.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bare(bare_emu: Emulator) -> Iterator[Tuple[E2BSandboxProvider, SandboxHandle]]:
+    """A provider and a sandbox without python3 (checked as the sandbox user)."""
+    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+        h = p.create(unique_name("nopy"))
+        try:
+            r = p.exec(h, "command -v python3 || echo none")
+            assert r.stdout == "none\n", r
+            yield p, h
+        finally:
+            p.destroy(h)
+
+
+def _alive(p: E2BSandboxProvider, h: SandboxHandle, *pgrep: str) -> List[str]:
+    return root(p, h, "pgrep " + " ".join(pgrep) + " || true").split()
+
+
+def test_start_follows_live_lists_and_ends_with_the_exit_code(
+    bare: Tuple[E2BSandboxProvider, SandboxHandle],
+) -> None:
+    p, h = bare
+    go = f"/tmp/go-{unique_name()}"
+    c = p.start(h, f"for i in 1 2 3; do echo out $i; echo err $i >&2; "
+                   f"while [ ! -e {go}-$i ]; do sleep 0.05; done; done; exit 4", tag="web-1")
+    assert c.id.startswith(f"{h.id}:") and c.tag == "web-1" and c.pid > 0
+    assert not c._frames  # the shell supervisor's
+    listed = {info.id: info for info in p.commands(h)}
+    assert listed[c.id].pid == c.pid and listed[c.id].tag == "web-1"
+    assert listed[c.id].command == c.command and abs(listed[c.id].started_at - time.time()) < 60
+    assert c.running
+    seen: List[str] = []
+
+    def on_out(text: str) -> None:
+        seen.append(text)
+        n = "".join(seen).count("\n")
+        if n <= 3:
+            p.write_file(h, f"{go}-{n}", b"")  # let the command go on, one line at a time
+
+    r = c.wait(timeout=60, on_stdout=on_out)
+    assert "".join(seen) == r.stdout == "out 1\nout 2\nout 3\n"
+    assert r.stderr == "err 1\nerr 2\nerr 3\n"
+    assert (r.exit_code, r.timed_out, r.cancelled, r.truncated) == (4, False, False, False)
+    assert not c.running and c.id not in {i.id for i in p.commands(h)}
+    assert c.output().stdout == r.stdout
+    assert c.wait(timeout=5) == r  # the record stays: waiting again is the same answer
+    cid = c.id.rsplit(":", 1)[1]
+    listing = root(p, h, f"stat -c '%U %a' /tmp/.capybara-cmd /tmp/.capybara-cmd/{cid}")
+    assert listing.split("\n")[:2] == ["sandbox 700", "sandbox 700"], listing
+
+
+def test_stdin_round_trip_and_its_close(bare: Tuple[E2BSandboxProvider, SandboxHandle]) -> None:
+    p, h = bare
+    data = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    c = p.start(h, "cat", stdin=True, max_output_bytes=2 << 20)
+    assert c.stdin
+    c.send_stdin(data[: 1 << 19])
+    c.send_stdin(data[1 << 19 :])
+    c.close_stdin()
+    c.close_stdin()  # again: nothing
+    r = c.wait(timeout=60)
+    assert r.exit_code == 0 and not r.truncated
+    assert r.stdout == data.decode("utf-8", "replace")
+    with pytest.raises(InvalidArgument, match="closed"):
+        c.send_stdin(b"more")
+    with pytest.raises(CommandEnded):
+        p.attach(h, c.id).send_stdin(b"more")
+    fed = p.start(h, "read -r line; echo got $line", stdin=True)
+    fed.send_stdin("héllo\n")
+    assert fed.wait(timeout=30).stdout == "got héllo\n"
+    plain = p.start(h, "cat")
+    with pytest.raises(InvalidArgument, match="without stdin=True"):
+        plain.send_stdin(b"x")
+    assert plain.wait(timeout=30).exit_code == 0  # /dev/null: cat ends at once
+
+
+def test_kill_timeout_and_the_tail_of_long_output(
+    bare: Tuple[E2BSandboxProvider, SandboxHandle],
+) -> None:
+    p, h = bare
+    c = p.start(h, "echo started; sleep 300")
+    wait_until(lambda: c.output().stdout == "started\n", 30, "the command's first line")
+    c.kill()
+    r = c.wait(timeout=30)
+    assert (r.exit_code, r.cancelled, r.timed_out, r.stdout) == (None, True, False, "started\n")
+    c.kill()  # ended: nothing to do
+    t = p.start(h, "sleep 300", timeout=1)
+    r = t.wait(timeout=60)
+    assert r.timed_out and r.exit_code is None and not r.cancelled
+    big = p.start(h, "seq 1 300000", max_output_bytes=64 * 1024)
+    r = big.wait(timeout=60)
+    assert r.truncated and r.exit_code == 0
+    assert r.stdout.endswith("299999\n300000\n") and len(r.stdout) == 64 * 1024
+    out = big.output()
+    assert out.stdout == r.stdout and out.truncated and out.stderr == ""
+    files = root(p, h, f"ls /tmp/.capybara-cmd/{big.id.rsplit(':', 1)[1]}").split()
+    assert files == ["meta.json", "status.json", "stdout.29", "stdout.30"]  # the cap is kept
+
+
+def test_stopping_a_wait_leaves_the_command_running(
+    bare: Tuple[E2BSandboxProvider, SandboxHandle],
+) -> None:
+    p, h = bare
+    c = p.start(h, "echo tick; sleep 300")
+    t0 = time.monotonic()
+    with pytest.raises(OperationTimeout, match="still runs"):
+        c.wait(timeout=0.5)
+    assert time.monotonic() - t0 < 5
+    token = CancelToken()
+    threading.Timer(0.3, token.cancel).start()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        c.wait(cancel=token)  # while a read waits in the sandbox for news
+    assert time.monotonic() - t0 < 2
+
+    def interrupt(text: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        c.wait(timeout=30, on_stdout=interrupt)
+    assert c.running and c.id in {i.id for i in p.commands(h)}
+    c.kill()
+    r = c.wait(timeout=30)
+    assert r.cancelled and r.stdout == "tick\n"
+
+
+_STARTER = """
+import sys
+from e2b_provider import DeploymentConfig, E2BSandboxProvider
+cfg = DeploymentConfig(api_key=sys.argv[1], template="base", api_url=sys.argv[2],
+                       sandbox_url=sys.argv[3])
+with E2BSandboxProvider(cfg) as p:
+    c = p.start(sys.argv[4], "for i in $(seq 1 200); do echo line $i; done; "
+                "echo oops >&2; sleep 1; exit 7")
+    print(c.id, flush=True)
+"""
+
+
+def test_another_process_and_another_provider_attach(
+    bare_emu: Emulator, bare: Tuple[E2BSandboxProvider, SandboxHandle],
+) -> None:
+    p, h = bare
+    starter = subprocess.run(
+        [sys.executable, "-c", _STARTER, bare_emu.api_key, bare_emu.api_url,
+         bare_emu.sandbox_url, h.id],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    cid = starter.stdout.strip()
+    with E2BSandboxProvider(bare_emu.config(template="base")) as fresh:
+        c = fresh.attach(h, cid)  # knows nothing of the sandbox yet: the agent cannot run
+        assert c.command.startswith("for i in") and c.id == cid and not c._frames
+        r = c.wait(timeout=60)
+    assert r.exit_code == 7
+    assert r.stdout == "".join(f"line {i}\n" for i in range(1, 201)) and r.stderr == "oops\n"
+    assert p.attach(h, cid).wait(timeout=10) == r
+
+
+_CRASHER = """
+import os, sys
+from e2b_provider import DeploymentConfig, E2BSandboxProvider
+cfg = DeploymentConfig(api_key=sys.argv[1], template="base", api_url=sys.argv[2],
+                       sandbox_url=sys.argv[3])
+p = E2BSandboxProvider(cfg)
+ids = [p.start(sys.argv[4], cmd).id for cmd in (
+    "sleep 300", "setsid sleep 301 & sleep 302", "(sleep 303 &); sleep 304")]
+print(" ".join(ids), flush=True)
+os._exit(9)  # a crash: nothing closed, nothing cleaned up
+"""
+
+
+def test_kill_all_after_a_client_crash_and_kill_tagged(bare_emu: Emulator) -> None:
+    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+        h = p.create(unique_name("nopycrash"))
+        try:
+            crashed = subprocess.run(
+                [sys.executable, "-c", _CRASHER, bare_emu.api_key, bare_emu.api_url,
+                 bare_emu.sandbox_url, h.id], capture_output=True, text=True, timeout=120,
+            )
+            assert crashed.returncode == 9, crashed.stderr
+            ids = crashed.stdout.split()
+            assert len(ids) == 3
+            wait_until(lambda: len(_alive(p, h, "-x", "sleep")) == 5, 30, "the five sleeps")
+            assert {i.id for i in p.commands(h)} == set(ids)
+            p.kill_all(h)
+            wait_until(lambda: not _alive(p, h, "-x", "sleep"), 30, "no command left")
+            wait_until(lambda: not _alive(p, h, "-f", "'capybara-b[g] '"), 30,
+                       "no supervisor left")
+            wait_until(lambda: not _alive(p, h, "-x", "split"), 30, "no output keeper left")
+            assert p.commands(h) == []
+            for cid in ids:  # each end is recorded, by the supervisor that watched it
+                r = p.attach(h, cid).wait(timeout=10)
+                assert r.exit_code == 137 and not r.cancelled
+            mine = p.start(h, "sleep 300", tag="holder-a")
+            other = p.start(h, "sleep 300", tag="holder-b")
+            p.kill_tagged(h, ["holder-a"])
+            r = mine.wait(timeout=30)
+            assert r.exit_code == 137 and not r.cancelled
+            assert other.running
+            other.kill()
+            assert other.wait(timeout=30).cancelled
+        finally:
+            p.destroy(h)
+
+
+#: The README's dev-server example with a server that needs no python3 (perl's).
+_PERL_SERVER = (
+    "perl -MIO::Socket::INET -e '$| = 1; my $s = IO::Socket::INET->new(LocalAddr => "
+    "q(127.0.0.1:8000), Listen => 5, ReuseAddr => 1) or die; while (my $c = $s->accept) "
+    "{ my $l = <$c>; $l =~ s/\\r?\\n$//; print STDERR qq(\"$l\" 200\\n); "
+    "print $c qq(HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok); close $c }'"
+)
+
+
+def test_the_readme_dev_server_flow(bare: Tuple[E2BSandboxProvider, SandboxHandle]) -> None:
+    p, h = bare
+    server = p.start(h, _PERL_SERVER, tag="dev-server")
+    up = p.exec(h, "for i in $(seq 100); do (: < /dev/tcp/127.0.0.1/8000) 2>/dev/null "
+                   "&& exit 0; sleep 0.1; done; exit 1")
+    assert up.ok
+    page = p.exec(h, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/")
+    assert page.stdout == "200"
+    assert server.id in [c.id for c in p.commands(h)]
+    wait_until(lambda: '"GET / HTTP/1.1" 200' in server.output().stderr, 30, "the log line")
+    server.kill()
+    assert server.wait().cancelled
+    assert server.id not in [c.id for c in p.commands(h)]
+
+
+def test_the_sandbox_is_remembered_after_one_start(
+    bare_emu: Emulator, bare: Tuple[E2BSandboxProvider, SandboxHandle],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, h = bare
+    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+        sent = count_requests(p, monkeypatch)
+        assert p.start(h, "true").wait(timeout=30).exit_code == 0
+        assert sent.count("POST Start") >= 2  # python3's supervisor, then the shell's
+        assert p._background.lacks_python(h.id)
+        del sent[:]
+        c = p.start(h, "echo again")
+        assert sent.count("POST Start") == 1
+        assert c.wait(timeout=30).stdout == "again\n"
+    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+        p.stat(h, "/workspace")  # starts a file agent in the background, which cannot run
+        wait_until(lambda: p._files._agents.unavailable(h.id) is not None, 30,
+                   "the agent found unavailable")
+        sent = count_requests(p, monkeypatch)
+        p.start(h, "true")
+        assert sent.count("POST Start") == 1  # straight to the shell's supervisor
+
+
+def test_with_python3_the_python_supervisor_runs_alone(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p, h = shared_provider, sandbox
+    sent = count_requests(p, monkeypatch)
+    c = p.start(h, "echo with python")
+    assert sent.count("POST Start") == 1 and c._frames
+    assert not p._background.lacks_python(h.id)
+    assert c.wait(timeout=30).stdout == "with python\n"
+
+
+def test_a_shell_supervised_command_is_followed_through_the_file_agent(
+    emulator: Emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle,
+) -> None:
+    """Where python3 runs after all, the file agent reads the shell supervisor's record (the
+    same layout), and a follower without live frames reads it again after a short pause."""
+    p, h = shared_provider, sandbox
+    p._background._mark_no_python(h.id)  # as if its python3 could not run
+    try:
+        c = p.start(h, "for i in 1 2 3; do echo line $i; sleep 0.2; done; echo e >&2; exit 3",
+                    max_output_bytes=4096)
+    finally:
+        with p._background._lock:
+            p._background._no_python.pop(h.id, None)
+    assert not c._frames
+    with E2BSandboxProvider(emulator.config(template="base")) as fresh:
+        late = fresh.attach(h, c.id)
+        assert not fresh._background.lacks_python(h.id) and not late._frames
+        seen: List[str] = []
+        r = late.wait(timeout=60, on_stdout=seen.append)
+        assert fresh._files._agents.sessions()  # read by the file agent
+    assert "".join(seen) == r.stdout == "line 1\nline 2\nline 3\n"
+    assert (r.exit_code, r.stderr, r.truncated) == (3, "e\n", False)
+    assert c.output().stdout == r.stdout
