@@ -80,7 +80,11 @@ while :; do
   [ -n "$stopped" ] && [ "$code" -gt 128 ] && kill -0 "$w" 2>/dev/null || break
 done
 # output still arriving (from processes that left the command's session) is kept for 2 s
-{ sleep 2; kill "$out_pid" "$err_pid"; } </dev/null >/dev/null 2>&1 &
+(
+  trap 'kill "$s" 2>/dev/null; exit 0' TERM
+  sleep 2 & s=$!
+  wait "$s" && kill "$out_pid" "$err_pid"
+) </dev/null >/dev/null 2>&1 &
 timer=$!
 wait "$out_pid" "$err_pid"
 kill "$timer" 2>/dev/null

@@ -4,24 +4,17 @@ python3 (start with stdin, tag and timeout, live follow, output and its cap, run
 attach from another provider and another process, commands, input, kill, kill_all,
 kill_tagged, the README's dev-server flow); the sandbox is remembered after one failed start.
 
-A sandbox's root cannot remove python3 here: ``/usr`` is an overlay whose lower layer is the
-host's, owned by a user the sandbox does not map, and the sandbox may not mount. So these
-tests run their own emulator, started (as root) in a mount namespace whose ``/usr`` is an
-overlay without ``python3`` (whiteouts): its sandboxes' ``/usr`` lies on top of that one.
-The emulator's own envd keeps running, from the interpreter it binds outside ``PATH``.
+The sandboxes are made from the emulator's template ``base-without-python3`` (E2B's base
+with ``python3`` hidden from ``PATH``); the emulator's own envd runs from an interpreter
+bound outside ``PATH``.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Iterator, List, Tuple
 
 import pytest
@@ -36,70 +29,26 @@ from e2b_provider import (
     OperationTimeout,
     SandboxHandle,
 )
-from e2b_provider.emulator import Emulator, EmulatorUnavailable
+from e2b_provider.emulator import Emulator
 
 from .conftest import count_requests, root, unique_name
 
 pytestmark = pytest.mark.integration
 
-#: Runs "$@" with ``/usr`` seen without python3 (the interpreter at $1, which runs the
-#: emulator, kept), in a private mount namespace; the overlay's layers go in a new directory
-#: in $2.
-_WITHOUT_PYTHON3 = r"""
-set -e
-keep=$1; d=$(mktemp -d "$2/usr.XXXXXX"); shift 2
-mkdir -p "$d/upper/bin" "$d/upper/local/bin" "$d/work"
-for f in /usr/bin/python3* /usr/bin/python /usr/local/bin/python3* /usr/local/bin/python; do
-  [ -e "$f" ] || [ -L "$f" ] || continue
-  [ "$(readlink -f -- "$f")" != "$keep" ] || [ -L "$f" ] || continue
-  mknod "$d/upper/${f#/usr/}" c 0 0
-done
-mount -t overlay overlay -o "lowerdir=/usr,upperdir=$d/upper,workdir=$d/work" /usr
-exec "$@"
-"""
+#: The emulator's template without python3.
+NO_PYTHON = "base-without-python3"
 
 
 @pytest.fixture(scope="module")
-def bare_emu() -> Iterator[Emulator]:
-    """An emulator whose sandboxes have no python3 (skipped where that cannot be made)."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip(reason="needs root and unshare(1) to hide python3 from the sandboxes")
-    work = Path(tempfile.mkdtemp(prefix="e2b-nopython-"))
-    python = os.path.realpath(sys.executable)
-    wrapper = work / "python"
-    wrapper.write_text(
-        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c "
-        f"{shlex.quote(_WITHOUT_PYTHON3)} sh {shlex.quote(python)} "
-        f"{shlex.quote(str(work))} {shlex.quote(sys.executable)} \"$@\"\n"
-    )
-    wrapper.chmod(0o755)
-    check = subprocess.run(  # the namespace's /usr has no python3 (and the emulator's own)
-        [str(wrapper), "-c", "import shutil, sys; sys.exit(shutil.which('python3', "
-         "path='/usr/local/bin:/usr/bin:/bin') is not None)"],
-        capture_output=True, text=True, timeout=60,
-    )
-    if check.returncode != 0:
-        shutil.rmtree(work, ignore_errors=True)
-        pytest.skip(reason=f"cannot hide python3 in a mount namespace: {check.stderr[-300:]}")
-    emu = Emulator(startup_timeout=60.0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, "executable", str(wrapper))  # how Emulator starts its process
-        try:
-            emu.start()
-        except EmulatorUnavailable as exc:
-            shutil.rmtree(work, ignore_errors=True)
-            pytest.skip(reason=f"local E2B emulator unavailable: {exc}")
-    try:
-        yield emu
-    finally:
-        emu.stop()
-        shutil.rmtree(work, ignore_errors=True)
+def bare_emu(emulator: Emulator) -> Iterator[Emulator]:
+    """The session's emulator (its template without python3 is asked for by name)."""
+    yield emulator
 
 
 @pytest.fixture(scope="module")
 def bare(bare_emu: Emulator) -> Iterator[Tuple[E2BSandboxProvider, SandboxHandle]]:
     """A provider and a sandbox without python3 (checked as the sandbox user)."""
-    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+    with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as p:
         h = p.create(unique_name("nopy"))
         try:
             r = p.exec(h, "command -v python3 || echo none")
@@ -243,7 +192,7 @@ def test_another_process_and_another_provider_attach(
         capture_output=True, text=True, timeout=120, check=True,
     )
     cid = starter.stdout.strip()
-    with E2BSandboxProvider(bare_emu.config(template="base")) as fresh:
+    with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as fresh:
         c = fresh.attach(h, cid)  # knows nothing of the sandbox yet: the agent cannot run
         assert c.command.startswith("for i in") and c.id == cid and not c._frames
         r = c.wait(timeout=60)
@@ -266,7 +215,7 @@ os._exit(9)  # a crash: nothing closed, nothing cleaned up
 
 
 def test_kill_all_after_a_client_crash_and_kill_tagged(bare_emu: Emulator) -> None:
-    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+    with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as p:
         h = p.create(unique_name("nopycrash"))
         try:
             crashed = subprocess.run(
@@ -328,7 +277,7 @@ def test_the_sandbox_is_remembered_after_one_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, h = bare
-    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+    with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as p:
         sent = count_requests(p, monkeypatch)
         assert p.start(h, "true").wait(timeout=30).exit_code == 0
         assert sent.count("POST Start") >= 2  # python3's supervisor, then the shell's
@@ -337,7 +286,7 @@ def test_the_sandbox_is_remembered_after_one_start(
         c = p.start(h, "echo again")
         assert sent.count("POST Start") == 1
         assert c.wait(timeout=30).stdout == "again\n"
-    with E2BSandboxProvider(bare_emu.config(template="base")) as p:
+    with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as p:
         p.stat(h, "/workspace")  # starts a file agent in the background, which cannot run
         wait_until(lambda: p._files._agents.unavailable(h.id) is not None, 30,
                    "the agent found unavailable")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple
 
 import pytest
+from waiting import wait_until
 
 from e2b_provider import (
     Cancelled,
@@ -94,7 +95,7 @@ def _fields(entries: Any) -> Any:
     return [(e.name, e.path, e.type, e.size, e.mode, e.symlink_target) for e in entries]
 
 
-def test_a_day_of_file_work_without_python3(
+def test_an_agents_day_without_python3(
     provider: E2BSandboxProvider, box: SandboxHandle, nopy: E2BSandboxProvider,
     tmp_path: Path,
 ) -> None:
@@ -162,8 +163,23 @@ def test_a_day_of_file_work_without_python3(
         except Cancelled:
             assert q.read_file(h, "/workspace/big.bin", max_bytes=len(big)) == FileContent(big)
         assert staged(q, h) == [] and agents(processes(q, h)) == []
+        # commands: exec, and one in the background fed, followed, attached, listed, killed
+        assert q.exec(h, "echo $((6 * 7))", timeout=30.0).stdout == "42\n"
+        fed = q.start(h, "cat; echo done", stdin=True, tag="day")
+        fed.send_stdin("from the day\n")
+        fed.close_stdin()
+        seen: List[str] = []
+        r = fed.wait(timeout=60, on_stdout=seen.append)
+        assert r.exit_code == 0 and r.stdout == "from the day\ndone\n" == "".join(seen)
+        server = q.start(h, "echo up; sleep 300", tag="day")
+        assert [c.id for c in q.commands(h)] == [server.id]
+        again = q.attach(h, server.id)
+        assert again.running and "up\n" in again.output().stdout
+        again.kill()
+        assert server.wait(timeout=30).cancelled
         q.kill_all(h)
-        assert processes(q, h) == []
+        # the supervisors record how their commands ended, then leave
+        wait_until(lambda: processes(q, h) == [], 15, "nothing left running")
     finally:
         q.destroy(h)
 
