@@ -12,7 +12,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from waiting import wait_until
