@@ -112,6 +112,8 @@ _STOP_WAIT_S = 5.0
 _SETTLE_S = 5.0
 #: How long after a transfer was cut its helper may take to say envd had opened its FIFO.
 _OPEN_S = 0.5
+#: How long a helper's start may go on after a cancel before it is cut.
+_OPEN_GRACE_S = 2.0
 #: What users are told when the sandbox user may not touch a path.
 ACCESS_HINT = (
     "files are read and written as user 'sandbox' (as root under /skills): use a path it may "
@@ -1208,6 +1210,7 @@ class _Helper:
         self._said: List[bytes] = []
         self._settling: Optional[TimerHandle] = None
         self._settled = False  # settle() was tried (once is enough)
+        self._cut_opening: Optional[TimerHandle] = None
 
     def __enter__(self) -> _Helper:
         if self._cancel is not None:
@@ -1222,6 +1225,18 @@ class _Helper:
             timer.cancel()
 
         self._undo.append(cancel_timer)
+        # A start cut while its request is on its way may still start the helper after
+        # the clean-up looked for it (envd answers once it runs): so a cancel lets the
+        # start finish (a round trip), and cuts it only if that takes over _OPEN_GRACE_S.
+        opening = CancelToken()
+
+        def cut() -> None:
+            opening.cancel(CancelReason("deadline", "start"))
+
+        def cut_later(_reason: object = None) -> None:
+            self._cut_opening = self._ctx.watchdog.call_later(_OPEN_GRACE_S, cut)
+
+        self._undo.append(self.guard.on_cancel(cut_later))
         try:
             stream = self.envd.start(
                 user=self._user,
@@ -1229,7 +1244,7 @@ class _Helper:
                 args=self._argv[1:],
                 cwd="/",
                 keepalive_seconds=self._ctx.bounds.keepalive,
-                token=self.guard,
+                token=opening,
                 tag=self.tag,
             )
         except BaseException as exc:
@@ -1246,8 +1261,9 @@ class _Helper:
     def __exit__(self, *exc: object) -> None:
         for undo in self._undo:
             undo()
-        if self._settling is not None:
-            self._settling.cancel()
+        for timer in (self._settling, self._cut_opening):
+            if timer is not None:
+                timer.cancel()
         stream = self._stream
         if stream is not None:
             stream.close()

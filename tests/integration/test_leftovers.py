@@ -288,7 +288,7 @@ def test_nothing_accumulates_over_a_thousand_cancels(
     p.write_file(h, "/workspace/w", large)
     before = (staged(p, h), processes(p, h))
     rng = random.Random(1000)
-    cancelled = 0
+    cancelled = attempts = 0
     calls = [
         lambda c: p.write_file(h, "/workspace/w", large, cancel=c),
         *[lambda c: p.write_file(h, "/workspace/s", small, cancel=c)] * 3,
@@ -296,14 +296,15 @@ def test_nothing_accumulates_over_a_thousand_cancels(
         *[lambda c: p.write_files(h, {f"/workspace/m/{i}": small for i in range(4)},
                                   cancel=c)] * 2,
     ]
-    for i in range(1000):
+    while cancelled < 1000:  # 1,000 calls that were cancelled (some finish first)
+        attempts += 1
+        assert attempts < 3000, cancelled
         token = CancelToken()
-        threading.Timer(rng.uniform(0.0, 0.02), token.cancel, args=("test",)).start()
+        threading.Timer(rng.uniform(0.0, 0.01), token.cancel, args=("test",)).start()
         try:
-            calls[i % len(calls)](token)
+            calls[attempts % len(calls)](token)
         except Cancelled:
             cancelled += 1
         token.cancel("over")
     after = (staged(p, h), processes(p, h))
     assert before == after and before[0] == [] and len(agents(before[1])) == 1
-    assert cancelled >= 300, cancelled
