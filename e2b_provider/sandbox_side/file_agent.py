@@ -913,7 +913,8 @@ def pack(src: str, patterns: "List[str]") -> int:
             tar.add(tar_header(rel, b"2", mode, 0, mtime, link))
         elif stat.S_ISREG(st.st_mode):
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                             | os.O_CLOEXEC)
             except OSError as exc:
                 errors.append(error_of(exc, path))
                 continue
