@@ -805,7 +805,7 @@ def tar_header(name: str, kind: bytes, mode: int, size: int, mtime: int,
 
 class TarOut(object):
     """A tar stream written to descriptor ``fd``: headers and small files gathered in
-    memory (at most about :data:`PACK_GATHER` bytes), larger files sent straight from
+    memory (less than twice :data:`PACK_GATHER` bytes), larger files sent straight from
     their descriptors."""
 
     def __init__(self, fd: int, errors: "List[Answer]") -> None:
@@ -836,13 +836,13 @@ class TarOut(object):
             left = self._send(fd, size)
         short = False
         while left > 0:
-            piece = b"" if short else os.read(fd, min(left, 1 << 20))
+            piece = b"" if short else os.read(fd, min(left, PACK_GATHER))
             if not piece:
                 if not short:
                     short = True
                     self.errors.append({"error": "EIO", "path": path,
                                         "message": "the file shrank while it was read"})
-                piece = bytes(min(left, 1 << 20))
+                piece = bytes(min(left, PACK_GATHER))
             self.buf += piece
             left -= len(piece)
             if len(self.buf) >= PACK_GATHER:
