@@ -85,7 +85,7 @@ class EndStream:
 
 @attrs.frozen
 class Parsed:
-    """A message too large for general JSON, read by the decoder's ``large`` parser."""
+    """A message read in place by the decoder's ``plain`` or ``large`` parser."""
 
     value: Any
 
@@ -147,6 +147,9 @@ class EnvelopeDecoder:
         max_json_bytes: the largest message parsed as general JSON.
         large: reads an ordinary message larger than ``max_json_bytes`` in place (see
             :data:`LargeParser`); None refuses every such message.
+        plain: reads an ordinary message in place before general JSON is tried (same
+            signature; None from it: the message is read as usual), for a message whose
+            exact shape makes JSON parsing a needless cost (command output).
     """
 
     def __init__(
@@ -155,12 +158,14 @@ class EnvelopeDecoder:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_json_bytes: int = MAX_JSON_BYTES,
         large: Optional[LargeParser] = None,
+        plain: Optional[LargeParser] = None,
     ) -> None:
         if max_message_bytes <= 0 or max_json_bytes <= 0:
             raise ValueError("max_message_bytes and max_json_bytes must be positive")
         self._max = max_message_bytes
         self._max_json = max_json_bytes
         self._large = large
+        self._plain = plain
         self._buf = bytearray()
         self._ready: Deque[Item] = deque()
         self._finished = False
@@ -230,6 +235,13 @@ class EnvelopeDecoder:
                 self._skipped += 1
                 pos = end
                 continue
+            plain = self._plain
+            if plain is not None and not flags & FLAG_END_STREAM:
+                value = plain(buf, pos + HEADER_BYTES, end)
+                if value is not None:
+                    self._ready.append(Parsed(value))
+                    pos = end
+                    continue
             if length > self._max_json:
                 value = None
                 if self._large is not None and not flags & FLAG_END_STREAM:

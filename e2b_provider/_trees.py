@@ -318,48 +318,52 @@ def _end_header(end_name: str) -> bytes:
 
 
 class _Chunks:
-    """A file object over pieces of bytes pulled from ``pull`` (None: the end)."""
+    """A file object over pieces of bytes pulled from ``pull`` (None: the end), read
+    without gathering them: :meth:`read` hands out (a part of) one piece at a time."""
 
     def __init__(self, pull: Callable[[], Optional[bytes]]) -> None:
         self._pull = pull
-        self._buf = bytearray()
+        self._piece = b""
         self._pos = 0
         self._eof = False
 
-    def _fill(self, n: int) -> None:
-        """Buffer at least ``n`` bytes past the read position (fewer at the end)."""
-        while not self._eof and len(self._buf) - self._pos < n:
+    def _next_piece(self) -> bool:
+        """Move to the next non-empty piece; False at the end."""
+        while not self._eof:
             piece = self._pull()
             if piece is None:
                 self._eof = True
                 break
-            if self._pos > (1 << 20) and self._pos * 2 > len(self._buf):
-                del self._buf[: self._pos]
-                self._pos = 0
-            self._buf += piece
+            if piece:
+                self._piece, self._pos = piece, 0
+                return True
+        self._piece, self._pos = b"", 0
+        return False
 
     def read_line(self, limit: int) -> bytes:
         """The first line (without its newline), at most ``limit`` bytes; ``b""`` if none."""
+        line = bytearray()
         while True:
-            nl = self._buf.find(b"\n", self._pos)
-            if nl >= 0 or self._eof or len(self._buf) - self._pos > limit:
-                break
-            self._fill(len(self._buf) - self._pos + 1)
-        if nl < 0:
-            return b""
-        line = bytes(self._buf[self._pos : nl])
-        self._pos = nl + 1
-        return line
+            nl = self._piece.find(b"\n", self._pos)
+            if nl >= 0:
+                line += self._piece[self._pos : nl]
+                self._pos = nl + 1
+                return bytes(line) if len(line) <= limit else b""
+            line += self._piece[self._pos :]
+            if len(line) > limit or not self._next_piece():
+                return b""
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (all that is left for ``n < 0``)."""
-        if n < 0:
-            n = 1 << 62
-            self._fill(n)
-        else:
-            self._fill(n)
-        out = bytes(self._buf[self._pos : self._pos + n])
-        self._pos += len(out)
+    def read(self, n: int) -> bytes:
+        """At least one and at most ``n`` bytes (``n`` > 0), from one piece; ``b""`` at the
+        end."""
+        if self._pos >= len(self._piece) and not self._next_piece():
+            return b""
+        piece, pos = self._piece, self._pos
+        if pos == 0 and n >= len(piece):
+            self._pos = len(piece)
+            return piece  # a whole piece: not copied
+        out = piece[pos : pos + n]
+        self._pos = pos + len(out)
         return out
 
 
@@ -374,29 +378,49 @@ class _TarReader:
         self._left = 0
         self._pad = 0
 
+    def _upto(self, n: int) -> bytes:
+        """``n`` bytes, fewer only at the end of the stream."""
+        data = self._read(n) if n else b""
+        if len(data) == n or not data:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < n:
+            more = self._read(n - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
     def _exactly(self, n: int) -> bytes:
-        data = self._read(n)
+        data = self._upto(n)
         if len(data) != n:
             raise tarfile.ReadError("unexpected end of data")
         return data
 
     def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes of the current member's data."""
+        """At least one and at most ``n`` bytes of the current member's data; ``b""`` after
+        its end."""
         n = min(n, self._left)
-        data = self._exactly(n) if n else b""
-        self._left -= n
+        if n <= 0:
+            return b""
+        data = self._read(n)
+        if not data:
+            raise tarfile.ReadError("unexpected end of data")
+        self._left -= len(data)
         return data
 
     def next(self) -> Optional[tarfile.TarInfo]:
         """The next member, or None at the end of the archive."""
         while self._left:
-            self.read(min(self._left, _CHUNK))
+            self.read(self._left)
         if self._pad:
             self._exactly(self._pad)
             self._pad = 0
         pax: Dict[str, str] = {}
         while True:
-            block = self._read(_BLOCK)
+            block = self._upto(_BLOCK)
             if not block or block == bytes(_BLOCK):
                 return None
             if len(block) != _BLOCK:
@@ -550,15 +574,20 @@ class _LocalTree:
         def make(dfd: int, tmp: str) -> None:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-            with os.fdopen(fd, "wb") as out:
+            try:
                 while True:
-                    piece = src.read(_CHUNK)
+                    piece = src.read(_CHUNK)  # as it came: no copy on this side
                     if not piece:
                         break
-                    out.write(piece)
-                out.flush()
-                os.fchmod(out.fileno(), mode)
-                os.utime(out.fileno(), (mtime, mtime))
+                    written = os.write(fd, piece)
+                    if written < len(piece):
+                        with memoryview(piece) as view:
+                            while written < len(piece):
+                                written += os.write(fd, view[written:])
+                os.fchmod(fd, mode)
+                os.utime(fd, (mtime, mtime))
+            finally:
+                os.close(fd)
 
         self._replace(parts, make)
 
@@ -587,7 +616,8 @@ def extract_stream(
     progress: Optional[Progress] = None,
     total: Optional[int] = None,
 ) -> TransferSummary:
-    """Write the tar stream ``read`` gives under ``local_path``, safely.
+    """Write the tar stream ``read`` gives under ``local_path``, safely. ``read(n)`` gives
+    at least one and at most ``n`` bytes, ``b""`` at the end (as a raw file's ``read``).
 
     With ``single``, the stream holds one member, written to ``local_path`` itself;
     otherwise ``local_path`` is the directory the members are written under (made if

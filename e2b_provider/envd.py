@@ -28,6 +28,7 @@ from ._process import (
     event_from_wire,
     is_output_message,
     parse_output_message,
+    parse_plain_stdout,
 )
 from .cancel import CancelToken, Deadline
 from .errors import (
@@ -156,8 +157,9 @@ class ProcessStream:
         self._stream = stream
         self._operation = operation
         # Messages too large for general JSON are read in place, as output, or refused:
-        # parsing one costs about its size, whatever the peer sends.
-        self._decoder = EnvelopeDecoder(large=parse_output_message)
+        # parsing one costs about its size, whatever the peer sends. Plain standard output
+        # is decoded without its JSON being parsed.
+        self._decoder = EnvelopeDecoder(large=parse_output_message, plain=parse_plain_stdout)
         self._pending: Deque[ProcessEvent] = collections.deque()
         self._end: Optional[EndStream] = None
         self._done = False

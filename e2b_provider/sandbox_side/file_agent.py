@@ -849,9 +849,107 @@ def walk(
         stack.extend(reversed(later))
 
 
-def pack(src: str, patterns: "List[str]") -> int:
+#: Small files and headers are gathered into writes of about this many bytes; a larger
+#: file goes from its page cache to the output with ``sendfile``.
+PACK_GATHER = 1 << 18
+
+
+def tar_header(name: str, kind: bytes, mode: int, size: int, mtime: int,
+               link: str = "") -> bytes:
+    """The tar header of one member, as ``tarfile`` writes it in PAX format: a plain one
+    (ASCII name and link of at most 100 bytes, numbers that fit) packed here, which is
+    several times faster for a tree of many small files; the rest by ``tarfile``."""
+    full = name + "/" if kind == b"5" and not name.endswith("/") else name
+    try:
+        raw_name, raw_link = full.encode("ascii"), link.encode("ascii")
+        plain = (len(raw_name) <= 100 and len(raw_link) <= 100 and 0 <= size < 8 ** 11
+                 and 0 <= mtime < 8 ** 11)
+    except UnicodeEncodeError:
+        plain = False
+    if plain:
+        head = raw_name.ljust(100, b"\0") + b"%07o\0%07o\0%07o\0%011o\0%011o\0" % (
+            mode & 0o7777, 0, 0, size, mtime)
+        tail = kind + raw_link.ljust(100, b"\0") + b"ustar\x0000" + bytes(247)
+        # the checksum is the sum of the header's bytes with its own field as spaces
+        return head + b"%06o\0 " % (sum(head) + 256 + sum(tail)) + tail
     import tarfile
 
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.mode, ti.mtime, ti.linkname = kind, mode, mtime, link
+    ti.size = size if kind == b"0" else 0
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+class TarOut(object):
+    """A tar stream written to descriptor ``fd``: headers and small files gathered in
+    memory (less than twice :data:`PACK_GATHER` bytes), larger files sent straight from
+    their descriptors."""
+
+    def __init__(self, fd: int, errors: "List[Answer]") -> None:
+        self.fd = fd
+        self.errors = errors
+        self.buf = bytearray()
+        self.sendfile = hasattr(os, "sendfile")
+
+    def flush(self) -> None:
+        with memoryview(self.buf) as view:
+            done = 0
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        del self.buf[:]
+
+    def add(self, header: bytes) -> None:
+        self.buf += header
+        if len(self.buf) >= PACK_GATHER:
+            self.flush()
+
+    def add_file(self, header: bytes, fd: int, size: int, path: str) -> None:
+        """``header``, then exactly ``size`` bytes of ``fd``: cut if the file grew, padded
+        with zeros (and reported) if it shrank while it was read."""
+        self.buf += header
+        left = size
+        if size > PACK_GATHER and self.sendfile:
+            self.flush()
+            left = self._send(fd, size)
+        short = False
+        while left > 0:
+            piece = b"" if short else os.read(fd, min(left, PACK_GATHER))
+            if not piece:
+                if not short:
+                    short = True
+                    self.errors.append({"error": "EIO", "path": path,
+                                        "message": "the file shrank while it was read"})
+                piece = bytes(min(left, PACK_GATHER))
+            self.buf += piece
+            left -= len(piece)
+            if len(self.buf) >= PACK_GATHER:
+                self.flush()
+        self.add(bytes(-size % 512))
+
+    def _send(self, fd: int, size: int) -> int:
+        """Send up to ``size`` bytes of ``fd`` with ``sendfile``; what is left (the end of
+        a file that shrank, or all of it where ``sendfile`` does not work)."""
+        offset = 0
+        try:
+            while offset < size:
+                n = os.sendfile(self.fd, fd, offset, min(size - offset, 1 << 20))
+                if not n:
+                    break
+                offset += n
+        except OSError as exc:
+            if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            self.sendfile = False
+        if offset:
+            os.lseek(fd, offset, os.SEEK_SET)
+        return size - offset
+
+    def finish(self) -> None:
+        self.add(bytes(1024))  # the end-of-archive blocks
+        self.flush()
+
+
+def pack(src: str, patterns: "List[str]") -> int:
     out = sys.stdout.buffer
     errors = []  # type: List[Answer]
 
@@ -877,67 +975,42 @@ def pack(src: str, patterns: "List[str]") -> int:
     total = sum(st.st_size for _, _, st in items if stat.S_ISREG(st.st_mode))
     files = sum(1 for _, _, st in items if stat.S_ISREG(st.st_mode))
     head(total=total, files=files, single=single)
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,
-                      bufsize=1 << 16) as tf:
-        for rel, path, st in items:
-            ti = tarfile.TarInfo(rel)
-            ti.mode = stat.S_IMODE(st.st_mode)
-            ti.mtime = int(st.st_mtime)
-            if stat.S_ISDIR(st.st_mode):
-                ti.type = tarfile.DIRTYPE
-                tf.addfile(ti)
-            elif stat.S_ISLNK(st.st_mode):
-                try:
-                    ti.linkname = os.readlink(path)
-                except OSError as exc:
-                    errors.append(error_of(exc, path))
-                    continue
-                ti.type = tarfile.SYMTYPE
-                tf.addfile(ti)
-            elif stat.S_ISREG(st.st_mode):
-                try:
-                    f = open(path, "rb")
-                except OSError as exc:
-                    errors.append(error_of(exc, path))
-                    continue
-                with f:
-                    ti.size = st.st_size
-                    tf.addfile(ti, Exactly(f, st.st_size, path, errors))
-            else:
-                errors.append({"error": "EINVAL", "path": path,
-                               "message": "skipped: it is " + type_of(st.st_mode)})
-    out.flush()
+    enlarge_pipe(1)  # the output is read in large pieces, with fewer switches
+    tar = TarOut(1, errors)
+    for rel, path, st in items:
+        mode, mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+        if stat.S_ISDIR(st.st_mode):
+            tar.add(tar_header(rel, b"5", mode, 0, mtime))
+        elif stat.S_ISLNK(st.st_mode):
+            try:
+                link = os.readlink(path)
+            except OSError as exc:
+                errors.append(error_of(exc, path))
+                continue
+            tar.add(tar_header(rel, b"2", mode, 0, mtime, link))
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                             | os.O_CLOEXEC)
+            except OSError as exc:
+                errors.append(error_of(exc, path))
+                continue
+            try:
+                kind = os.fstat(fd).st_mode
+                if stat.S_ISREG(kind):  # not something put in its place meanwhile
+                    tar.add_file(tar_header(rel, b"0", mode, st.st_size, mtime), fd,
+                                 st.st_size, path)
+                else:
+                    errors.append({"error": "EINVAL", "path": path,
+                                   "message": "skipped: it is " + type_of(kind)})
+            finally:
+                os.close(fd)
+        else:
+            errors.append({"error": "EINVAL", "path": path,
+                           "message": "skipped: it is " + type_of(st.st_mode)})
+    tar.finish()
     sys.stderr.write(json.dumps({"errors": errors}) + "\n")
     return 1 if errors else 0
-
-
-class Exactly(object):
-    """A file read as exactly ``size`` bytes: cut if it grew, padded with zeros (and
-    reported) if it shrank while it was read."""
-
-    def __init__(
-        self, f: "BinaryIO", size: int, path: str, errors: "List[Answer]"
-    ) -> None:
-        self._f = f
-        self._left = size
-        self._path = path
-        self._errors = errors
-        self._short = False
-
-    def read(self, n: int = -1) -> bytes:
-        if self._left <= 0:
-            return b""
-        if n < 0 or n > self._left:
-            n = self._left
-        data = b"" if self._short else self._f.read(n)
-        if len(data) < n:
-            if not self._short:
-                self._short = True
-                self._errors.append({"error": "EIO", "path": self._path,
-                                     "message": "the file shrank while it was read"})
-            data += b"\0" * (n - len(data))
-        self._left -= len(data)
-        return data
 
 
 def check_root_only(fd: int, name: str) -> None:

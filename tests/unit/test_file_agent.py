@@ -15,6 +15,7 @@ Every wait is bounded; nothing sleeps for "long enough".
 
 from __future__ import annotations
 
+import errno
 import glob
 import io
 import json
@@ -37,12 +38,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 from waiting import wait_until
 
 from e2b_provider._agent_protocol import AGENT_VERSION, Frame, FrameDecoder, encode_request
 from e2b_provider._trees import extract_stream, plan_upload, tar_stream
 from e2b_provider.errors import ProtocolError
-from e2b_provider.sandbox_side import source
+from e2b_provider.sandbox_side import file_agent, source
 
 AGENT = source("file_agent")
 PART = ".capybara-part-"
@@ -928,7 +931,7 @@ def make_tree(who: Who, src: Path) -> None:
     put(who, src / "empty", b"")
     put(who, src / "run.sh", b"#!/bin/sh\necho hi\n", 0o755)
     put(who, src / "secret", b"s" * 700, 0o600)
-    put(who, src / "sub" / "deep" / "big.bin", os.urandom(200_000))
+    put(who, src / "sub" / "deep" / "big.bin", os.urandom(300_000))  # > PACK_GATHER: sendfile
     put(who, src / "sub" / "b.txt", b"beta")
     put(who, src / "ro" / "f", b"in a read-only directory")
     put(who, src / "x.pyc", b"excluded")
@@ -1042,6 +1045,88 @@ def test_pack_reports_what_it_could_not_read(user: Who) -> None:
     tar = r.stdout.partition(b"\n")[2]
     with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as tf:
         assert [m.name for m in tf.getmembers()] == ["ok", "shut"]
+
+
+@pytest.mark.parametrize("use_sendfile", [True, False])
+@pytest.mark.parametrize("change", ["same", "shrank", "grew"])
+@pytest.mark.parametrize("size", [700, 3 * file_agent.PACK_GATHER + 5])
+def test_pack_sends_exactly_the_size_it_announced(
+    tmp_path: Path, size: int, change: str, use_sendfile: bool
+) -> None:
+    # a file that changed since the walk: cut if it grew, padded with zeros (and reported)
+    # if it shrank, so the stream always matches its headers; gathered or sent with sendfile
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes({"same": data, "shrank": data[: size // 3],
+                                  "grew": data + b"more"}[change])  # fmt: skip
+    errors: List[Dict[str, Any]] = []
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "f", "rb") as f:
+        tar = file_agent.TarOut(out.fileno(), errors)
+        tar.sendfile = use_sendfile
+        tar.add_file(file_agent.tar_header("f", b"0", 0o640, size, MTIME), f.fileno(), size,
+                     str(tmp_path / "f"))
+        tar.add(file_agent.tar_header("d", b"5", 0o755, 0, MTIME))
+        tar.finish()
+    want = data[: size // 3] + bytes(size - size // 3) if change == "shrank" else data
+    with tarfile.open(tmp_path / "out", mode="r:") as tf:
+        f_member, d_member = tf.getmembers()
+        body = tf.extractfile(f_member)
+        assert body is not None
+        assert (f_member.name, f_member.mode, f_member.size, body.read()) == (
+            "f", 0o640, size, want)  # fmt: skip
+        assert (d_member.name, d_member.isdir()) == ("d", True)
+    shrank = [{"error": "EIO", "path": str(tmp_path / "f"),
+               "message": "the file shrank while it was read"}]  # fmt: skip
+    assert errors == (shrank if change == "shrank" else [])
+
+
+def test_pack_reads_a_large_file_where_sendfile_cannot_send_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: Any) -> int:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "sendfile", refuse)
+    data = os.urandom(2 * file_agent.PACK_GATHER)
+    (tmp_path / "f").write_bytes(data)
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "f", "rb") as f:
+        tar = file_agent.TarOut(out.fileno(), [])
+        for name in ("a", "b"):
+            f.seek(0)
+            tar.add_file(file_agent.tar_header(name, b"0", 0o644, len(data), MTIME),
+                         f.fileno(), len(data), "f")  # fmt: skip
+        tar.finish()
+    assert tar.sendfile is False
+    with tarfile.open(tmp_path / "out", mode="r:") as tf:
+        bodies = [tf.extractfile(m) for m in tf.getmembers()]
+        assert [b.read() if b else None for b in bodies] == [data, data]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=hs.text(alphabet=hs.characters(min_codepoint=33, max_codepoint=0x2713,
+                                        blacklist_characters="/\x7f"), min_size=1, max_size=60),
+    depth=hs.integers(min_value=0, max_value=3),
+    mode=hs.integers(min_value=0, max_value=0o7777),
+    mtime=hs.integers(min_value=-(2**10), max_value=2**40),
+    size=hs.one_of(hs.integers(min_value=0, max_value=10**12), hs.just(8**11)),
+    kind=hs.sampled_from([b"0", b"5", b"2"]),
+    link=hs.text(alphabet=hs.characters(min_codepoint=33, max_codepoint=0x2713),
+                 min_size=1, max_size=120),
+)
+def test_pack_headers_are_what_tarfile_writes(
+    name: str, depth: int, mode: int, mtime: int, size: int, kind: bytes, link: str
+) -> None:
+    rel = "/".join([name] * (depth + 1))
+    ti = tarfile.TarInfo(rel)
+    ti.type, ti.mode, ti.mtime = kind, mode, mtime
+    if kind == b"2":
+        ti.linkname = link
+    elif kind == b"0":
+        ti.size = size
+    want = ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    got = file_agent.tar_header(rel, kind, mode, size if kind == b"0" else 0, mtime,
+                                link if kind == b"2" else "")  # fmt: skip
+    assert got == want
 
 
 def test_upload_stream_of_the_library_is_extracted_whole(who: Who) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import sys
 import tracemalloc
 from typing import Any, List, Optional, Tuple
 
@@ -27,7 +28,12 @@ from e2b_provider._connect import (
     Parsed,
     encode_envelope,
 )
-from e2b_provider._process import DataEvent, event_from_wire, parse_output_message
+from e2b_provider._process import (
+    DataEvent,
+    event_from_wire,
+    parse_output_message,
+    parse_plain_stdout,
+)
 from e2b_provider.envd import ProcessStream
 from e2b_provider.errors import ProtocolError
 
@@ -219,3 +225,79 @@ def test_a_large_end_of_stream_or_other_message_is_refused() -> None:
         # without a large-message reader, any message over the JSON bound is refused
         with pytest.raises(ProtocolError, match="larger than"):
             EnvelopeDecoder().feed(envelope(payload, flags))
+
+
+# -- plain standard output, read without JSON ------------------------------------------------
+
+needs_311 = pytest.mark.skipif(sys.version_info < (3, 11), reason="the plain reader is 3.11+")
+
+
+def _plain(text: bytes) -> bytes:
+    return b'{"event":{"data":{"stdout":"' + text + b'"}}}'
+
+
+@needs_311
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.binary(max_size=200), st.binary(max_size=8), st.integers(min_value=0, max_value=300))
+def test_plain_stdout_read_in_place_equals_its_json_reading(
+    stdout: bytes, noise: bytes, at: int
+) -> None:
+    # the plain message, and the same with bytes put in anywhere: either the JSON reading's
+    # event or None (then it is read as JSON, which may refuse it)
+    plain = _plain(base64.b64encode(stdout))
+    for payload in (plain, plain[:at] + noise + plain[at:], plain[:at] + plain[at + 1 :]):
+        buf = bytearray(b"xx" + payload + b"yy")
+        got = parse_plain_stdout(buf, 2, 2 + len(payload))
+        assert buf == b"xx" + payload + b"yy"  # left alone (and resizable)
+        buf += b"!"
+        if payload == plain:
+            assert got == DataEvent(stdout, b"")
+        if got is not None:
+            assert got == event_from_wire(json.loads(payload))
+
+
+@needs_311
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _plain(b"AA==") + b" ",
+        b" " + _plain(b"AA=="),
+        b'{"event":{"data":{"stdout":"AA==","stderr":"AA=="}}}',
+        b'{"event":{"data":{"stderr":"AA==","stdout":"AA=="}}}',
+        _plain(b"A\\u0041=="),  # an escape
+        _plain(b"AAA"),  # unpadded: the JSON reading decides
+        _plain(b"-_-_"),  # URL-safe: likewise
+        _plain(b"AA=A"),
+        _plain(b"AA\nAA=="),
+        b'{"event":{"data":{"stdout":"}}}',  # its two ends overlap
+        b'{"event": {"data": {"stdout": "AA=="}}}',
+    ],
+)
+def test_anything_but_plain_stdout_is_left_to_json(payload: bytes) -> None:
+    assert parse_plain_stdout(bytearray(payload), 0, len(payload)) is None
+
+
+def test_a_process_stream_reads_plain_stdout_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2b_provider import _connect
+
+    parsed: List[bytes] = []
+    real = _connect._parse_json
+
+    def spy(payload: bytes) -> Any:
+        parsed.append(payload)
+        return real(payload)
+
+    monkeypatch.setattr(_connect, "_parse_json", spy)
+    body = b"".join([
+        encode_envelope({"event": {"start": {"pid": 7}}}),
+        encode_envelope({"event": {"data": {"stdout": base64.b64encode(b"out").decode()}}}),
+        encode_envelope({"event": {"data": {"stderr": base64.b64encode(b"err").decode()}}}),
+        encode_envelope({"event": {"end": {"exited": True, "status": "exit status 0"}}}),
+        END,
+    ])
+    _, error, events = read_with_peak(body)
+    assert error is None
+    assert [getattr(e, "stdout", None) for e in events] == [None, b"out", b"", None]
+    assert events[2] == DataEvent(b"", b"err")
+    plain_read = sys.version_info >= (3, 11)
+    assert len(parsed) == (4 if plain_read else 5)  # the end-of-stream message included

@@ -422,6 +422,52 @@ def test_more_than_max_bytes_stops_before_writing_past_it(box: Box) -> None:
     box.untouched()
 
 
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=4000), min_size=1, max_size=40))
+def test_a_stream_cut_in_any_pieces_is_written_the_same(
+    tmp_path_factory: pytest.TempPathFactory, cuts: List[int]
+) -> None:
+    # the stream comes in pieces of whatever size envd's events have: headers, pax records
+    # and file data cut anywhere give the same tree as the stream read whole
+    from e2b_provider._trees import _Chunks
+
+    data = _archive(_m("d", kind=tarfile.DIRTYPE, mode=0o755), _m("d/f", b"f" * 3000),
+                    _m("d/" + "long" * 40, b"pax-named"), _m("d/l", kind=tarfile.SYMTYPE,
+                    link="f"), _m("e", b""), _m("g", bytes(range(256)) * 9))  # fmt: skip
+    pieces: List[bytes] = []
+    pos = 0
+    while pos < len(data):
+        n = cuts[len(pieces) % len(cuts)]
+        pieces.append(data[pos : pos + n])
+        pos += n
+    feed = iter([b"", *pieces])  # an empty piece now and then is no end
+    reader = _Chunks(lambda: next(feed, None))
+    dest = tmp_path_factory.mktemp("cut") / "dest"
+    refused: List[Dict[str, Any]] = []
+    summary = extract_stream(reader.read, str(dest), single=False, max_bytes=1 << 20,
+                             refused=refused)  # fmt: skip
+    assert (summary, refused) == (TransferSummary(files=4, dirs=1, symlinks=1,
+                                                  bytes=3000 + 9 + 256 * 9), [])
+    assert _tree(dest) == {
+        "d": ("dir", 0o755), "d/f": ("file", 0o644, b"f" * 3000, MTIME),
+        "d/" + "long" * 40: ("file", 0o644, b"pax-named", MTIME), "d/l": ("link", "f"),
+        "e": ("file", 0o644, b"", MTIME), "g": ("file", 0o644, bytes(range(256)) * 9, MTIME),
+    }  # fmt: skip
+
+
+def test_the_first_line_of_a_stream_in_pieces() -> None:
+    from e2b_provider._trees import _Chunks
+
+    feed = iter([b'{"total"', b"", b': 1}\nab', b"cd"])
+    reader = _Chunks(lambda: next(feed, None))
+    assert reader.read_line(100) == b'{"total": 1}'
+    assert (reader.read(1), reader.read(10), reader.read(10), reader.read(10)) == (
+        b"a", b"b", b"cd", b"")  # fmt: skip
+    feed = iter([b"x" * 60, b"y" * 60, b"\n"])
+    assert _Chunks(lambda: next(feed, None)).read_line(100) == b""  # too long
+    assert _Chunks(lambda: None).read_line(100) == b""
+
+
 def test_a_stream_that_is_not_tar_is_a_tar_error(box: Box) -> None:
     with pytest.raises(tarfile.TarError):
         box.extract(b"this is not a tar stream" * 40)
