@@ -577,6 +577,19 @@ def test_concurrent_streams(
     assert took < 45
 
 
+def test_listening_socket_queues_a_burst_of_connections(emu: Emulator) -> None:
+    # a client that starts 1,000 commands at once opens 1,000 connections: the accept queue
+    # holds them all (a listener's Send-Q in ss is its queue's size; the kernel caps it at
+    # net.core.somaxconn), so no SYN is dropped and no connection is reset
+    port = urllib3.util.parse_url(emu.sandbox_url).port
+    out = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    with open("/proc/sys/net/core/somaxconn") as f:
+        somaxconn = int(f.read())
+    assert out[0] == "LISTEN" and int(out[2]) == min(4096, somaxconn), out
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 

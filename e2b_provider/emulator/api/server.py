@@ -67,6 +67,12 @@ HEALTH_PROBE_SECONDS = 3.0
 DESTROY_TIMEOUT = 30.0
 #: Longest unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
 MAX_SOCKET_PATH = 107
+#: The listening socket's accept queue (the kernel caps it at ``net.core.somaxconn``). E2B's
+#: edge takes a burst of connections: a client that starts 1,000 commands at once opens 1,000
+#: of them. With aiohttp's default of 128 the kernel dropped the SYNs past the queue (each
+#: retried 1 s, then 3 s later) and, with SYN cookies, reset some connections whose request
+#: was already sent.
+LISTEN_BACKLOG = 4096
 _LOGGED_HEADERS = (
     "Content-Type",
     "Content-Length",
@@ -194,7 +200,7 @@ class EmulatorServer:
             auto_decompress=False,  # envd bodies reach the agent as sent (it decodes gzip)
         )
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
         self._runner = runner
         self._expiry_task = asyncio.ensure_future(self._expiry_loop())
