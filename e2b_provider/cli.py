@@ -73,10 +73,22 @@ try:
     import threading
     import time
     from datetime import datetime
-    from typing import IO, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+    from typing import (
+        IO,
+        BinaryIO,
+        Callable,
+        Dict,
+        List,
+        Optional,
+        Sequence,
+        TextIO,
+        Tuple,
+        Union,
+    )
 
     from . import _validate as v
     from ._background import Command
+    from ._terminal import Terminal
     from ._version import __version__
     from .config import DeploymentConfig
     from .errors import E2BProviderError, InvalidArgument
@@ -200,10 +212,20 @@ def _exit_status(r: ExecResult, timed_out: str) -> int:
 _CID = re.compile(r"[0-9a-f]{32}")
 
 
-def _attach(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Command:
-    """The background command ``ref`` of the sandbox: its id, or the 32 hex digits after
-    its ``:``."""
+def _found(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Union[Command, Terminal]:
+    """The background command (or terminal) ``ref`` of the sandbox: its id, or (a command)
+    the 32 hex digits after its ``:``."""
     return p.attach(h, f"{h.id}:{ref}" if _CID.fullmatch(ref) else ref)
+
+
+def _attach(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Command:
+    """The background command ``ref`` of the sandbox (see :func:`_found`)."""
+    found = _found(p, h, ref)
+    if not isinstance(found, Command):
+        found.detach()
+        raise UsageError(f"{ref[:120]} is a terminal, not a background command: its output "
+                         "is not kept (kill stops it)")
+    return found
 
 
 def _split_remote(spec: str) -> Optional[tuple[str, str]]:
@@ -353,8 +375,10 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 def _cmd_kill(args: argparse.Namespace) -> int:
     with E2BSandboxProvider(_config()) as p:
-        c = _attach(p, _resolve(p, args.sandbox), args.id)
+        c = _found(p, _resolve(p, args.sandbox), args.id)
         c.kill()
+        if isinstance(c, Terminal):
+            c.detach()
     print(c.id)
     return 0
 
