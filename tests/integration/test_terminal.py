@@ -410,3 +410,17 @@ def test_errors_are_typed_and_worded(
                 t.read(timeout=0)
         finally:
             reader.join()
+
+
+def test_the_readme_terminal_example_runs_as_written() -> None:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+        readme = f.read()
+    section = readme.split("### Terminals", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["3", "True"], out.stdout
+    assert re.fullmatch(r"\w+:pty-\d+-[0-9a-f]{32}", lines[2]), out.stdout
+
