@@ -107,14 +107,16 @@ _ENDED_WAIT_S = 5.0
 _LEASE_LOOK_S = 30.0
 
 #: Runs the terminal's program: ``$1`` its control path, ``$2`` a shell command for
-#: ``/bin/bash -c`` (empty: the user's login shell). See the module's docstring.
+#: ``/bin/bash -c`` (empty: the user's login shell). See the module's docstring. Its pid file
+#: is removed in the foreground (the exec wrapper removes it in the background, off its
+#: stream's end): a background ``rm`` would share the terminal's process group and die of
+#: the hang-up the kernel sends it when the wrapper, the session's leader, exits.
 TERMINAL_WRAPPER = (
     'c=$1; echo $$ > "$c.pid" 2>/dev/null; if [ -e "$c.kill" ]; then exit 137; fi; '
     "trap : INT QUIT; "
     'if [ -n "$2" ]; then /bin/bash -c "$2"; else u=${USER:-$(id -un)}; l=; '
     'while IFS=: read -r n _ _ _ _ _ l; do [ "$n" = "$u" ] && break; l=; done < /etc/passwd; '
-    '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; '
-    'rm -f "$c.pid" </dev/null >/dev/null 2>&1 & exit $s'
+    '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; rm -f "$c.pid" 2>/dev/null; exit $s'
 )
 
 _ID_RE = re.compile(r"pty-(?P<pid>[1-9][0-9]{0,9})-(?P<hex>[0-9a-f]{32})")

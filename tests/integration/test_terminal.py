@@ -108,6 +108,9 @@ def test_a_repl_driven_by_write_and_read_and_its_exit_code(
         with pytest.raises(CommandEnded):
             t.resize(90, 20)
         t.kill()  # an ended terminal: nothing to do
+        # the wrapper removed its pid file
+        assert root(shared_provider, sandbox, f"ls {t._ctl}.pid 2>/dev/null || echo none"
+                    ).strip() == "none"
 
 
 def test_resize_is_seen_by_stty_and_sigwinch(term: Terminal) -> None:
