@@ -11,14 +11,14 @@ environment an exec gets plus ``TERM=xterm-256color``), which keeps what the exe
 gives every command and a terminal needs: a pid file under the terminal's control path, the
 ``.kill`` refusal and the exec marker in the environment of every process it starts, so
 ``kill_all``, a reboot and :meth:`Terminal.kill` stop its whole tree exactly as they stop an
-exec (the kills go through the exec's batched kill script, see :mod:`._kills`; a terminal has
-no holder tag, so ``kill_tagged`` leaves it alone). It leaves out what a terminal must not have: ``setsid`` (the pty gives the
-session), ``timeout -s KILL`` (it would put the program in a background process group of its
-terminal, where it cannot read it; a terminal's ``timeout`` is envd's ``Connect-Timeout-Ms``
-and this process's watchdog instead). The wrapper stays the session leader, ignores the
-terminal's SIGINT and SIGQUIT itself (its programs get them), runs ``bash -c COMMAND`` or,
-without a command, the user's login shell from ``/etc/passwd`` (``-l``), and exits with its
-status.
+exec (the kills go through the exec's batched kill script, see :mod:`._kills`; a terminal
+has no holder tag, so ``kill_tagged`` leaves it alone). It leaves out what a terminal must
+not have: ``setsid`` (the pty gives the session), ``timeout -s KILL`` (it would put the
+program in a background process group of its terminal, where it cannot read it; a terminal's
+``timeout`` is envd's ``Connect-Timeout-Ms`` and this process's watchdog instead). The
+wrapper stays the session leader, ignores the terminal's SIGINT and SIGQUIT itself (its
+programs get them), runs ``bash -c COMMAND`` or, without a command, the user's login shell
+from ``/etc/passwd`` (``-l``), and exits with its status.
 
 Output is read on the caller's thread, straight from the ``Start`` (or ``Connect``) stream
 (:class:`~e2b_provider._http.RawStream`: a timed-out read loses nothing), in slices of
