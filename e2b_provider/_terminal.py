@@ -677,8 +677,8 @@ class Terminal:
             fut = self._kill_future
             if fut is None:
                 fut = self._kill_future = self._owner.kills.kill(
-                    self._target, self._ctl, self._ctl, self._began,
-                    self._owner.ctx.bounds.kill, lambda: not self._ended,
+                    self._target, self._ctl, self._began, self._owner.ctx.bounds.kill,
+                    lambda: None if self._ended else self.pid,
                 )
         return fut
 
@@ -837,7 +837,8 @@ class Terminals:
                 raise ProtocolError("the terminal's stream ended before its start event")
 
     def _kill_unknown(self, target: Target, ctl: str, began: float, interrupted: bool) -> None:
-        fut = self.kills.kill(target, ctl, ctl, began, self.ctx.bounds.kill, lambda: True)
+        # no pid known: the kill script alone (by the control path and the marker)
+        fut = self.kills.kill(target, ctl, began, self.ctx.bounds.kill, lambda: None)
         bound = self.ctx.bounds.interrupt_kill if interrupted else self.ctx.bounds.kill + 1
         try:
             _wait_verdict(fut, bound)
