@@ -38,6 +38,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "background": ["--rounds", "5"],
     "forward": ["--rounds", "5"],
     "watch": ["--rounds", "2", "--writes", "20", "--flood", "100000"],
+    "terminal": ["--keys", "100"],
 }
 
 

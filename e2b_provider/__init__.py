@@ -14,6 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from ._background import Command, CommandInfo, CommandOutput
+    from ._terminal import Terminal
     from ._watch import Watch
     from .cancel import CancelReason, CancelToken, Deadline
     from .config import DeploymentConfig
@@ -97,6 +98,7 @@ _HOMES: Dict[str, str] = {
     "SandboxLimits": ".models",
     "SandboxPaused": ".errors",
     "SandboxSummary": ".models",
+    "Terminal": "._terminal",
     "TransferSummary": ".models",
     "TransportError": ".errors",
     "TransportTimeout": ".errors",
@@ -139,6 +141,7 @@ __all__ = [
     "ExecResult",
     "DirEntry",
     "FilesFailed",
+    "Terminal",
     "TransferSummary",
     "FileContent",
     "FileEvent",

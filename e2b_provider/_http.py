@@ -4,7 +4,9 @@ This module owns :class:`Transport` (requests it prepares itself and sends throu
 ``requests`` ``HTTPAdapter``: no retries, no redirects, no cookies, no ``~/.netrc``, the
 environment's proxy settings read once), the buffered :meth:`Transport.request` that returns
 a frozen :class:`HttpResponse` and never raises for an HTTP error status, the streaming
-:meth:`Transport.open_stream` whose :class:`Stream` can be aborted from any thread, the one
+:meth:`Transport.open_stream` whose :class:`Stream` can be aborted from any thread, the
+:class:`RawStream` of :meth:`Transport.open_raw_stream` (a connection of its own, read with
+a timeout per read that loses nothing when it passes: a terminal's output), the one
 exception seam :func:`map_transport_errors`, and :func:`error_from_response`, which turns an
 error answer into the right :class:`~e2b_provider.errors.E2BHttpError` subclass.
 
@@ -44,6 +46,7 @@ signatures) could be.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno as errno_mod
 import functools
@@ -54,6 +57,7 @@ import math
 import os
 import queue
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -69,7 +73,9 @@ import urllib3.connection
 import urllib3.connectionpool
 import urllib3.exceptions
 import urllib3.poolmanager
+import urllib3.util.proxy
 
+from ._http1 import BODY, END, Framer, FramingError, Head
 from ._version import __version__
 from ._watchdog import TimerHandle, Watchdog
 from .cancel import CancelToken, Deadline
@@ -91,6 +97,7 @@ __all__ = [
     "safe_url",
     "DEFAULT_MAX_BODY",
     "HttpResponse",
+    "RawStream",
     "Stream",
     "Transport",
     "error_from_response",
@@ -1025,6 +1032,223 @@ class Stream:
         self.close()
 
 
+class RawStream:
+    """A streaming answer on a connection of its own, read straight from its socket.
+
+    For a reader that waits with a timeout of its own on every read and must lose nothing
+    when that timeout passes (a terminal's output, read on the caller's thread): a timed-out
+    read of a ``requests``/``http.client`` answer closes its connection, and their buffers
+    hide bytes from a ``select``. Here the body is framed by :class:`~._http1.Framer`
+    (chunked, a length, or the end of the connection) from what ``recv`` gives, so nothing
+    sits between the socket and the reader but :attr:`pending`.
+
+    :meth:`read` returns the body's content as soon as any is there, ``b""`` at its end, or
+    None when nothing came within its timeout (the stream goes on). A peer silent for longer
+    than ``read_timeout`` ends it with :class:`TransportTimeout` (envd's keepalives keep a
+    live stream talking). :meth:`abort` may be called from any thread at any time: it shuts
+    the socket down, a blocked read wakes and raises ``TransportError("stream aborted")``.
+    The connection is never pooled; :meth:`close` closes it.
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        head: Head,
+        framer: Framer,
+        body: collections.deque[bytes],
+        ended: bool,
+        *,
+        operation: str,
+        url: str,
+        read_timeout: float,
+    ) -> None:
+        self._conn = conn
+        self._sock: Any = conn.sock
+        self._framer = framer
+        self._body = body
+        self._ended = ended
+        self._operation = operation
+        self._url = url
+        self._read_timeout = read_timeout
+        self._heard = time.monotonic()
+        self.status: int = head.status
+        self.headers: Mapping[str, str] = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers
+        }
+        self._lock = threading.Lock()
+        self._reading = False
+        self._aborted = False
+        self._closed = False
+
+    @property
+    def aborted(self) -> bool:
+        """True once :meth:`abort` was called."""
+        return self._aborted
+
+    @property
+    def pending(self) -> bool:
+        """True when content (or the end) was received and not read yet: a reader that
+        waits for the socket with ``select`` reads these first."""
+        return bool(self._body) or self._ended
+
+    def fileno(self) -> int:
+        """The socket's descriptor, for ``select`` (readable: :meth:`read` may have more)."""
+        return int(self._sock.fileno())
+
+    def read(self, timeout: Optional[float]) -> Optional[bytes]:
+        """The content received since the last read, as soon as there is any.
+
+        Args:
+            timeout: the longest to wait for it, in seconds (0: do not wait; None: as long
+                as the peer keeps talking).
+
+        Returns:
+            The bytes; ``b""`` at the end of the body; None when nothing came within
+            ``timeout``.
+
+        Raises:
+            TransportError: the stream was aborted ("stream aborted"), or the connection
+                broke or ended before the end of the body.
+            TransportTimeout: the peer sent nothing for ``read_timeout`` seconds.
+            ProtocolError: the answer is not HTTP/1.1 this stream can frame.
+        """
+        with self._lock:
+            if self._aborted:
+                raise self._aborted_error()
+            if self._closed:
+                raise TransportError(f"E2B {self._operation}: the stream is closed")
+            if self._reading:
+                raise RuntimeError("RawStream.read called from two threads at once")
+            self._reading = True
+        try:
+            return self._read(timeout)
+        finally:
+            with self._lock:
+                self._reading = False
+
+    def _aborted_error(self) -> TransportError:
+        return TransportError(f"E2B {self._operation}: stream aborted")
+
+    def _take(self, events: Any) -> None:
+        for kind, payload in events:
+            if kind == BODY and payload:
+                self._body.append(payload)
+            elif kind == END:
+                self._ended = True
+
+    def _read(self, timeout: Optional[float]) -> Optional[bytes]:
+        ends = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        tried = False  # once the timeout passed: one last look without waiting
+        while True:
+            if self._body:
+                data = b"".join(self._body)
+                self._body.clear()
+                return data
+            if self._ended:
+                return b""
+            now = time.monotonic()
+            silent = self._heard + self._read_timeout - now
+            if silent <= 0:
+                raise TransportTimeout(
+                    f"E2B {self._operation}: {safe_url(self._url)} sent nothing for "
+                    f"{self._read_timeout:g} s"
+                )
+            wait = silent
+            if ends is not None:
+                left = ends - now
+                if left <= 0:
+                    if tried:
+                        return None
+                    tried = True
+                    left = 0.0
+                wait = min(wait, left)
+            try:
+                # 0 makes the socket non-blocking for this one look
+                self._sock.settimeout(wait if wait > 0 else 0.0)
+                data = self._sock.recv(_READ_CHUNK)
+            except (socket.timeout, BlockingIOError, ssl.SSLWantReadError,
+                    ssl.SSLWantWriteError):
+                if self._aborted:
+                    raise self._aborted_error() from None
+                continue
+            except OSError as exc:
+                if self._aborted:
+                    raise self._aborted_error() from exc
+                with map_transport_errors(None, self._operation, self._url):
+                    raise
+                raise  # pragma: no cover - map_transport_errors always raises
+            if self._aborted:
+                raise self._aborted_error()
+            try:
+                if not data:
+                    self._take(self._framer.eof())
+                    if not self._ended:
+                        raise TransportError(
+                            f"E2B {self._operation}: the connection to "
+                            f"{safe_url(self._url)} ended before the end of the answer"
+                        )
+                    continue
+                self._heard = time.monotonic()
+                self._take(self._framer.feed(data))
+            except FramingError as exc:
+                if not data:
+                    raise TransportError(
+                        f"E2B {self._operation}: the connection to {safe_url(self._url)} "
+                        "ended before the end of the answer"
+                    ) from None
+                raise ProtocolError(
+                    f"E2B {self._operation}: the answer is not HTTP/1.1 it can read ({exc})"
+                ) from None
+
+    def read_all(self, max_bytes: int, timeout: float) -> bytes:
+        """The rest of the body, at most ``max_bytes`` (the rest is dropped), read within
+        ``timeout`` seconds (what came by then, if it did not end)."""
+        buf = bytearray()
+        ends = time.monotonic() + timeout
+        while len(buf) < max_bytes:
+            piece = self.read(max(0.0, ends - time.monotonic()))
+            if not piece:
+                break
+            buf += piece
+        return bytes(buf[:max_bytes])
+
+    def abort(self) -> None:
+        """Shut the connection down now; thread-safe and idempotent."""
+        with self._lock:
+            if self._aborted or self._closed:
+                self._aborted = True
+                return
+            self._aborted = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def close(self) -> None:
+        """Close the connection (idempotent); a reader blocked in another thread is woken
+        (it raises "stream aborted")."""
+        with self._lock:
+            if self._closed:
+                return
+            reading = self._reading
+            if not reading:
+                self._closed = True
+        if reading:
+            self.abort()
+            return
+        try:
+            self._conn.close()
+        except Exception:  # closing a broken connection must never mask the real error
+            log.debug("closing a raw stream failed", exc_info=True)
+
+    def __enter__(self) -> RawStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+
 # --------------------------------------------------------------------------------------
 # transport
 # --------------------------------------------------------------------------------------
@@ -1561,3 +1785,136 @@ class Transport:
                 raise TransportTimeout(overrun()) from exc
             raise
         return Stream(resp, operation, slot, timer=timer, overrun=overrun)
+
+
+    def open_raw_stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        data: bytes,
+        read_timeout: float,
+        token: Optional[CancelToken] = None,
+        operation: str,
+        connect_timeout: Optional[float] = None,
+        deadline: Optional[Deadline] = None,
+    ) -> RawStream:
+        """Send one request on a connection of its own and return its answer as a
+        :class:`RawStream` once its head arrived.
+
+        The connection is made as this transport makes every other (the proxy the
+        environment names for the URL, its tunnel, TLS with the transport's CA bundle) but
+        never comes from or goes back to the pool. The request is sent as :meth:`open_stream`
+        sends it (the transport's headers, then ``headers``), asking for no content coding.
+        ``token`` and ``deadline`` guard the opening (connect, send, the answer's head) as
+        for :meth:`open_stream`; after that, only :meth:`RawStream.abort` and the stream's
+        ``read_timeout`` (the longest silence accepted) end it.
+
+        Raises:
+            Cancelled, TransportError, TransportTimeout, ProtocolError, ConfigError.
+        """
+        self._check_open(operation)
+        read_timeout = _positive(read_timeout, "read_timeout")
+        began = time.monotonic()
+        limit = self._limit(deadline, read_timeout, operation)
+        slot = _AbortSlot()
+        timer = self._arm(slot, limit)
+        proxies: Dict[str, str] = {}
+        conn: Any = None
+        try:
+            with _publishing(slot, token, limit), map_transport_errors(
+                token, operation, url, proxies
+            ):
+                proxies.update(self._proxies_for(url))
+                merged: Dict[str, Tuple[str, str]] = {
+                    k.lower(): (k, v) for k, v in self._headers.items()
+                }
+                for k, v in {**(headers or {}), "Accept-Encoding": "identity"}.items():
+                    merged[k.lower()] = (k, v)
+                send: Dict[str, str] = {}
+                for item in merged.values():
+                    requests.utils.check_header_validity(item)
+                    send[item[0]] = item[1]
+                prep = requests.PreparedRequest()
+                prep.prepare_method(method)
+                prep.prepare_url(url, None)
+                if not (prep.url or "").lower().startswith(("http://", "https://")):
+                    raise requests.exceptions.InvalidSchema(
+                        "no connection adapter for the URL scheme"
+                    )
+                get = getattr(self._adapter, "get_connection_with_tls_context", None)
+                if get is not None:
+                    pool = get(prep, self._verify, proxies=proxies, cert=None)
+                else:  # requests before 2.32.2
+                    pool = self._adapter.get_connection(prep.url, proxies)
+                left = max(limit.remaining(), _MIN_WAIT)
+                conn = pool._new_conn()
+                conn.timeout = min(connect_timeout or self._connect_timeout, left)
+                proxy = getattr(pool, "proxy", None)
+                tunnel = proxy is not None and urllib3.util.proxy.connection_requires_http_tunnel(
+                    proxy, getattr(pool, "proxy_config", None), pool.scheme
+                )
+                if tunnel:
+                    pool._prepare_proxy(conn)  # CONNECT, then TLS inside the tunnel
+                else:
+                    conn.connect()
+                target = prep.path_url
+                if proxy is not None and not tunnel:
+                    target = prep.url or url  # a forwarding proxy wants the whole URL
+                    send.update(getattr(pool, "proxy_headers", None) or {})
+                conn.request(method, target, body=data, headers=send)
+                head, framer, body, ended = self._read_head(conn.sock, limit, operation, url)
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if slot.expired and isinstance(exc, (TransportError, ProtocolError)):
+                if isinstance(exc, TransportTimeout):
+                    raise
+                raise TransportTimeout(_overrun(operation, url, limit, began)) from exc
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            slot.finish()  # from here on no deadline or cancel can reach the connection
+        if slot.fired:  # it did just before: the socket is shut down
+            conn.close()
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason)
+            raise TransportTimeout(_overrun(operation, url, limit, began))
+        return RawStream(conn, head, framer, body, ended, operation=operation, url=url,
+                         read_timeout=read_timeout)
+
+    @staticmethod
+    def _read_head(
+        sock: Any, limit: Deadline, operation: str, url: str
+    ) -> Tuple[Head, Framer, collections.deque[bytes], bool]:
+        """Read an answer's head from ``sock`` (within ``limit``): the head, the framer
+        that read it, the content that came with it, and whether the body already ended."""
+        framer = Framer(is_request=False, content=True)
+        framer.expect(b"POST")
+        body: collections.deque[bytes] = collections.deque()
+        head: Optional[Head] = None
+        ended = False
+        while True:
+            sock.settimeout(max(limit.remaining(), _MIN_WAIT))
+            data = sock.recv(_READ_CHUNK)
+            try:
+                events = framer.feed(data) if data else framer.eof()
+            except FramingError as exc:
+                raise ProtocolError(
+                    f"E2B {operation}: the answer is not HTTP/1.1 it can read ({exc})"
+                ) from None
+            for kind, payload in events:
+                if isinstance(payload, Head) and payload.status >= 200:
+                    head = payload
+                elif kind == BODY and isinstance(payload, bytes) and payload:
+                    body.append(payload)
+                elif kind == END and head is not None:
+                    ended = True
+            if head is not None:
+                return head, framer, body, ended
+            if not data:
+                raise http.client.RemoteDisconnected(
+                    "the connection ended before the answer's head"
+                )

@@ -6,7 +6,9 @@ heads (parsed, so a relay can rewrite a request's ``Host``), and bodies framed b
 ``Content-Length``, ``chunked`` transfer coding or the end of the connection, with the
 cases that carry no body (``HEAD``, 1xx, 204, 304) and a ``101 Switching Protocols`` after
 an ``Upgrade`` request, after which the stream is opaque (a WebSocket). Body bytes are
-returned as they came (chunk framing included): a relay never decodes or re-encodes them.
+returned as they came (chunk framing included): a relay never decodes or re-encodes them. A
+framer made with ``content=True`` returns a body's content instead (chunk sizes, chunk ends
+and trailers removed), for a client that reads an answer itself (a terminal's stream).
 
 A :class:`Framer` is fed bytes and returns events: ``(HEAD, Head)``, ``(BODY, bytes)``,
 ``(END, None)`` at the end of each message, ``(RAW, bytes)`` once the stream switched
@@ -180,6 +182,8 @@ class Framer:
     Args:
         is_request: True for the client's requests, False for the server's responses.
         max_head: the largest head accepted.
+        content: ``BODY`` events carry the body's content only (a chunked body without its
+            framing) rather than the bytes as they came.
 
     A request framer stops after a request that asks for an upgrade: what follows is
     kept until :meth:`resume` says whether the server switched protocols (then it is
@@ -187,8 +191,11 @@ class Framer:
     framer must be told each request's method, in order, with :meth:`expect`.
     """
 
-    def __init__(self, *, is_request: bool, max_head: int = MAX_HEAD_BYTES) -> None:
+    def __init__(
+        self, *, is_request: bool, max_head: int = MAX_HEAD_BYTES, content: bool = False
+    ) -> None:
         self._is_request = is_request
+        self._content = content
         self._max_head = max_head
         self._buf = bytearray()
         self._in_body = False
@@ -402,6 +409,8 @@ class Framer:
             state = self._chunk_state
             if state == _DATA:
                 n = min(self._left, end - pos)
+                if self._content and n:
+                    events.append((BODY, bytes(view[pos : pos + n])))
                 pos += n
                 self._left -= n
                 if self._left == 0:
@@ -431,7 +440,7 @@ class Framer:
             line = line.rstrip(b"\r")
             if state == _TRAILER:
                 if line == b"":
-                    if pos > begin:
+                    if pos > begin and not self._content:
                         events.append((BODY, bytes(view[begin:pos])))
                     self._finish(events)
                     return pos
@@ -445,6 +454,6 @@ class Framer:
             else:
                 self._chunk_state = _DATA
                 self._left = size
-        if pos > begin:
+        if pos > begin and not self._content:
             events.append((BODY, bytes(view[begin:pos])))
         return pos

@@ -30,12 +30,22 @@ shell command line (``-- 'make && ./run'``), run by ``bash -c``; several words a
 command's argument vector, each reaching it unchanged (``-- python3 -c 'print(1)'``): they are
 quoted with :func:`shlex.join` for ``bash -c``.
 
+``exec -it`` and ``shell`` behave as ``docker exec -it``: the command (or the login shell) runs
+on a terminal of its own in the sandbox (:meth:`E2BSandboxProvider.terminal`), our terminal is
+put in raw mode (every key, Ctrl-C, Ctrl-D and Ctrl-\\ included, goes to the remote program)
+and restored on every way out (the program's end, its SIGKILL, a lost connection, a signal to
+us), the window size is sent at the start and on every SIGWINCH, and the remote exit status is
+ours. One selector loop on the main thread reads our input and the terminal's stream (no
+thread). ``-t`` needs our standard input to be a terminal; ``-i`` alone feeds it to a command
+without a terminal (a pipe, or a terminal in its usual line mode).
+
 Commands::
 
     e2b-provider create NAME [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
                              [--allow-host HOST]...
-    e2b-provider exec SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... -- CMD [ARG...]
-                             (our stdin goes to CMD unless it is a terminal)
+    e2b-provider exec SANDBOX [-i] [-t] [--timeout S] [--cwd DIR] [--env K=V]... [-- CMD [ARG...]]
+                             (our stdin goes to CMD unless it is a terminal, or with -i)
+    e2b-provider shell SANDBOX [--cwd DIR] [--env K=V]...   (as exec -it: the login shell)
     e2b-provider start SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... [--tag T]
                               [--max-output-bytes N] -- CMD [ARG...]
     e2b-provider logs [-f] SANDBOX ID
@@ -61,25 +71,42 @@ import sys
 
 try:
     import argparse
+    import contextlib
     import json
     import logging
     import os
     import posixpath
     import re
     import select
+    import selectors
     import shlex
     import shutil
+    import signal
     import stat
     import threading
     import time
     from datetime import datetime
-    from typing import IO, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+    from typing import (
+        IO,
+        Any,
+        BinaryIO,
+        Callable,
+        Dict,
+        Iterator,
+        List,
+        Optional,
+        Sequence,
+        TextIO,
+        Tuple,
+        Union,
+    )
 
     from . import _validate as v
     from ._background import Command
+    from ._terminal import Terminal
     from ._version import __version__
     from .config import DeploymentConfig
-    from .errors import E2BProviderError, InvalidArgument
+    from .errors import CommandEnded, E2BProviderError, InvalidArgument, OperationTimeout
     from .models import ExecResult, FileEvent, SandboxHandle, SandboxLimits
     from .provider import E2BSandboxProvider
 except KeyboardInterrupt:  # Ctrl-C while the command line starts: one line, no traceback
@@ -89,6 +116,8 @@ except KeyboardInterrupt:  # Ctrl-C while the command line starts: one line, no 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_TIMED_OUT", "EXIT_USAGE", "main"]
 
 PROG = "e2b-provider"
+#: ``exec``'s timeout unless ``--timeout`` says otherwise (``exec -t``: none).
+DEFAULT_EXEC_TIMEOUT = 600.0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_TIMED_OUT = 124
@@ -166,8 +195,9 @@ def _command_line(argv: Sequence[str], cmd: str) -> str:
     return shlex.join(argv)
 
 
-def _our_stdin() -> Optional[BinaryIO]:
-    """Our standard input for the command, unless it is a terminal (or closed).
+def _our_stdin(even_a_terminal: bool = False) -> Optional[BinaryIO]:
+    """Our standard input for the command, unless it is a terminal (or closed); with
+    ``even_a_terminal`` (``exec -i``), a terminal too.
 
     A raw reader of file descriptor 0, not ``sys.stdin.buffer``: the library reads it on
     a daemon thread, which may still be blocked in a read when we exit (the command ended
@@ -178,7 +208,7 @@ def _our_stdin() -> Optional[BinaryIO]:
         return None
     try:
         fd = sys.stdin.fileno()
-        if os.isatty(fd):
+        if os.isatty(fd) and not even_a_terminal:
             return None
         return os.fdopen(fd, "rb", buffering=0, closefd=False)
     except (OSError, ValueError):
@@ -200,10 +230,20 @@ def _exit_status(r: ExecResult, timed_out: str) -> int:
 _CID = re.compile(r"[0-9a-f]{32}")
 
 
-def _attach(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Command:
-    """The background command ``ref`` of the sandbox: its id, or the 32 hex digits after
-    its ``:``."""
+def _found(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Union[Command, Terminal]:
+    """The background command (or terminal) ``ref`` of the sandbox: its id, or (a command)
+    the 32 hex digits after its ``:``."""
     return p.attach(h, f"{h.id}:{ref}" if _CID.fullmatch(ref) else ref)
+
+
+def _attach(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Command:
+    """The background command ``ref`` of the sandbox (see :func:`_found`)."""
+    found = _found(p, h, ref)
+    if not isinstance(found, Command):
+        found.detach()
+        raise UsageError(f"{ref[:120]} is a terminal, not a background command: its output "
+                         "is not kept (kill stops it)")
+    return found
 
 
 def _split_remote(spec: str) -> Optional[tuple[str, str]]:
@@ -293,24 +333,186 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:
+    if args.tty:
+        command = _command_line(args.command, "exec") if args.command else None
+        return _terminal(args, command, interactive=args.interactive)
     command = _command_line(args.command, "exec")
     env = _env(args.env)
+    timeout = DEFAULT_EXEC_TIMEOUT if args.timeout is None else args.timeout
     with E2BSandboxProvider(_config()) as p:
         h = _resolve(p, args.sandbox)
         r = p.exec(
             h,
             command,
-            timeout=args.timeout,
+            timeout=timeout,
             cwd=args.cwd,
             env=env or None,
             max_output_bytes=args.max_output_bytes,
             on_stdout=_writer(sys.stdout),
             on_stderr=_writer(sys.stderr),
-            stdin=_our_stdin(),
+            stdin=_our_stdin(even_a_terminal=args.interactive),
         )
     if r.truncated:
         print(f"{PROG}: output past {args.max_output_bytes} bytes was dropped", file=sys.stderr)
-    return _exit_status(r, f"timed out after {args.timeout:g} s (the command was killed)")
+    return _exit_status(r, f"timed out after {timeout:g} s (the command was killed)")
+
+
+def _cmd_shell(args: argparse.Namespace) -> int:
+    return _terminal(args, None, interactive=True)
+
+
+# -- terminals (exec -it, shell) ----------------------------------------------------------
+
+
+class _Signalled(Exception):
+    """A signal that ends a terminal session (SIGTERM, SIGHUP, SIGQUIT sent to us)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _window(fds: Sequence[int]) -> Tuple[int, int]:
+    """``(cols, rows)`` of the first of ``fds`` that is a terminal (80 x 24 if none is)."""
+    for fd in fds:
+        try:
+            size = os.get_terminal_size(fd)
+        except OSError:
+            continue
+        if size.columns > 0 and size.lines > 0:
+            return min(size.columns, 0xFFFF), min(size.lines, 0xFFFF)
+    return 80, 24
+
+
+@contextlib.contextmanager
+def _raw(fd: int, on: bool) -> Iterator[None]:
+    """Our terminal in raw mode for the block (as ``docker exec -it`` sets it: no line
+    editing, no echo, no signals from keys, no output processing), restored however the
+    block ends."""
+    if not on:
+        yield
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd, termios.TCSANOW)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[Tuple[int, List[int]]]:
+    """For the block: SIGWINCH noted (its number appended to the list) and SIGTERM, SIGHUP,
+    SIGQUIT raised as :class:`_Signalled`; every signal wakes the descriptor yielded (a
+    selector waits on it). The previous handlers come back afterwards."""
+    got: List[int] = []
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous: Dict[int, Any] = {}
+
+    def note(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise _Signalled(signum)
+
+    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, note)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            previous[sig] = signal.signal(sig, stop)
+        yield r, got
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        signal.set_wakeup_fd(old_fd)
+        os.close(r)
+        os.close(w)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _terminal(args: argparse.Namespace, command: Optional[str], *, interactive: bool) -> int:
+    """Run ``command`` (None: the login shell) on a terminal in the sandbox, ours attached:
+    see the module's docstring. Returns the remote exit status."""
+    fd_in = sys.stdin.fileno() if sys.stdin is not None else -1
+    if fd_in < 0 or not os.isatty(fd_in):
+        raise UsageError(
+            "the input device is not a terminal: -t (and shell) need one; use -i alone to "
+            "feed a pipe or file to a command"
+        )
+    fd_out = sys.stdout.fileno()
+    env = _env(args.env)
+    with E2BSandboxProvider(_config()) as p:
+        h = _resolve(p, args.sandbox)
+        cols, rows = _window((fd_out, fd_in))
+        sys.stdout.flush()
+        term = p.terminal(h, command, cols=cols, rows=rows, cwd=args.cwd, env=env or None,
+                          timeout=getattr(args, "timeout", None))
+        try:
+            with _signals() as (wake, got), _raw(fd_in, interactive):
+                code = _session(term, fd_in, fd_out, wake, got, interactive)
+        except _Signalled as stopped:
+            print(f"{PROG}: stopped by signal {stopped.signum}; the remote terminal was "
+                  "killed", file=sys.stderr)
+            return 128 + stopped.signum
+        finally:
+            term.close()  # kills it if it still runs (our terminal is restored already)
+    if term.timed_out:
+        print(f"{PROG}: timed out after {args.timeout:g} s (the terminal was killed)",
+              file=sys.stderr)
+        return EXIT_TIMED_OUT
+    return code if 0 <= code <= 255 else EXIT_ERROR
+
+
+def _session(term: Terminal, fd_in: int, fd_out: int, wake: int, got: List[int],
+             interactive: bool) -> int:
+    """Pass our keys to ``term`` and its output to ``fd_out`` until it ends; its status."""
+    sel = selectors.DefaultSelector()
+    try:
+        sel.register(term.fileno(), selectors.EVENT_READ, "out")
+        sel.register(wake, selectors.EVENT_READ, "wake")
+        if interactive:
+            sel.register(fd_in, selectors.EVENT_READ, "in")
+        while True:
+            while True:  # what the terminal sent (also what the select cannot see)
+                try:
+                    data = term.read(timeout=0)
+                except OperationTimeout:
+                    break
+                if not data:
+                    return term.wait(timeout=30)
+                _write_all(fd_out, data)
+            if got:
+                got.clear()
+                try:
+                    term.resize(*_window((fd_out, fd_in)))
+                except CommandEnded:
+                    pass
+            for key, _ in sel.select(timeout=5.0):
+                if key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake, 512)
+                elif key.data == "in":
+                    typed = os.read(fd_in, 65536)
+                    if not typed:  # our terminal hung up
+                        sel.unregister(fd_in)
+                        continue
+                    try:
+                        term.write(typed)
+                    except CommandEnded:
+                        pass  # its end is read next
+    finally:
+        sel.close()
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -353,8 +555,10 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 def _cmd_kill(args: argparse.Namespace) -> int:
     with E2BSandboxProvider(_config()) as p:
-        c = _attach(p, _resolve(p, args.sandbox), args.id)
+        c = _found(p, _resolve(p, args.sandbox), args.id)
         c.kill()
+        if isinstance(c, Terminal):
+            c.detach()
     print(c.id)
     return 0
 
@@ -671,22 +875,32 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     e = sub.add_parser(
         "exec",
-        help="run a command, output streamed live",
+        help="run a command, output streamed live (-it: on a terminal, as docker exec -it)",
         description="Run a command in the sandbox as user sandbox, streaming its output. "
         "After --, one word is a shell command line, run by bash -c (-- 'make && ./run'); "
         "several words are the command and its arguments, each passed unchanged (-- python3 "
         "-c 'print(1)'), as docker exec does. When our standard input is not a terminal "
         "(a pipe, a file), the command reads it, e.g. 'echo hi | e2b-provider exec SB -- "
         "cat'; on a terminal it reads nothing "
-        "(</dev/null). Exits with the command's status; 124 if it timed out; 130 on "
-        "Ctrl-C, after the remote command was killed.",
+        "(</dev/null) unless -i is given. Exits with the command's status; 124 if it timed "
+        "out; 130 on Ctrl-C, after the remote command was killed. With -it the command "
+        "(without one: the login shell) runs on a terminal in the sandbox and ours is "
+        "attached to it in raw mode, as docker exec -it: every key goes to it (Ctrl-C too), "
+        "its window follows ours, and we exit with its status.",
     )
     e.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    e.add_argument("-i", "--interactive", action="store_true",
+                   help="feed our standard input to the command even when it is a terminal "
+                   "(with -t: our keys, in raw mode)")
+    e.add_argument("-t", "--tty", action="store_true",
+                   help="run the command on a terminal (pty) in the sandbox; our standard "
+                   "input must be a terminal")
     e.add_argument(
         "--timeout",
         type=_positive_float,
-        default=600.0,
-        help="seconds before the command is killed (default 600)",
+        default=None,
+        help=f"seconds before the command is killed (default {DEFAULT_EXEC_TIMEOUT:g}; "
+        "with -t: none)",
     )
     e.add_argument("--cwd", default=None, help="working directory (default /workspace)")
     e.add_argument(
@@ -705,6 +919,19 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     e.add_argument("command", nargs="*", metavar="CMD [ARG...]",
                    help="after --: one shell command line, or a command and its arguments")
     e.set_defaults(func=_cmd_exec)
+
+    sh = sub.add_parser(
+        "shell",
+        help="open the sandbox user's login shell on a terminal (as exec -it)",
+        description="Open the login shell of user sandbox on a terminal in the sandbox, "
+        "ours attached in raw mode, as 'docker exec -it C bash' or 'kubectl exec -it P -- "
+        "bash'; the same as 'exec -it SANDBOX'. Exits with the shell's status.",
+    )
+    sh.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    sh.add_argument("--cwd", default=None, help="working directory (default /workspace)")
+    sh.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="an environment variable (repeatable)")
+    sh.set_defaults(func=_cmd_shell)
 
     st = sub.add_parser(
         "start",

@@ -7,7 +7,10 @@ Connect server stream, ``process.Process/SendSignal`` as a unary Connect call,
 request carries ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port: 49983`` and ``X-Access-Token``;
 redirects are never followed (the transport refuses them). All I/O goes through
 :class:`~e2b_provider._http.Transport`; framing and event parsing are the sans-IO
-:mod:`._connect` and :mod:`._process` (a watch's events: :mod:`._watch`).
+:mod:`._connect` and :mod:`._process` (a watch's events: :mod:`._watch`). A terminal's
+process (``Start`` with ``pty``, and ``Connect`` to it) is opened as a
+:class:`~e2b_provider._http.RawStream` instead, which its reader reads with a timeout of its
+own; ``SendInput`` with ``input.pty``, ``Update`` (resize) and ``List`` serve it.
 
 No message built here contains the access token.
 """
@@ -18,10 +21,28 @@ import base64
 import collections
 import posixpath
 import urllib.parse
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+)
 
 from ._connect import EndStream, EnvelopeDecoder, Parsed, encode_envelope
-from ._http import HttpResponse, Stream, Transport, error_from_response, parse_error_body
+from ._http import (
+    HttpResponse,
+    RawStream,
+    Stream,
+    Transport,
+    error_from_response,
+    parse_error_body,
+)
 from ._process import (
     ProcessEvent,
     StartEvent,
@@ -62,6 +83,7 @@ _READ_SIZE = 64 * 1024
 _START_OP = "process start"
 _CONNECT_OP = "process connect"
 _WATCH_OP = "filesystem watch"
+_PTY_OP = "terminal stream"
 
 
 def _basic(user: str) -> str:
@@ -421,6 +443,188 @@ class EnvdClient:
             user, keepalive_seconds, token, _WATCH_OP, extra,
         )
 
+    def start_pty(
+        self,
+        *,
+        user: str,
+        cmd: str,
+        args: Sequence[str],
+        cols: int,
+        rows: int,
+        envs: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        tag: Optional[str] = None,
+        keepalive_seconds: int = KEEPALIVE_SECONDS,
+        timeout_ms: Optional[int] = None,
+        token: Optional[CancelToken] = None,
+    ) -> RawStream:
+        """Start a process on a terminal of its own: ``POST /process.Process/Start`` with
+        ``pty: {size: {cols, rows}}`` (envd gives it a new session whose controlling
+        terminal is the pty, on its standard input, output and error).
+
+        The answer is returned as a :class:`~e2b_provider._http.RawStream` of Connect
+        envelopes (its events: start, data with ``pty`` bytes, keepalive, end), on a
+        connection of its own, opened within :data:`START_OPEN_SECONDS`; it ends with
+        :class:`TransportTimeout` after ``2 * keepalive_seconds + 10`` seconds of silence.
+        With ``timeout_ms`` (``Connect-Timeout-Ms``) envd SIGKILLs the process that long
+        after its start and ends the stream with ``deadline_exceeded``, whoever watches.
+        Closing the stream does not stop the process.
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O).
+            E2BHttpError: envd (or the edge) answered with a non-200 status.
+            ProtocolError: a 200 answer that is not a Connect stream.
+            Cancelled, TransportError, TransportTimeout.
+        """
+        _check_user(user)
+        if not isinstance(cmd, str) or not cmd:
+            raise InvalidArgument("cmd must be a non-empty string")
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise InvalidArgument("args must be a sequence of strings")
+        _check_keepalive(keepalive_seconds)
+        for name, n in (("cols", cols), ("rows", rows)):
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
+                raise InvalidArgument(f"{name} must be an int from 1 to 65535")
+        process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
+        if envs is not None:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
+                raise InvalidArgument("envs must map strings to strings")
+            process["envs"] = dict(envs)
+        if cwd is not None:
+            process["cwd"] = cwd
+        # As the SDK's pty.create: no stdin field (envd ignores it for a terminal).
+        request: Dict[str, Any] = {
+            "process": process, "pty": {"size": {"cols": cols, "rows": rows}},
+        }
+        if tag is not None:
+            request["tag"] = tag
+        extra: Dict[str, str] = {}
+        if timeout_ms is not None:
+            if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
+                0 < timeout_ms < 10**10
+            ):
+                raise InvalidArgument("timeout_ms must be a positive int of at most 10 digits")
+            extra["Connect-Timeout-Ms"] = str(timeout_ms)
+        return self._open_raw("Start", request, user, keepalive_seconds, token, extra)
+
+    def connect_pty(
+        self,
+        pid: int,
+        *,
+        user: str,
+        keepalive_seconds: int = KEEPALIVE_SECONDS,
+        token: Optional[CancelToken] = None,
+    ) -> RawStream:
+        """Follow a terminal's process from now on: ``POST /process.Process/Connect``, as a
+        :class:`~e2b_provider._http.RawStream` (see :meth:`start_pty`). envd keeps no
+        output: the stream carries a start event, then what the process writes from now on,
+        then its end (a process that ended within the last 30 s: start and end only).
+
+        Raises:
+            InvalidArgument, E2BHttpError, ProtocolError, Cancelled, TransportError,
+            TransportTimeout.
+        """
+        _check_pid(pid)
+        _check_user(user)
+        _check_keepalive(keepalive_seconds)
+        return self._open_raw("Connect", {"process": {"pid": pid}}, user, keepalive_seconds,
+                              token, {})
+
+    def _open_raw(
+        self,
+        method: str,
+        request: Dict[str, Any],
+        user: str,
+        keepalive_seconds: int,
+        token: Optional[CancelToken],
+        extra: Mapping[str, str],
+    ) -> RawStream:
+        headers = self._headers(
+            {
+                "Content-Type": "application/connect+json",
+                "Connect-Protocol-Version": "1",
+                "Authorization": _basic(user),
+                "Keepalive-Ping-Interval": str(keepalive_seconds),
+                **extra,
+            }
+        )
+        stream = self._transport.open_raw_stream(
+            "POST",
+            f"{self._base}/process.Process/{method}",
+            headers=headers,
+            data=encode_envelope(request),
+            read_timeout=2.0 * keepalive_seconds + 10.0,
+            token=token,
+            operation=_PTY_OP,
+            deadline=Deadline.after(START_OPEN_SECONDS),
+        )
+        try:
+            if stream.status != 200:
+                raw = stream.read_all(ERROR_BODY_BYTES, timeout=5.0)
+                raise error_from_response(
+                    HttpResponse(stream.status, stream.headers, raw), _PTY_OP
+                )
+            ctype = stream.headers.get("content-type", "")
+            if ctype and not ctype.lower().startswith("application/connect+json"):
+                raise ProtocolError(
+                    f"E2B {_PTY_OP} answered 200 with content type {ctype[:80]!r}, "
+                    "not a Connect stream"
+                )
+        except BaseException:
+            stream.abort()
+            stream.close()
+            raise
+        return stream
+
+    def resize_pty(
+        self,
+        pid: int,
+        cols: int,
+        rows: int,
+        *,
+        token: Optional[CancelToken] = None,
+        timeout: float = 15.0,
+    ) -> None:
+        """Resize the terminal of process ``pid``: ``POST /process.Process/Update`` with
+        ``pty: {size: {cols, rows}}`` (the kernel sends its foreground programs SIGWINCH).
+
+        Raises:
+            NotFound: no such process.
+            E2BHttpError: any other error answer (``internal`` for a process without a
+                terminal).
+            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+        """
+        _check_pid(pid)
+        for name, n in (("cols", cols), ("rows", rows)):
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
+                raise InvalidArgument(f"{name} must be an int from 1 to 65535")
+        body = {"process": {"pid": pid}, "pty": {"size": {"cols": cols, "rows": rows}}}
+        resp = self._rpc("Update", body, "terminal resize", token, timeout)
+        if not resp.ok:
+            raise error_from_response(resp, "terminal resize")
+
+    def list_processes(
+        self, *, token: Optional[CancelToken] = None, timeout: float = 15.0
+    ) -> List[Dict[str, Any]]:
+        """The processes envd started that still run: ``POST /process.Process/List``, each
+        ``{"pid": N, "tag": ..., "config": {"cmd", "args", "envs", "cwd"}}`` (proto3 JSON:
+        absent fields omitted).
+
+        Raises:
+            E2BHttpError, ProtocolError, InvalidArgument, Cancelled, TransportError,
+            TransportTimeout.
+        """
+        resp = self._rpc("List", {}, "process list", token, timeout)
+        if not resp.ok:
+            raise error_from_response(resp, "process list")
+        body = resp.json("process list")
+        found = body.get("processes") if isinstance(body, dict) else None
+        if found is None:
+            return []
+        if not isinstance(found, list):
+            raise ProtocolError("E2B process list: 'processes' is not a list")
+        return [p for p in found if isinstance(p, dict)]
+
     def _open_events(
         self,
         method: str,
@@ -511,10 +715,12 @@ class EnvdClient:
         *,
         token: Optional[CancelToken] = None,
         timeout: float = 30.0,
+        pty: bool = False,
     ) -> None:
         """Write ``data`` to the standard input of process ``pid`` (started with ``stdin``):
         ``POST /process.Process/SendInput``. envd writes one request's bytes in one piece,
-        never interleaved with another request's.
+        never interleaved with another request's. With ``pty``, the bytes go to the
+        process's terminal (``input.pty``: what a keyboard would type) instead.
 
         Raises:
             NotFound: no such process (it ended, or never had that pid).
@@ -524,8 +730,8 @@ class EnvdClient:
         _check_pid(pid)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes")
-        stdin = base64.b64encode(bytes(data)).decode("ascii")
-        body = {"process": {"pid": pid}, "input": {"stdin": stdin}}
+        text = base64.b64encode(bytes(data)).decode("ascii")
+        body = {"process": {"pid": pid}, "input": {"pty" if pty else "stdin": text}}
         resp = self._rpc("SendInput", body, "process input", token, timeout)
         if not resp.ok:
             raise error_from_response(resp, "process input")

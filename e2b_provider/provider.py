@@ -7,9 +7,9 @@ cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and fi
 (read_file, write_file, stat). It is a thin facade: it documents and validates every call
 before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
 its API client: :mod:`._lifecycle` (whole sandboxes), :mod:`._commands` (exec and its kill
-job), :mod:`._background` (commands that outlive the call), :mod:`._files` and
-:mod:`._trees` (files), :mod:`._watch` (watching directories), all sharing one
-:mod:`._context` (clients, watchdog, bounds).
+job), :mod:`._background` (commands that outlive the call), :mod:`._terminal` (interactive
+terminals), :mod:`._files` and :mod:`._trees` (files), :mod:`._watch` (watching
+directories), all sharing one :mod:`._context` (clients, watchdog, bounds).
 It speaks no HTTP itself. Every error a call raises is said in the caller's terms — what was
 being done, to which sandbox and path, and what to do (:mod:`._messages`).
 """
@@ -50,6 +50,7 @@ from ._messages import (
     unknown_sandbox_id,
 )
 from ._ports import ForwardLimits, Ports, check_port
+from ._terminal import Terminal, Terminals, _check_size, is_terminal_id
 from ._trees import Progress, Trees
 from ._watch import Watch, Watches
 from ._watchdog import Watchdog
@@ -203,6 +204,7 @@ class E2BSandboxProvider:
         self._files = Files(ctx, agents)
         self._trees = Trees(ctx, self._files)
         self._background = Background(ctx, agents)
+        self._terminals = Terminals(ctx, self._lifecycle)
         self._ports = Ports(ctx)
         self._watches = Watches(ctx, self._files)
         ctx.on_fork(self._lifecycle.after_fork)
@@ -775,18 +777,110 @@ class E2BSandboxProvider:
 
     def attach(
         self, sandbox: SandboxRef, command_id: str, *, cancel: Optional[CancelToken] = None
-    ) -> Command:
-        """The handle of a background command, from its ``id`` (any process may have
-        started it, also one that has exited; it may have ended, however long ago).
+    ) -> Union[Command, Terminal]:
+        """The handle of a background command or a terminal, from its ``id`` (any process
+        may have started it, also one that has exited).
+
+        A background command's id (``start``) gives its :class:`~e2b_provider.Command`,
+        running or ended, however long ago. A terminal's id (``terminal``) gives a
+        :class:`~e2b_provider.Terminal` to write to, resize, read (its output from now on:
+        envd keeps none), wait for or kill; closing that handle leaves the terminal
+        running. A terminal is found while it runs and up to 30 s after its end.
 
         Raises:
-            InvalidArgument: not a command id, or one of another sandbox (before any I/O).
-            CommandNotFound: the sandbox has no such command.
+            InvalidArgument: not a command or terminal id, or one of another sandbox
+                (before any I/O).
+            CommandNotFound: the sandbox has no such command or running terminal.
             Cancelled, SandboxGoneError, E2BProviderError.
         """
         sid = self._open_sandbox(sandbox, cancel)
+        if is_terminal_id(command_id):
+            with self._doing(f"attaching to terminal {command_id[:120]} in sandbox {sid}",
+                             sid=sid):
+                return self._terminals.attach(sid, command_id, cancel)
         with self._doing(f"finding command {str(command_id)[:120]} in sandbox {sid}", sid=sid):
             return self._background.attach(sid, command_id, cancel)
+
+    def terminal(
+        self,
+        sandbox: SandboxRef,
+        command: Optional[str] = None,
+        *,
+        cols: int = 80,
+        rows: int = 24,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Terminal:
+        """Open an interactive terminal in the sandbox: a program on a pty, as
+        ``docker exec -it`` gives one.
+
+        It runs as user ``sandbox`` with the environment ``exec`` gives a command
+        (``HOME=/workspace``, ``LANG=C.UTF-8``, ``env`` on top, the exec marker) and
+        ``TERM=xterm-256color`` unless ``env`` sets one, in a session of its own whose
+        controlling terminal is the pty (``cols`` x ``rows``). ``command=None`` runs the
+        user's login shell (``bash -l`` on E2B's base template); a command is run by
+        ``/bin/bash -c``. :meth:`kill_all`, a reboot, :meth:`destroy`, Ctrl-C while a
+        call of the terminal waits, ``cancel``, ``timeout`` and the end of its ``with``
+        block kill its whole process tree.
+
+        Bounds: it returns once envd says the program runs: at most 30 s for the stream
+        and 30 s for that answer (plus 120 s to connect a cold sandbox). Every call of the
+        :class:`~e2b_provider.Terminal` is bounded too (see there).
+
+        Args:
+            sandbox: the handle or sandbox id.
+            command: a shell command (``"python3 -i"``), or None for the login shell.
+            cols: the terminal's width in columns (1-65535; default 80).
+            rows: its height in rows (1-65535; default 24).
+            cwd: working directory (default ``/workspace``).
+            env: extra environment variables.
+            timeout: None (default) to let it run until it ends or is killed; seconds
+                after which it is killed, by envd in the sandbox (``Connect-Timeout-Ms``:
+                the program, whose terminal then hangs up) and by this process (the whole
+                tree); :attr:`~e2b_provider.Terminal.timed_out` says so.
+            cancel: kills the terminal's tree when it fires, from any thread; the
+                terminal's calls then raise :class:`~e2b_provider.Cancelled`.
+
+        Returns:
+            The :class:`~e2b_provider.Terminal` (a context manager).
+
+        Raises:
+            InvalidArgument: bad arguments (before any I/O), or ``cwd`` does not exist in
+                the sandbox (nothing ran).
+            Cancelled: ``cancel`` fired before the terminal ran (what may have started is
+                killed).
+            SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
+            KeyboardInterrupt: after what may have started was killed (bounded).
+        """
+        self._check_open()
+        sid = _sandbox_id(sandbox)
+        if command is not None:
+            v.check_text(command, "command")
+            if not command.strip():
+                raise InvalidArgument("command is empty: give a shell command, or None for "
+                                      "the login shell")
+        _check_size(cols, rows)
+        if timeout is not None:
+            v.check_timeout(timeout)
+        run_env = _command_env(cwd, env, None)
+        v.check_cancel(cancel)
+        with self._doing(f"opening a terminal in sandbox {sid}",
+                         "the terminal may or may not have started: kill_all() stops it",
+                         sid=sid):
+            try:
+                return self._terminals.open(
+                    sid, command, cols=cols, rows=rows, cwd=cwd, env=run_env,
+                    timeout=timeout, cancel=cancel,
+                )
+            except E2BProviderError as exc:
+                refused = cwd_refused(exc)
+                if refused is not None:
+                    raise InvalidArgument(
+                        f"opening a terminal in sandbox {sid} failed: {refused}"
+                    ) from exc
+                raise
 
     def commands(
         self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None

@@ -545,6 +545,111 @@ def test_pty(agent: Agent) -> None:
         st.close()
 
 
+PTY = {"size": {"cols": 80, "rows": 24}}
+
+
+def _pty_until(st: Stream, want: bytes) -> bytes:
+    seen = b""
+    while want not in seen:
+        ev = st.next_event()
+        assert ev is not None, seen
+        seen += base64.b64decode(ev.get("data", {}).get("pty", ""))
+    return seen
+
+
+def test_pty_slave_stays_the_agents_and_term_is_not_added(agent: Agent) -> None:
+    """creack/pty's open() never chowns the slave: /dev/pts/N stays owned by envd (root),
+    also for a command of another user; envd adds no TERM (nor LANG) to the environment:
+    only the request's ``envs`` give one."""
+    nobody = {"Authorization": basic("nobody")}
+    script = 'echo "u=$(id -u) owner=$(stat -c %u "$(tty)") term=${TERM-unset} lang=${LANG-unset}"'
+    for envs, term in (({}, "unset"), ({"TERM": "xterm-256color"}, "xterm-256color")):
+        events, end = start(agent.sock, "sh", "-c", script, headers=nobody, pty=PTY, envs=envs,
+                            cwd="/")
+        assert end.ok, end
+        text = output(events, "pty").decode()
+        uid = pwd.getpwnam("nobody").pw_uid
+        assert f"u={uid} owner=0 term={term} lang=unset" in text, text
+
+
+def test_pty_is_the_controlling_terminal_of_a_new_session(agent: Agent) -> None:
+    """setsid + TIOCSCTTY: the command leads its own session, the pty is its /dev/tty and
+    its foreground process group's; the size is set before the exec."""
+    script = ('echo "sid=$(ps -o sid= -p $$ | tr -d \' \') pid=$$"; '
+              'stty size < /dev/tty; [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo all-tty')
+    events, end = start(agent.sock, "sh", "-c", script, pty={"size": {"cols": 132, "rows": 50}})
+    assert end.ok, end
+    text = output(events, "pty").decode()
+    pid = re.search(r"pid=(\d+)", text)
+    assert pid is not None and f"sid={pid.group(1)} " in text, text
+    assert "50 132" in text and "all-tty" in text, text
+
+
+def test_pty_input_kinds_close_stdin_and_update_errors(agent: Agent) -> None:
+    """envd's texts: stdin bytes to a PTY process, pty bytes to a pipe process, CloseStdin
+    of a PTY process (send Ctrl-D instead), Update of a process without a PTY; a Ctrl-D
+    typed into the PTY ends ``cat``."""
+    st = Stream(agent.sock, "Start", {"process": {"cmd": "cat"}, "pty": PTY})
+    plain = Stream(agent.sock, "Start", {"process": {"cmd": "sleep", "args": ["30"]},
+                                         "stdin": True})
+    try:
+        pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+        plain_pid = plain.next_event()["start"]["pid"]  # type: ignore[index]
+        send = "/process.Process/SendInput"
+        assert unary(agent.sock, send, {"process": {"pid": pid}, "input": {"stdin": b64(b"x")}}
+                     ) == (500, {"code": "internal", "message": (
+                         "error writing to stdin: tty assigned to process — input should be "
+                         "written to the pty, not the stdin")})
+        assert unary(agent.sock, send, {"process": {"pid": plain_pid},
+                                        "input": {"pty": b64(b"x")}}) == (500, {
+                     "code": "internal", "message": (
+                         "error writing to tty: tty not assigned to process — input should be "
+                         "written to the stdin, not the tty")})
+        assert unary(agent.sock, "/process.Process/CloseStdin", {"process": {"pid": pid}}) == (
+            500, {"code": "unknown", "message": (
+                "error closing stdin: cannot close stdin for PTY process — send Ctrl+D (0x04) "
+                "instead")})
+        assert unary(agent.sock, "/process.Process/Update", {
+            "process": {"pid": plain_pid}, "pty": {"size": {"cols": 10, "rows": 10}},
+        }) == (500, {"code": "internal",
+                     "message": "error resizing tty: tty not assigned to process"})
+        # without a pty field Update is a no-op, for any process
+        assert unary(agent.sock, "/process.Process/Update", {"process": {"pid": plain_pid}}
+                     ) == (200, {})
+        assert unary(agent.sock, send, {"process": {"pid": pid}, "input": {"pty": b64(b"hi\r")}}
+                     ) == (200, {})
+        _pty_until(st, b"hi\r\nhi\r\n")  # the echo, then cat's copy
+        assert unary(agent.sock, send, {"process": {"pid": pid}, "input": {"pty": b64(b"\x04")}}
+                     ) == (200, {})
+        events, end = st.collect()
+        assert end.ok and events[-1]["end"]["exited"] is True
+    finally:
+        signal_pid(agent.sock, plain_pid)
+        plain.collect()
+        plain.close()
+        st.close()
+
+
+def test_pty_ctrl_c_reaches_the_foreground_program(agent: Agent) -> None:
+    """A 0x03 typed into the PTY is the terminal's SIGINT for its foreground process group
+    (the line discipline's ISIG, as on a real terminal)."""
+    st = Stream(agent.sock, "Start", {
+        "process": {"cmd": "sh", "args": ["-c", "trap 'echo got-INT; exit 7' INT; echo ready; "
+                                                "while :; do sleep 0.1; done"]},
+        "pty": PTY,
+    })
+    try:
+        pid = st.next_event()["start"]["pid"]  # type: ignore[index]
+        _pty_until(st, b"ready")
+        unary(agent.sock, "/process.Process/SendInput",
+              {"process": {"pid": pid}, "input": {"pty": b64(b"\x03")}})
+        events, end = st.collect()
+        assert end.ok and b"got-INT" in output(events, "pty")
+        assert events[-1]["end"]["status"] == "exit status 7"
+    finally:
+        st.close()
+
+
 # ---- robustness -----------------------------------------------------------------------
 
 

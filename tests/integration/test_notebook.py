@@ -1,9 +1,10 @@
-"""The example notebook, executed in a real Jupyter kernel, with a kernel interrupt.
+"""The example notebook, executed in a real Jupyter kernel, with kernel interrupts.
 
 The notebook starts the local emulator inside the kernel. A kernel interrupt (SIGINT to the
-kernel's whole process group) during a long command must end that cell with
-KeyboardInterrupt within a few seconds, kill the command in the sandbox, and leave the
-emulator and the sandbox usable for the next cells.
+kernel's whole process group) during a long command, or while a terminal's program runs,
+must end that cell with KeyboardInterrupt within a few seconds, kill what ran in the
+sandbox, and leave the emulator and the sandbox usable for the next cells. A terminal's
+output shows in its cell as it comes.
 """
 
 from __future__ import annotations
@@ -39,47 +40,59 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
 ) -> None:
     nb = nbformat.read(str(NOTEBOOK), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert len(code) == 5
+    assert len(code) == 8
     monkeypatch.delenv("E2B_API_KEY", raising=False)  # the kernel inherits it: the emulator
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     with client.setup_kernel():
-        setup, live, long_cell, check, cleanup = code
+        setup, live, long_cell, check, term_live, term_long, term_check, cleanup = code
         client.execute_cell(setup, nb.cells.index(setup))
         assert _text(setup).startswith("sandbox i"), setup.outputs
 
         client.execute_cell(live, nb.cells.index(live))
         assert _text(live) == "step 1\nstep 2\nstep 3\ndone\nexit code 0\n"
 
-        interrupted_at: List[float] = []
-
-        def interrupt_once_started() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if "started" in _text(long_cell):  # the command runs: interrupt the kernel
-                    interrupted_at.append(time.monotonic())
-                    # what Jupyter's "Interrupt" does: SIGINT to the kernel's process group
-                    pgid = getattr(getattr(client.km, "provisioner", None), "pgid", None)
-                    assert pgid, "the kernel runs in no process group of its own"
-                    os.killpg(pgid, signal.SIGINT)
-                    return
-                time.sleep(0.05)
-
-        watcher = threading.Thread(target=interrupt_once_started)
-        watcher.start()
-        client.execute_cell(long_cell, nb.cells.index(long_cell))
-        ended = time.monotonic()
-        watcher.join(10)
-        assert interrupted_at, "the long command never printed 'started'"
-        assert _error(long_cell) == ["KeyboardInterrupt"], long_cell.outputs
-        assert ended - interrupted_at[0] < 10.0
-
-        client.execute_cell(check, nb.cells.index(check))
-        assert _text(check) == "nothing left\n", check.outputs
+        for cell, after in ((long_cell, check), (term_long, term_check)):
+            _interrupt_once_started(client, nb, cell)
+            client.execute_cell(after, nb.cells.index(after))
+            assert _text(after) == "nothing left\n", after.outputs
+            if cell is long_cell:
+                # a terminal's output, live: the echo of what was typed, then the output
+                client.execute_cell(term_live, nb.cells.index(term_live))
+                text = _text(term_live)
+                assert "tick 0\r\ntick 1\r\ntick 2\r\n" in text, term_live.outputs
+                assert text.endswith("exit status 3\n"), term_live.outputs
 
         client.execute_cell(cleanup, nb.cells.index(cleanup))
         assert _error(cleanup) == []
+
+
+def _interrupt_once_started(client: NotebookClient, nb: Any, cell: Any) -> None:
+    """Run ``cell``, interrupt the kernel once its output says "started", and check the
+    cell ended with KeyboardInterrupt within 10 s of the interrupt."""
+    interrupted_at: List[float] = []
+
+    def interrupt_once_started() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "started" in _text(cell):  # the program runs: interrupt the kernel
+                interrupted_at.append(time.monotonic())
+                # what Jupyter's "Interrupt" does: SIGINT to the kernel's process group
+                pgid = getattr(getattr(client.km, "provisioner", None), "pgid", None)
+                assert pgid, "the kernel runs in no process group of its own"
+                os.killpg(pgid, signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=interrupt_once_started)
+    watcher.start()
+    client.execute_cell(cell, nb.cells.index(cell))
+    ended = time.monotonic()
+    watcher.join(10)
+    assert interrupted_at, "the long command never printed 'started'"
+    assert _error(cell) == ["KeyboardInterrupt"], cell.outputs
+    assert ended - interrupted_at[0] < 10.0
 
 
 @pytest.mark.parametrize(
@@ -97,5 +110,9 @@ def test_the_notebook_runs_unattended_as_shipped(tool: List[str], tmp_path: path
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert time.monotonic() - t0 < 240
-    if "nbconvert" in tool:  # the executed notebook: the long cell timed out, then nothing left
-        assert "timed out: True" in done.stdout and "nothing left" in done.stdout
+    if "nbconvert" in tool:  # the executed notebook: the long cells timed out, nothing left
+        ran = nbformat.reads(done.stdout, as_version=4)
+        shown = [_text(c) for c in ran.cells if c.cell_type == "code"]
+        assert shown[2].endswith("timed out: True\n"), shown
+        assert shown[5].endswith("exit status 137 timed out: True\n"), shown
+        assert shown[3] == shown[6] == "nothing left\n", shown

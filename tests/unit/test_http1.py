@@ -136,6 +136,40 @@ def test_responses_follow_the_methods_asked(seed: int) -> None:
     ]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_content_framer_gives_bodies_without_their_chunk_framing(seed: int) -> None:
+    framer = Framer(is_request=False, content=True)
+    for method in (b"POST", b"GET", b"GET"):
+        framer.expect(method)
+    data = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3;ext=1\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\nX-Trailer: t\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nxyz"
+        b"HTTP/1.1 200 OK\r\n\r\nuntil the end"
+    )
+    pieces = [data] if seed == 0 else cuts(data, seed)
+    events = run(framer, pieces) + framer.eof()
+    assert summary(events) == [
+        (HEAD, b"HTTP/1.1 200 OK"),
+        (BODY, b"abc0123456789abcdef"),
+        (END, None),
+        (HEAD, b"HTTP/1.1 200 OK"),
+        (BODY, b"xyz"),
+        (END, None),
+        (HEAD, b"HTTP/1.1 200 OK"),
+        (BODY, b"until the end"),
+        (END, None),
+    ]
+    # every piece of content is handed over as soon as it came, never held back
+    framer = Framer(is_request=False, content=True)
+    framer.expect(b"POST")
+    assert [e[0] for e in framer.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")] \
+        == [HEAD]
+    assert framer.feed(b"8\r\nabc") == [(BODY, b"abc")]
+    assert framer.feed(b"defgh") == [(BODY, b"defgh")]
+    assert framer.feed(b"\r\n") == []
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_an_upgrade_holds_the_requests_until_the_answer(seed: int) -> None:
     upgrade = (

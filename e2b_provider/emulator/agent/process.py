@@ -13,6 +13,18 @@ envd's lookups by pid and by tag — the latter with envd's flaw: a tag is looke
 order and the search stops at the first process with another tag, so with several tagged
 processes alive a lookup by tag may miss (clients must select by pid).
 
+A PTY process (``Start`` with ``pty``) is started as envd 0.6.13 starts it through
+creack/pty: a new session whose controlling terminal is the pty slave (``TIOCSCTTY`` with
+"steal" = 1, as Go's ``Setctty`` passes it), the slave as fds 0-2, the size set before the
+exec, and the slave left owned by the agent (root, as creack/pty never chowns it); no
+``TERM`` or other terminal variable is added (a client that wants one sends it in
+``envs``); its output comes in ``pty`` data events of at most 16 KiB; ``SendInput`` with
+``stdin``, ``CloseStdin`` and an ``Update`` of a process without a pty get envd's errors.
+One difference is kept on purpose: the agent subscribes the ``Start`` stream before the
+child can write, so a PTY's first output is never lost; envd forks inside
+``pty.StartWithSize`` before it subscribes and may drop what the program writes in that
+moment (a race no client can rely on either way).
+
 Everything here runs on the agent's event loop thread; it uses asyncio file-descriptor
 readiness (and a pidfd per child) rather than threads. It imports no requests/urllib3/socket.
 """
@@ -383,7 +395,8 @@ async def _wait_writable(fd: int, timeout: Optional[float]) -> None:
 
 
 def _set_controlling_tty() -> None:  # pragma: no cover - runs in the forked child
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    # Go's forkAndExecInChild: ioctl(Ctty, TIOCSCTTY, 1) for SysProcAttr.Setctty
+    fcntl.ioctl(0, termios.TIOCSCTTY, 1)
 
 
 def _set_winsize(fd: int, cols: int, rows: int) -> None:
@@ -841,11 +854,10 @@ class ProcessManager:
         slave: Optional[int] = None
         try:
             if spec.pty is not None:
+                # creack/pty's open(): the slave stays the agent's (root's), not the user's
                 master, slave = os.openpty()
                 cols, rows = spec.pty
                 _set_winsize(slave, cols, rows)
-                if os.geteuid() == 0:
-                    os.fchown(slave, user.uid, -1)
                 kwargs.update(stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
                 preexec.append(_set_controlling_tty)
             else:
