@@ -366,10 +366,15 @@ def test_watch_dir_async(emulator: Emulator, envd_sandbox: Sandbox) -> None:
     run_async(envd_sandbox, body)
 
 
+#: ``FLOOD N`` writes N times, alternating two files, in bursts of 1,000 a few
+#: milliseconds apart: more than the kernel's queue in all, never more at once than a
+#: watcher on a loaded machine reads in time.
 FLOOD = (
-    "python3 -c 'import os,sys\n"
+    "python3 -c 'import os,sys,time\n"
     "fds = [os.open(n, os.O_CREAT | os.O_WRONLY) for n in (\"a\", \"b\")]\n"
-    "for i in range(int(sys.argv[1])): os.write(fds[i % 2], b\"x\")' "
+    "for i in range(int(sys.argv[1])):\n"
+    "    os.write(fds[i % 2], b\"x\")\n"
+    "    i % 1000 == 999 and time.sleep(0.02)' "
 )
 
 
