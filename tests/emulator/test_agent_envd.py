@@ -945,13 +945,17 @@ def test_polling_watcher(agent: Agent, workdir: str) -> None:
     wait_until(lambda: not watching(agent, *tree(workdir)), what="the watches to be removed")
 
 
-def churn(workdir: str, events: int) -> None:
+def churn(workdir: str, events: int, *, burst: int = 0) -> None:
     """Cause ``events`` inotify events in ``workdir``: one-byte writes to two files in turn
-    (the kernel merges an event only into an identical one queued just before it)."""
+    (the kernel merges an event only into an identical one queued just before it); with
+    ``burst``, a pause of 20 ms after each ``burst`` writes (a reader on a loaded machine
+    keeps up)."""
     fds = [os.open(f"{workdir}/{n}", os.O_CREAT | os.O_WRONLY, 0o644) for n in "ab"]
     try:
         for i in range(events):
             os.write(fds[i % 2], b"x")
+            if burst and i % burst == burst - 1:
+                time.sleep(0.02)
     finally:
         for fd in fds:
             os.close(fd)
@@ -1009,7 +1013,7 @@ def test_polling_watcher_keeps_what_the_kernel_queue_could_not(agent: Agent, wor
     want = max_queued_events() + 4000
     got: List[Dict[str, Any]] = []
     try:
-        churn(workdir, want)  # a.txt: create, b: create, then the writes
+        churn(workdir, want, burst=1000)  # a.txt: create, b: create, then the writes
         got.extend(fs(agent, "GetWatcherEvents", {"watcherId": wid})[1].get("events", []))
 
         def all_in() -> bool:
