@@ -291,6 +291,20 @@ class EnvdClient:
         """The target this client talks to."""
         return self._target
 
+    def _stream_headers(
+        self, user: str, keepalive_seconds: int, extra: Mapping[str, str]
+    ) -> Dict[str, str]:
+        """The headers of a Connect server stream opened as ``user``."""
+        return self._headers(
+            {
+                "Content-Type": "application/connect+json",
+                "Connect-Protocol-Version": "1",
+                "Authorization": _basic(user),
+                "Keepalive-Ping-Interval": str(keepalive_seconds),
+                **extra,
+            }
+        )
+
     def _headers(self, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         h = {
             "E2b-Sandbox-Id": self._target.sandbox_id,
@@ -539,15 +553,7 @@ class EnvdClient:
         token: Optional[CancelToken],
         extra: Mapping[str, str],
     ) -> RawStream:
-        headers = self._headers(
-            {
-                "Content-Type": "application/connect+json",
-                "Connect-Protocol-Version": "1",
-                "Authorization": _basic(user),
-                "Keepalive-Ping-Interval": str(keepalive_seconds),
-                **extra,
-            }
-        )
+        headers = self._stream_headers(user, keepalive_seconds, extra)
         stream = self._transport.open_raw_stream(
             "POST",
             f"{self._base}/process.Process/{method}",
@@ -649,15 +655,7 @@ class EnvdClient:
         extra: Optional[Mapping[str, str]] = None,
     ) -> Stream:
         """Open one Connect server stream of envd; its answer checked (200, Connect)."""
-        headers = self._headers(
-            {
-                "Content-Type": "application/connect+json",
-                "Connect-Protocol-Version": "1",
-                "Authorization": _basic(user),
-                "Keepalive-Ping-Interval": str(keepalive_seconds),
-                **(extra or {}),
-            }
-        )
+        headers = self._stream_headers(user, keepalive_seconds, extra or {})
         stream = self._transport.open_stream(
             "POST",
             f"{self._base}{route}",
