@@ -108,7 +108,7 @@ def test_the_wrapper_refuses_to_start_once_killed(ctl: str) -> None:
 
 def test_the_wrapper_runs_the_users_login_shell(ctl: str) -> None:
     if shutil.which("bash") is None:
-        pytest.skip("no bash on this machine")  # pragma: no cover
+        pytest.skip(reason="no bash on this machine")  # pragma: no cover
     code, out = run_wrapper(ctl, "", [(0.5, b"shopt -q login_shell && echo LOGIN-OK; exit 4\n")])
     assert code == 4 and b"LOGIN-OK" in out
 
