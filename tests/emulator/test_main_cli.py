@@ -198,3 +198,71 @@ def test_ctrl_c_before_it_serves_is_one_line(short_tmp: str) -> None:
             proc.kill()
             proc.wait()
     assert (proc.returncode, out, err) == (130, b"", b"e2b-emulator: interrupted\n")
+
+
+def _as_a_background_job() -> None:
+    # what a job started with ``&`` by a shell without job control gets (SIGINT and SIGQUIT
+    # ignored), what ``nohup`` adds (SIGHUP), and a blocked signal for good measure
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+
+
+#: In a sandbox: the signals an exec's command and a terminal's program see (not the same
+#: path: an exec runs under ``timeout``, which sets some itself), a SIGQUIT, a Ctrl-C.
+_SIGNALS_IN_A_SANDBOX = r"""
+from e2b_provider import DeploymentConfig, E2BSandboxProvider
+p = E2BSandboxProvider(DeploymentConfig.from_env())
+h = p.create("signals")
+r = p.exec(h, "grep -E '^Sig(Blk|Ign):' /proc/self/status; sh -c 'kill -QUIT $$'; echo quit=$?")
+print(r.stdout, end="")
+with p.terminal(h, "grep -E '^Sig(Blk|Ign):' /proc/self/status; echo ready; sleep 60") as t:
+    got = b""
+    while b"ready" not in got:
+        got += t.read(timeout=30)
+    print(got.decode().replace("\r\n", "\n"), end="")
+    t.write(b"\x03")
+    print(f"ctrl-c={t.wait(timeout=30)}")
+"""
+
+
+def test_sandboxes_get_default_signals_whatever_the_emulator_inherited(
+    emulator: Emulator, short_tmp: str
+) -> None:
+    # envd runs under a service manager: its commands start with no signal blocked or
+    # ignored. An emulator started from a background job must not pass on what it inherited
+    # (or Ctrl-C and Ctrl-\ in a terminal, and ``kill -QUIT``, would do nothing).
+    state = os.path.join(short_tmp, "state")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "e2b_provider.emulator", "--api-key", KEY, "--state-dir", state,
+         "--host", "127.0.0.1", "--port", "0"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=_as_a_background_job,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        url = re.search(r"ready at (\S+) ", _ready_line(proc.stderr)).group(1)  # type: ignore[union-attr]
+        run_env = dict(env, E2B_API_KEY=KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url,
+                       E2B_TEMPLATE="base")
+        done = subprocess.run([sys.executable, "-c", _SIGNALS_IN_A_SANDBOX], env=run_env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "SigBlk:\t0000000000000000",
+            "SigIgn:\t0000000000000000",
+            "quit=131",
+            "SigBlk:\t0000000000000000",  # a terminal's program
+            "SigIgn:\t0000000000000000",
+            "ready",
+            "ctrl-c=130",
+        ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -135,6 +135,10 @@ _rootless = False
 _uid_base = 0
 _gid_base = 0
 _OUTSIDE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Every signal whose disposition can be set (all but SIGKILL and SIGSTOP).
+_RESETTABLE_SIGNALS = tuple(
+    sig for sig in sorted(signal.valid_signals()) if sig not in (signal.SIGKILL, signal.SIGSTOP)
+)
 #: What the base template's sudo needs from the host, besides /usr/bin/sudo.
 _SUDO_DIRS = ("/usr/libexec/sudo", "/usr/lib/sudo")
 
@@ -866,8 +870,11 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) ->
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
+            # every signal as a service manager gives envd: none blocked, none ignored. What
+            # the emulator inherited must not reach the sandbox (started from a background job
+            # it has SIGINT and SIGQUIT ignored, and a terminal's Ctrl-C would do nothing)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_OUTSIDE_SIGNALS):
+            for sig in _RESETTABLE_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             os.setsid()
             if boot.userns is not None:
@@ -899,7 +906,8 @@ def _describe(status: int) -> str:
 def serve(argv: Sequence[str], env: Mapping[str, str], cwd: str, boot: Boot) -> int:
     """Run PID 1's loop: keep the agent alive, reap orphans, exit on SIGTERM from outside.
 
-    Signals sent from inside the sandbox (``kill 1``) are ignored, as for a real init. Every
+    Signals sent from inside the sandbox (``kill 1``) are ignored, as for a real init. The
+    agent, and so every process of the sandbox, starts with no signal blocked or ignored. Every
     agent gets the envd listening socket as fd 3 and the ports socket as fd 4 (``LISTEN_FDS=2``,
     ``LISTEN_PID``; ``LISTEN_FDS=1`` when the boot config names no ports socket) and, in root
     mode, runs as root of the sandbox's user namespace.
