@@ -155,6 +155,9 @@ def test_a_shell_with_a_resize_ctrl_c_ctrl_d_and_its_exit_code(
     pane.wait_for(r"status=130")
     assert time.monotonic() - t0 < 30
     pane.keys("text:(exit 9)", "Enter")
+    # as a person does, Ctrl-D once the prompt is back (typed while the command runs, it
+    # meets the terminal in bash's cooked mode, not readline at its prompt)
+    pane.wait_for(r"(?m)\(exit 9\)\nsandbox@\S+:~\$$")
     pane.keys("C-d")  # end of input at the prompt: bash exits with the last status
     assert pane.status() == 9
 
