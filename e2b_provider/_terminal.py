@@ -178,6 +178,11 @@ class _Events:
         self._end: Optional[EndStream] = None
         self.done = False
 
+    def buffered(self) -> bool:
+        """True when an event (or the end) was received and not polled yet: ``select`` on
+        the socket does not see it."""
+        return bool(self._pending) or self._end is not None
+
     def poll(self, timeout: Optional[float]) -> Union[ProcessEvent, _StreamEnd, None]:
         """The next event; :data:`_END` after the end-of-stream message; None when none
         was complete within ``timeout`` seconds (or a part of one came).
@@ -416,7 +421,9 @@ class Terminal:
             if deadline is not None:
                 left = deadline.remaining()
                 if left <= 0:
-                    if tried:
+                    # what was received is read first, however long the timeout (a keepalive
+                    # may come in one piece with output: ``select`` would not see the output)
+                    if tried and not self._events.buffered():
                         raise mark_worded(OperationTimeout(
                             f"no output from terminal {self.id} within the read's timeout; "
                             "it still runs"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import select
 import signal
 import threading
 from typing import Any, Callable, Dict, Iterator, List
@@ -19,7 +20,7 @@ import pytest
 from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer
 from waiting import thread_blocked_in, wait_until
 
-from e2b_provider import DeploymentConfig, E2BHttpError, E2BSandboxProvider
+from e2b_provider import DeploymentConfig, E2BHttpError, E2BSandboxProvider, OperationTimeout
 from e2b_provider._connect import encode_envelope
 from e2b_provider._watchdog import Watchdog
 
@@ -249,3 +250,45 @@ def test_ctrl_c_after_the_timeout_fired_waits_for_the_pending_kill(
         helper.join(30)
         signal.signal(signal.SIGINT, previous)
         wd.close()
+
+
+# -- a terminal's output that came in one piece with a keepalive ----------------------------
+
+
+def test_a_terminal_reads_output_that_came_after_a_keepalive_in_one_piece(
+    server: ScriptedServer, make_provider: Callable[..., E2BSandboxProvider]
+) -> None:
+    # A select-driven reader (the CLI's exec -it) calls read(timeout=0) once the socket is
+    # readable; what came in the same piece as a keepalive must be read then, not after the
+    # reader's next wake-up (the socket has nothing more to say)
+    opened, sent, release = threading.Event(), threading.Event(), threading.Event()
+
+    def terminal(q: Request, r: Responder) -> None:
+        assert json.loads(q.body[5:]).get("pty") is not None
+        r.start_chunked()
+        r.chunk(event(start={"pid": PID}))
+        r.hold(opened)  # after the terminal's opening (which reads what has come)
+        r.chunk(event(keepalive={}) + event(data={"pty": b64(b"hello")}))
+        sent.set()
+        r.hold(release)
+        r.chunk(event(end={"exited": True, "status": "exit status 0"}))
+        r.chunk(encode_envelope({}, end_stream=True))
+        r.end_chunked()
+
+    server.on("POST", CONNECT, connected)
+    server.on("POST", START, terminal)
+    p = make_provider()
+    with p.terminal(SID, "echo hello; sleep 60") as t:
+        opened.set()
+        assert sent.wait(10)
+        ready, _, _ = select.select([t.fileno()], [], [], 10)
+        assert ready
+        got = b""
+        with contextlib.suppress(OperationTimeout):
+            while True:  # as fileno() says: read(timeout=0) until it raises
+                piece = t.read(timeout=0)
+                assert piece, "the terminal ended"
+                got += piece
+        assert got == b"hello"
+        release.set()
+        assert t.wait(timeout=10) == 0
