@@ -32,6 +32,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Union,
 )
 
 from ._connect import EndStream, EnvelopeDecoder, Parsed, encode_envelope
@@ -118,6 +119,57 @@ def _check_keepalive(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 3600:
         raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
     return value
+
+
+def _process_config(
+    cmd: object, args: Sequence[str], envs: Optional[Mapping[str, str]], cwd: object
+) -> Dict[str, Any]:
+    """A Start request's ``process``: ``cmd``, ``args`` and, when given, ``envs`` and
+    ``cwd``, checked."""
+    if not isinstance(cmd, str) or not cmd:
+        raise InvalidArgument("cmd must be a non-empty string")
+    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+        raise InvalidArgument("args must be a sequence of strings")
+    process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
+    if envs is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
+            raise InvalidArgument("envs must map strings to strings")
+        process["envs"] = dict(envs)
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            raise InvalidArgument("cwd must be a string")
+        process["cwd"] = cwd
+    return process
+
+
+def _pty_size(cols: object, rows: object) -> Dict[str, Any]:
+    """A request's ``pty`` field for a terminal of ``cols`` x ``rows``, checked."""
+    for name, n in (("cols", cols), ("rows", rows)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
+            raise InvalidArgument(f"{name} must be an int from 1 to 65535")
+    return {"size": {"cols": cols, "rows": rows}}
+
+
+def _check_connect_answer(
+    stream: Union[Stream, RawStream], operation: str, error_body: Callable[[], bytes]
+) -> None:
+    """Check a stream's answer is a 200 Connect stream; otherwise abort and close it and
+    raise (the error answer's body, read by ``error_body``, in the error)."""
+    try:
+        if stream.status != 200:
+            raise error_from_response(
+                HttpResponse(stream.status, stream.headers, error_body()), operation
+            )
+        ctype = stream.headers.get("content-type", "")
+        if ctype and not ctype.lower().startswith("application/connect+json"):
+            raise ProtocolError(
+                f"E2B {operation} answered 200 with content type {ctype[:80]!r}, "
+                "not a Connect stream"
+            )
+    except BaseException:
+        stream.abort()
+        stream.close()
+        raise
 
 
 def _check_timeout(value: object, what: str) -> float:
@@ -361,20 +413,8 @@ class EnvdClient:
             Cancelled, TransportError, TransportTimeout.
         """
         _check_user(user)
-        if not isinstance(cmd, str) or not cmd:
-            raise InvalidArgument("cmd must be a non-empty string")
-        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-            raise InvalidArgument("args must be a sequence of strings")
+        process = _process_config(cmd, args, envs, cwd)
         _check_keepalive(keepalive_seconds)
-        process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
-        if envs is not None:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
-                raise InvalidArgument("envs must map strings to strings")
-            process["envs"] = dict(envs)
-        if cwd is not None:
-            if not isinstance(cwd, str):
-                raise InvalidArgument("cwd must be a string")
-            process["cwd"] = cwd
         request: Dict[str, Any] = {"process": process, "stdin": bool(stdin)}
         if tag is not None:
             if not isinstance(tag, str) or not tag:
@@ -491,25 +531,10 @@ class EnvdClient:
             Cancelled, TransportError, TransportTimeout.
         """
         _check_user(user)
-        if not isinstance(cmd, str) or not cmd:
-            raise InvalidArgument("cmd must be a non-empty string")
-        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-            raise InvalidArgument("args must be a sequence of strings")
+        process = _process_config(cmd, args, envs, cwd)
         _check_keepalive(keepalive_seconds)
-        for name, n in (("cols", cols), ("rows", rows)):
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
-                raise InvalidArgument(f"{name} must be an int from 1 to 65535")
-        process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
-        if envs is not None:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
-                raise InvalidArgument("envs must map strings to strings")
-            process["envs"] = dict(envs)
-        if cwd is not None:
-            process["cwd"] = cwd
         # As the SDK's pty.create: no stdin field (envd ignores it for a terminal).
-        request: Dict[str, Any] = {
-            "process": process, "pty": {"size": {"cols": cols, "rows": rows}},
-        }
+        request: Dict[str, Any] = {"process": process, "pty": _pty_size(cols, rows)}
         if tag is not None:
             request["tag"] = tag
         extra: Dict[str, str] = {}
@@ -564,22 +589,9 @@ class EnvdClient:
             operation=_PTY_OP,
             deadline=Deadline.after(START_OPEN_SECONDS),
         )
-        try:
-            if stream.status != 200:
-                raw = stream.read_all(ERROR_BODY_BYTES, timeout=5.0)
-                raise error_from_response(
-                    HttpResponse(stream.status, stream.headers, raw), _PTY_OP
-                )
-            ctype = stream.headers.get("content-type", "")
-            if ctype and not ctype.lower().startswith("application/connect+json"):
-                raise ProtocolError(
-                    f"E2B {_PTY_OP} answered 200 with content type {ctype[:80]!r}, "
-                    "not a Connect stream"
-                )
-        except BaseException:
-            stream.abort()
-            stream.close()
-            raise
+        _check_connect_answer(
+            stream, _PTY_OP, lambda: stream.read_all(ERROR_BODY_BYTES, timeout=5.0)
+        )
         return stream
 
     def resize_pty(
@@ -601,10 +613,7 @@ class EnvdClient:
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         _check_pid(pid)
-        for name, n in (("cols", cols), ("rows", rows)):
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
-                raise InvalidArgument(f"{name} must be an int from 1 to 65535")
-        body = {"process": {"pid": pid}, "pty": {"size": {"cols": cols, "rows": rows}}}
+        body = {"process": {"pid": pid}, "pty": _pty_size(cols, rows)}
         resp = self._rpc("Update", body, "terminal resize", token, timeout)
         if not resp.ok:
             raise error_from_response(resp, "terminal resize")
@@ -666,22 +675,9 @@ class EnvdClient:
             operation=operation,
             deadline=Deadline.after(START_OPEN_SECONDS),
         )
-        try:
-            if stream.status != 200:
-                raw = stream.read_all(ERROR_BODY_BYTES, truncate=True)
-                raise error_from_response(
-                    HttpResponse(stream.status, stream.headers, raw), operation
-                )
-            ctype = stream.headers.get("content-type", "")
-            if ctype and not ctype.lower().startswith("application/connect+json"):
-                raise ProtocolError(
-                    f"E2B {operation} answered 200 with content type {ctype[:80]!r}, "
-                    "not a Connect stream"
-                )
-        except BaseException:
-            stream.abort()
-            stream.close()
-            raise
+        _check_connect_answer(
+            stream, operation, lambda: stream.read_all(ERROR_BODY_BYTES, truncate=True)
+        )
         return stream
 
     def _rpc(
