@@ -1040,7 +1040,7 @@ class RawStream:
     read of a ``requests``/``http.client`` answer closes its connection, and their buffers
     hide bytes from a ``select``. Here the body is framed by :class:`~._http1.Framer`
     (chunked, a length, or the end of the connection) from what ``recv`` gives, so nothing
-    sits between the socket and the reader but :attr:`pending`.
+    sits between the socket and the reader: :meth:`read` returns all it received.
 
     :meth:`read` returns the body's content as soon as any is there, ``b""`` at its end, or
     None when nothing came within its timeout (the stream goes on). A peer silent for longer
@@ -1084,12 +1084,6 @@ class RawStream:
     def aborted(self) -> bool:
         """True once :meth:`abort` was called."""
         return self._aborted
-
-    @property
-    def pending(self) -> bool:
-        """True when content (or the end) was received and not read yet: a reader that
-        waits for the socket with ``select`` reads these first."""
-        return bool(self._body) or self._ended
 
     def fileno(self) -> int:
         """The socket's descriptor, for ``select`` (readable: :meth:`read` may have more)."""

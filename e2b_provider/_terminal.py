@@ -628,7 +628,7 @@ class Terminal:
             InvalidArgument: a size outside 1-65535, or the handle was closed.
             Cancelled, TransportError, E2BProviderError.
         """
-        _check_size(cols, rows)
+        v.check_terminal_size(cols, rows)
         v.check_cancel(cancel)
         self._check_open()
         self._check_stop(cancel)
@@ -746,12 +746,6 @@ class Terminal:
         if exc_type is KeyboardInterrupt and self._owned and not self._ended:
             self._interrupted()
         self.close()
-
-
-def _check_size(cols: object, rows: object) -> None:
-    for name, n in (("cols", cols), ("rows", rows)):
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
-            raise InvalidArgument(f"{name} must be an int from 1 to 65535, not {v.show(n)}")
 
 
 def _gone_tty(exc: E2BHttpError) -> bool:

@@ -50,6 +50,7 @@ __all__ = [
     "check_path",
     "check_sandbox_id",
     "check_tag",
+    "check_terminal_size",
     "check_text",
     "check_timeout",
     "path_problems",
@@ -530,6 +531,17 @@ def check_max_bytes(n: object, name: str) -> int:
     if n > MAX_BYTES_LIMIT:
         raise InvalidArgument(f"invalid {name} {show(n)}: at most {MAX_BYTES_LIMIT} (1 GiB)")
     return int(n)
+
+
+def check_terminal_size(cols: object, rows: object) -> None:
+    """Check a terminal's size: ``cols`` and ``rows`` ints (not bool) from 1 to 65535.
+
+    Raises:
+        InvalidArgument: naming the one that is not.
+    """
+    for name, n in (("cols", cols), ("rows", rows)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
+            raise InvalidArgument(f"{name} must be an int from 1 to 65535, not {show(n)}")
 
 
 def check_cancel(cancel: object) -> Optional[CancelToken]:

@@ -50,7 +50,7 @@ from ._messages import (
     unknown_sandbox_id,
 )
 from ._ports import ForwardLimits, Ports, check_port
-from ._terminal import Terminal, Terminals, _check_size, is_terminal_id
+from ._terminal import Terminal, Terminals, is_terminal_id
 from ._trees import Progress, Trees
 from ._watch import Watch, Watches
 from ._watchdog import Watchdog
@@ -861,7 +861,7 @@ class E2BSandboxProvider:
             if not command.strip():
                 raise InvalidArgument("command is empty: give a shell command, or None for "
                                       "the login shell")
-        _check_size(cols, rows)
+        v.check_terminal_size(cols, rows)
         if timeout is not None:
             v.check_timeout(timeout)
         run_env = _command_env(cwd, env, None)
