@@ -829,6 +829,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _add_cwd_and_env(cmd: argparse.ArgumentParser) -> None:
+    """The options of a command that runs something in the sandbox: ``--cwd``, ``--env``."""
+    cmd.add_argument("--cwd", default=None, help="working directory (default /workspace)")
+    cmd.add_argument("--env", action="append", default=[], metavar="K=V",
+                     help="an environment variable (repeatable)")
+
+
 def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests).
 
@@ -902,14 +909,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         help=f"seconds before the command is killed (default {DEFAULT_EXEC_TIMEOUT:g}; "
         "with -t: none)",
     )
-    e.add_argument("--cwd", default=None, help="working directory (default /workspace)")
-    e.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="an environment variable (repeatable)",
-    )
+    _add_cwd_and_env(e)
     e.add_argument(
         "--max-output-bytes",
         type=int,
@@ -928,9 +928,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "bash'; the same as 'exec -it SANDBOX'. Exits with the shell's status.",
     )
     sh.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
-    sh.add_argument("--cwd", default=None, help="working directory (default /workspace)")
-    sh.add_argument("--env", action="append", default=[], metavar="K=V",
-                    help="an environment variable (repeatable)")
+    _add_cwd_and_env(sh)
     sh.set_defaults(func=_cmd_shell)
 
     st = sub.add_parser(
@@ -950,9 +948,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         default=None,
         help="seconds before the command is killed (default: none, it runs until it ends)",
     )
-    st.add_argument("--cwd", default=None, help="working directory (default /workspace)")
-    st.add_argument("--env", action="append", default=[], metavar="K=V",
-                    help="an environment variable (repeatable)")
+    _add_cwd_and_env(st)
     st.add_argument("--tag", default=None, help="a tag, shown by ps")
     st.add_argument(
         "--max-output-bytes",
