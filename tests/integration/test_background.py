@@ -20,6 +20,7 @@ from waiting import wait_until
 from e2b_provider import (
     Cancelled,
     CancelToken,
+    Command,
     CommandEnded,
     CommandNotFound,
     E2BSandboxProvider,
@@ -44,10 +45,9 @@ def _alive(p: E2BSandboxProvider, h: SandboxHandle, *pgrep: str) -> List[str]:
     return out.split()
 
 
-def test_start_lists_follows_and_ends_with_the_exit_code(
-    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
-) -> None:
-    p, h = shared_provider, sandbox
+def start_follow_and_end(p: E2BSandboxProvider, h: SandboxHandle) -> Command:
+    """A command started, listed, followed live one line at a time and ended with exit 4,
+    its record kept: checked as any sandbox must show it (also without python3)."""
     go = f"/tmp/go-{unique_name()}"
     c = p.start(h, f"for i in 1 2 3; do echo out $i; echo err $i >&2; "
                    f"while [ ! -e {go}-$i ]; do sleep 0.05; done; done; exit 4", tag="web-1")
@@ -71,6 +71,13 @@ def test_start_lists_follows_and_ends_with_the_exit_code(
     assert not c.running and c.id not in {i.id for i in p.commands(h)}
     assert c.output().stdout == r.stdout
     assert c.wait(timeout=5) == r  # the record stays: waiting again is the same answer
+    return c
+
+
+def test_start_lists_follows_and_ends_with_the_exit_code(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    start_follow_and_end(shared_provider, sandbox)
 
 
 _STARTER = """

@@ -32,6 +32,7 @@ from e2b_provider import (
 from e2b_provider.emulator import Emulator
 
 from .conftest import count_requests, root, unique_name
+from .test_background import _alive, start_follow_and_end
 
 pytestmark = pytest.mark.integration
 
@@ -58,38 +59,12 @@ def bare(bare_emu: Emulator) -> Iterator[Tuple[E2BSandboxProvider, SandboxHandle
             p.destroy(h)
 
 
-def _alive(p: E2BSandboxProvider, h: SandboxHandle, *pgrep: str) -> List[str]:
-    return root(p, h, "pgrep " + " ".join(pgrep) + " || true").split()
-
-
 def test_start_follows_live_lists_and_ends_with_the_exit_code(
     bare: Tuple[E2BSandboxProvider, SandboxHandle],
 ) -> None:
     p, h = bare
-    go = f"/tmp/go-{unique_name()}"
-    c = p.start(h, f"for i in 1 2 3; do echo out $i; echo err $i >&2; "
-                   f"while [ ! -e {go}-$i ]; do sleep 0.05; done; done; exit 4", tag="web-1")
-    assert c.id.startswith(f"{h.id}:") and c.tag == "web-1" and c.pid > 0
+    c = start_follow_and_end(p, h)
     assert not c._frames  # the shell supervisor's
-    listed = {info.id: info for info in p.commands(h)}
-    assert listed[c.id].pid == c.pid and listed[c.id].tag == "web-1"
-    assert listed[c.id].command == c.command and abs(listed[c.id].started_at - time.time()) < 60
-    assert c.running
-    seen: List[str] = []
-
-    def on_out(text: str) -> None:
-        seen.append(text)
-        n = "".join(seen).count("\n")
-        if n <= 3:
-            p.write_file(h, f"{go}-{n}", b"")  # let the command go on, one line at a time
-
-    r = c.wait(timeout=60, on_stdout=on_out)
-    assert "".join(seen) == r.stdout == "out 1\nout 2\nout 3\n"
-    assert r.stderr == "err 1\nerr 2\nerr 3\n"
-    assert (r.exit_code, r.timed_out, r.cancelled, r.truncated) == (4, False, False, False)
-    assert not c.running and c.id not in {i.id for i in p.commands(h)}
-    assert c.output().stdout == r.stdout
-    assert c.wait(timeout=5) == r  # the record stays: waiting again is the same answer
     cid = c.id.rsplit(":", 1)[1]
     listing = root(p, h, f"stat -c '%U %a' /tmp/.capybara-cmd /tmp/.capybara-cmd/{cid}")
     assert listing.split("\n")[:2] == ["sandbox 700", "sandbox 700"], listing
