@@ -219,7 +219,9 @@ print(r.stdout, end="")
 with p.terminal(h, "grep -E '^Sig(Blk|Ign):' /proc/self/status; echo ready; sleep 60") as t:
     got = b""
     while b"ready" not in got:
-        got += t.read(timeout=30)
+        piece = t.read(timeout=30)
+        assert piece, "the terminal ended before it was ready"
+        got += piece
     print(got.decode().replace("\r\n", "\n"), end="")
     t.write(b"\x03")
     print(f"ctrl-c={t.wait(timeout=30)}")
