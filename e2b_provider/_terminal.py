@@ -20,6 +20,10 @@ wrapper stays the session leader, ignores the terminal's SIGINT and SIGQUIT itse
 programs get them), runs ``bash -c COMMAND`` or, without a command, the user's login shell
 from ``/etc/passwd`` (``-l``), and exits with its status.
 
+A kill by pid through envd (root) is sent only while envd lists that pid as the terminal's
+(tagged with its control path): a handle that has not read the end may hold a pid envd has
+forgotten and given to another process (see :mod:`._kills`).
+
 Output is read on the caller's thread, straight from the ``Start`` (or ``Connect``) stream
 (:class:`~e2b_provider._http.RawStream`: a timed-out read loses nothing), in slices of
 :data:`_SLICE_S` so cancels and deadlines are seen promptly. No thread per terminal: the
@@ -643,8 +647,9 @@ class Terminal:
 
     def kill(self, *, cancel: Optional[CancelToken] = None) -> None:
         """Kill the terminal's whole process tree (as a timed-out exec is killed: its
-        session, every process carrying its exec marker, then envd's process). Killing one
-        that has ended does nothing. Returns once the kill is done in the sandbox (bounded
+        session, every process carrying its exec marker, then envd's process, by pid only
+        while envd still lists that pid as this terminal's). Killing one that has ended
+        does nothing. Returns once the kill is done in the sandbox (bounded
         by the provider's ``kill_bound`` plus 1 s); :meth:`wait` then returns 137.
 
         Raises:
@@ -683,9 +688,11 @@ class Terminal:
         with self._lock:
             fut = self._kill_future
             if fut is None:
+                # the probe may be stale (the end may have come unread): the pid is
+                # signalled only while envd still lists it as this terminal's (confirm)
                 fut = self._kill_future = self._owner.kills.kill(
                     self._target, self._ctl, self._began, self._owner.ctx.bounds.kill,
-                    lambda: None if self._ended else self.pid,
+                    lambda: None if self._ended else self.pid, confirm=True,
                 )
         return fut
 
