@@ -15,7 +15,9 @@ exec (the kills go through the exec's batched kill script, see :mod:`._kills`; a
 has no holder tag, so ``kill_tagged`` leaves it alone). It leaves out what a terminal must
 not have: ``setsid`` (the pty gives the session), ``timeout -s KILL`` (it would put the
 program in a background process group of its terminal, where it cannot read it; a terminal's
-``timeout`` is envd's ``Connect-Timeout-Ms`` and this process's watchdog instead). The
+``timeout`` is this process's watchdog, which kills the whole tree, and envd's
+``Connect-Timeout-Ms`` :data:`~._scripts.IN_SANDBOX_GRACE_SECONDS` later, which kills its
+process if nobody watched). The
 wrapper stays the session leader, ignores the terminal's SIGINT and SIGQUIT itself (its
 programs get them), runs ``bash -c COMMAND`` or, without a command, the user's login shell
 from ``/etc/passwd`` (``-l``), and exits with its status.
@@ -311,6 +313,7 @@ class Terminal:
         self._broken: Optional[E2BProviderError] = None
         self._closed = False
         self._kill_future: Optional[concurrent.futures.Future[Optional[bool]]] = None
+        self._kill_awaited = False
         self._undo: List[Callable[[], object]] = []
         self._lease_looked = time.monotonic()
 
@@ -417,6 +420,7 @@ class Terminal:
                 self._out.clear()
                 return data
             if self._ended:
+                self._killed()
                 return b""
             if self._broken is not None:
                 raise self._broken
@@ -439,7 +443,10 @@ class Terminal:
                 ev = self._events.poll(wait)
             except RemoteError as exc:
                 if exc.code == "deadline_exceeded":  # envd's Connect-Timeout-Ms: killed
+                    # envd killed its process only: the tree is killed as at this
+                    # process's own timeout (what left the session would run on)
                     self._timed_out = True
+                    self._start_kill()
                     self._ended_with(137)
                     continue
                 self._broken = exc
@@ -456,6 +463,21 @@ class Terminal:
                 raise broken from exc
             if ev is not None:
                 self._take(ev)
+
+    def _killed(self) -> None:
+        """At the end: a kill of the tree under way (its timeout, a cancel) is waited for,
+        bounded as :meth:`kill`, so what the program started is gone once its end is
+        read."""
+        fut = self._kill_future
+        if fut is None or fut.done() or self._kill_awaited:
+            return
+        self._kill_awaited = True
+        bound = self._owner.ctx.bounds.kill + 1.0
+        finished, ok = _wait_verdict(fut, bound)
+        if not (finished and ok):
+            log.warning("e2b_provider: terminal %s ended, but the kill of its tree could not "
+                        "be confirmed within %.0f s; kill_all() stops what is left", self.id,
+                        bound)
 
     def _keep_lease(self) -> None:
         now = time.monotonic()
@@ -793,7 +815,11 @@ class Terminals:
         ctl = scripts.control_path(None)
         args = ["-c", TERMINAL_WRAPPER, "capybara-exec", ctl, command or ""]
         run_env = terminal_env(env, ctl)
-        timeout_ms = None if timeout is None else max(1, math.ceil(timeout * 1000))
+        # envd's kill (of its process only) comes after this process's kill of the whole
+        # tree, as the exec's in-sandbox timeout: the backstop when nobody watches
+        timeout_ms = None if timeout is None else (
+            (math.ceil(timeout) + scripts.IN_SANDBOX_GRACE_SECONDS) * 1000
+        )
         need = FILE_OP_TIMEOUT if timeout is None else math.ceil(timeout) + FILE_OP_TIMEOUT
 
         def run(target: Target) -> Terminal:

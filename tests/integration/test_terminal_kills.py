@@ -7,6 +7,8 @@
   from this machine inside that namespace) to give a neighbour's new terminal the dead
   terminal's pid; then each way a handle kills (``kill()``, ``close()``, an attached
   handle's ``kill()``, its cancel token, its timeout) must leave the neighbour running.
+* A terminal's timeout kills its whole tree, daemons included (a job, ``nohup``,
+  ``setsid``, both, a double fork), as its other ends do; so does ``exec -it --timeout``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import uuid
 from typing import Iterator
 
 import pytest
@@ -23,6 +26,7 @@ from e2b_provider import CancelToken, E2BSandboxProvider, SandboxHandle, Termina
 from e2b_provider.errors import CommandEnded
 
 from .conftest import root
+from .test_cli_tty import Pane, env, pane  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +167,46 @@ def test_a_timeout_of_a_terminal_whose_end_was_not_read_spares_the_pids_new_owne
     wait_until(lambda: t.timed_out, 60, "the terminal's timeout")
     t.close()  # waits for the kill the timeout started
     assert _still_runs(by) == 7
+
+
+# -- a timeout kills the whole tree ----------------------------------------------------------
+
+#: Daemons of every kind, each a ``sleep`` with its own first argument: a job of the
+#: interactive shell (a process group of its own, not the terminal's foreground one), one
+#: under ``nohup``, one that left the session with ``setsid``, one with both, a double fork.
+DAEMONS = (
+    "sleep 7001.{n} & nohup sleep 7002.{n} >/dev/null 2>&1 & setsid sleep 7003.{n} & "
+    "setsid nohup sleep 7004.{n} >/dev/null 2>&1 & (sleep 7005.{n} &) ; echo started-{n}"
+)
+
+
+def _count(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> int:
+    return int(root(p, h, f"pgrep -fc -- '{pattern}' || true").strip())
+
+
+def test_a_terminal_timeout_kills_every_kind_of_daemon(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    p = shared_provider
+    n = uuid.uuid4().int % 10**6
+    pattern = rf"^sleep 700[1-5]\.{n}$"
+    with p.terminal(sandbox, timeout=12.0) as t:  # the login shell, typed into
+        t.write(DAEMONS.format(n=n) + "\n")
+        wait_until(lambda: _count(p, sandbox, pattern) == 5, 30, "the five daemons")
+        assert t.wait(timeout=60) == 137
+        assert t.timed_out
+    wait_until(lambda: _count(p, sandbox, pattern) == 0, 10, "no daemon left")
+
+
+def test_exec_it_timeout_kills_every_kind_of_daemon(
+    pane: Pane, sandbox: SandboxHandle, shared_provider: E2BSandboxProvider  # noqa: F811
+) -> None:
+    p = shared_provider
+    n = uuid.uuid4().int % 10**6
+    pattern = rf"^sleep 700[1-5]\.{n}$"
+    pane.start(["exec", "-it", "--timeout", "12", sandbox.id, "--", "bash", "-c",
+                DAEMONS.format(n=n) + "; sleep 300"])
+    pane.wait_for(rf"(?m)^started-{n}$")
+    wait_until(lambda: _count(p, sandbox, pattern) == 5, 30, "the five daemons")
+    assert pane.status() == 124
+    wait_until(lambda: _count(p, sandbox, pattern) == 0, 10, "no daemon left")
