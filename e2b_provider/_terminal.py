@@ -20,7 +20,9 @@ program in a background process group of its terminal, where it cannot read it; 
 process if nobody watched). The
 wrapper stays the session leader, ignores the terminal's SIGINT and SIGQUIT itself (its
 programs get them), runs ``bash -c COMMAND`` or, without a command, the user's login shell
-from ``/etc/passwd`` (``-l``), and exits with its status.
+from ``/etc/passwd`` (``-l``), then kills what the program left behind (its session, its
+marker: :data:`TERMINAL_LEFTOVERS`; a job left running would hold the pty, and envd ends a
+process only once its pty is closed) and exits with the program's status.
 
 A kill by pid through envd (root) is sent only while envd lists that pid as the terminal's
 (tagged with its control path): a handle that has not read the end may hold a pid envd has
@@ -87,6 +89,7 @@ from .models import Target
 __all__ = [
     "DEFAULT_TERM",
     "TERMINAL_ID_PREFIX",
+    "TERMINAL_LEFTOVERS",
     "TERMINAL_WRAPPER",
     "Terminal",
     "Terminals",
@@ -112,17 +115,42 @@ _ENDED_WAIT_S = 5.0
 #: A terminal that is read keeps its sandbox's lease renewed, looked at this often.
 _LEASE_LOOK_S = 30.0
 
+#: What a terminal's wrapper becomes once its program has exited (``exec``, so it keeps its
+#: pid: envd's process and the session's leader; ``$1`` the control path, ``$2`` the
+#: program's status, the exec marker no longer in its environment): it kills what the
+#: program left behind, then exits with the program's status. First, in up to five rounds
+#: (children forked meanwhile), every process of its session but itself, listed from
+#: ``/proc/*/stat`` by shell builtins alone, so the listing starts no process of its own
+#: (a job the shell left running, ``nohup``'d or ignoring the hang-up, holds the terminal and
+#: would keep envd from ever ending it); then every process carrying the terminal's exec
+#: marker (``MARKED_KILL``: what left the session with ``setsid``). Nothing in it is quoted
+#: with ``'``: :data:`TERMINAL_WRAPPER` quotes it so.
+TERMINAL_LEFTOVERS = (
+    scripts.MARKED_KILL
+    + 'trap "" INT QUIT; c=$1; s=$2; r=0; while [ $r -lt 5 ]; do r=$((r+1)); g=; '
+    'for f in /proc/[0-9]*/stat; do { read -r x < "$f"; } 2>/dev/null || continue; '
+    'x=${x##*)}; set -- $x; [ "$4" = "$$" ] && [ "$1" != Z ] || continue; f=${f%/stat}; '
+    'f=${f#/proc/}; [ "$f" = "$$" ] || g="$g $f"; done; [ -n "$g" ] || break; '
+    'kill -9 $g 2>/dev/null; done; z -xF "' + scripts.EXEC_MARKER + '=$c"; exit $s'
+)
+
 #: Runs the terminal's program: ``$1`` its control path, ``$2`` a shell command for
 #: ``/bin/bash -c`` (empty: the user's login shell). See the module's docstring. Its pid file
 #: is removed in the foreground (the exec wrapper removes it in the background, off its
 #: stream's end): a background ``rm`` would share the terminal's process group and die of
-#: the hang-up the kernel sends it when the wrapper, the session's leader, exits.
+#: the hang-up the kernel sends it when the wrapper, the session's leader, exits. When the
+#: program has exited, the wrapper becomes :data:`TERMINAL_LEFTOVERS` (without the exec
+#: marker, so its sweep by the marker spares it; with SIGINT and SIGQUIT ignored, not
+#: trapped, so a Ctrl-C typed meanwhile cannot end it before it ignores them itself): the
+#: program's exit ends the terminal, and nothing it started outlives it.
 TERMINAL_WRAPPER = (
     'c=$1; echo $$ > "$c.pid" 2>/dev/null; if [ -e "$c.kill" ]; then exit 137; fi; '
     "trap : INT QUIT; "
     'if [ -n "$2" ]; then /bin/bash -c "$2"; else u=${USER:-$(id -un)}; l=; '
     'while IFS=: read -r n _ _ _ _ _ l; do [ "$n" = "$u" ] && break; l=; done < /etc/passwd; '
-    '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; rm -f "$c.pid" 2>/dev/null; exit $s'
+    '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; trap "" INT QUIT; rm -f "$c.pid" 2>/dev/null; '
+    "unset " + scripts.EXEC_MARKER + "; exec /bin/sh -c '" + TERMINAL_LEFTOVERS
+    + "' capybara-exec \"$c\" $s"
 )
 
 _ID_RE = re.compile(r"pty-(?P<pid>[1-9][0-9]{0,9})-(?P<hex>[0-9a-f]{32})")

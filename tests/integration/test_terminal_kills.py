@@ -9,6 +9,9 @@
   handle's ``kill()``, its cancel token, its timeout) must leave the neighbour running.
 * A terminal's timeout kills its whole tree, daemons included (a job, ``nohup``,
   ``setsid``, both, a double fork), as its other ends do; so does ``exec -it --timeout``.
+* The program's exit ends the terminal: what it left running (a job ignoring the hang-up,
+  which holds the pty) is killed, so ``wait()`` returns its status and ``shell`` returns
+  after ``exit``.
 """
 
 from __future__ import annotations
@@ -210,3 +213,31 @@ def test_exec_it_timeout_kills_every_kind_of_daemon(
     wait_until(lambda: _count(p, sandbox, pattern) == 5, 30, "the five daemons")
     assert pane.status() == 124
     wait_until(lambda: _count(p, sandbox, pattern) == 0, 10, "no daemon left")
+
+
+# -- the program's exit ends the terminal ----------------------------------------------------
+
+
+def test_wait_returns_when_the_program_exits_leaving_a_child_that_holds_the_pty(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    p = shared_provider
+    n = uuid.uuid4().int % 10**6
+    with p.terminal(sandbox, f"trap '' HUP; sleep 7101.{n} & exit 5") as t:
+        assert t.wait(timeout=60) == 5
+    assert _count(p, sandbox, rf"^sleep 7101\.{n}$") == 0
+
+
+def test_a_shell_returns_after_exit_with_a_job_left_running(
+    pane: Pane, sandbox: SandboxHandle, shared_provider: E2BSandboxProvider  # noqa: F811
+) -> None:
+    p = shared_provider
+    n = uuid.uuid4().int % 10**6
+    pane.start(["shell", sandbox.id])
+    pane.wait_for(r"(?m)^sandbox@\S+:~\$$")
+    pane.keys(f"text:sleep 7201.{n} &", "Enter")
+    wait_until(lambda: _count(p, sandbox, rf"^sleep 7201\.{n}$") == 1, 30, "the job")
+    pane.keys("text:exit 3", "Enter")
+    assert pane.status() == 3
+    assert _count(p, sandbox, rf"^sleep 7201\.{n}$") == 0
+
