@@ -280,7 +280,7 @@ class KillBatcher:
                 self._schedule(key)
 
     def _run(self, target: Target, batch: List[_Kill]) -> None:
-        """Run one batch: the kill script for all, their verdicts, then SIGKILL by tag."""
+        """Run one batch: the kill script for all, their verdicts, then SIGKILL by pid."""
         ctx = self._ctx
         sid = target.sandbox_id
         if ctx.closed:
