@@ -12,6 +12,15 @@ lookup by tag stops at the first process with another tag, so it misses whenever
 tagged processes run). So a burst of timeouts costs
 one script per sandbox, not one per command, and no kill waits behind hundreds of others.
 
+A pid is signalled only while it is still that command's process. An exec's probe says so
+(its stream is read to its end, so its pid is given only while envd holds the process). A
+kill queued with ``confirm`` (a terminal's: its handle may not have read the end that
+came) has a probe that may be stale: once a process has ended, envd forgets it and its pid
+may be given to any other (a sandbox user cycles the pid counter in minutes, and envd runs
+as root); so its pid is signalled only while envd's ``List`` shows it with the kill's
+control path as its tag, that is while envd still holds that very process (one ``List``
+per batch for all such kills).
+
 A kill's verdict is evidence about its own sandbox only:
 
 * ``True``: the script ran and exited 0.
@@ -36,7 +45,7 @@ import concurrent.futures
 import logging
 import math
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import attrs
 
@@ -76,6 +85,8 @@ class _Kill:
     bound: float
     running: Callable[[], Optional[int]]
     future: concurrent.futures.Future[Optional[bool]]
+    #: Signal the pid only while envd lists it with ``ctl`` as its tag (see the module).
+    confirm: bool = False
 
 
 @attrs.define(eq=False)
@@ -205,6 +216,8 @@ class KillBatcher:
         began: float,
         bound: float,
         running: Callable[[], Optional[int]],
+        *,
+        confirm: bool = False,
     ) -> concurrent.futures.Future[Optional[bool]]:
         """Queue the kill of the exec with control path ``ctl``; never blocks.
 
@@ -215,6 +228,9 @@ class KillBatcher:
             bound: seconds the kill may take once it started.
             running: the pid of the exec's process while it is known to be running, else
                 None.
+            confirm: ``running`` may give the pid of a process that has ended (a terminal
+                whose end was not read): signal it only while envd lists it with ``ctl`` as
+                its tag.
 
         Returns:
             A future with the verdict (see the module's docstring).
@@ -226,7 +242,7 @@ class KillBatcher:
             idle = queue is None
             if queue is None:
                 queue = self._queues[key] = _Queue(target)
-            queue.kills.append(_Kill(ctl, began, bound, running, fut))
+            queue.kills.append(_Kill(ctl, began, bound, running, fut, confirm))
         if idle:
             self._schedule(key)
         return fut
@@ -264,7 +280,7 @@ class KillBatcher:
                 self._schedule(key)
 
     def _run(self, target: Target, batch: List[_Kill]) -> None:
-        """Run one batch: the kill script for all, their verdicts, then SIGKILL by tag."""
+        """Run one batch: the kill script for all, their verdicts, then SIGKILL by pid."""
         ctx = self._ctx
         sid = target.sandbox_id
         if ctx.closed:
@@ -354,19 +370,37 @@ class KillBatcher:
                     queue.kills.clear()
             for k in queued:
                 verdicts.append((k, None if self._rebooted_since(sid, k.began) else False))
+        # As the reference's kill job: the script, then SIGKILL of the process envd
+        # started, before the kill counts as done (by its pid, while its stream has not
+        # ended, or, for a kill that confirms, while envd lists it with its tag: envd still
+        # holds the process, so the pid is not reused)
+        held = self._held(envd, sid, [
+            k for k, verdict in verdicts if verdict is True and k.confirm and self._pid(k)
+        ])
         for k, verdict in verdicts:
-            if verdict is True:
-                # As the reference's kill job: the script, then SIGKILL of the process envd
-                # started, before the kill counts as done (by its pid, while its stream
-                # has not ended: envd still holds the process, so the pid is not reused)
-                self._signal(envd, sid, k)
+            pid = self._pid(k) if verdict is True else None
+            if pid is not None and (not k.confirm or (pid, k.ctl) in held):
+                self._signal(envd, sid, k, pid)
             _resolve(k, verdict)
 
-    def _signal(self, envd: EnvdClient, sid: str, k: _Kill) -> None:
-        """SIGKILL, by pid, the process envd started for ``k`` if it still runs."""
-        pid = None if self._ctx.closed else k.running()
-        if pid is None:
-            return
+    def _pid(self, k: _Kill) -> Optional[int]:
+        return None if self._ctx.closed else k.running()
+
+    def _held(self, envd: EnvdClient, sid: str, kills: List[_Kill]) -> Set[Tuple[int, str]]:
+        """``(pid, tag)`` of every process envd holds, when ``kills`` need it (else none)."""
+        if not kills:
+            return set()
+        try:
+            listed = envd.list_processes(timeout=min(SIGNAL_TIMEOUT, max(k.bound for k in kills)))
+        except E2BProviderError as exc:
+            log.info("e2b_provider: listing the processes of sandbox %s for a kill failed (no "
+                     "pid signalled): %s", sid, exc)
+            return set()
+        return {(p["pid"], p["tag"]) for p in listed
+                if isinstance(p.get("pid"), int) and isinstance(p.get("tag"), str)}
+
+    def _signal(self, envd: EnvdClient, sid: str, k: _Kill, pid: int) -> None:
+        """SIGKILL, by pid, the process envd started for ``k``."""
         try:
             envd.send_signal(pid, timeout=min(SIGNAL_TIMEOUT, k.bound))
         except E2BProviderError as exc:

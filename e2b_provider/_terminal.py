@@ -15,10 +15,18 @@ exec (the kills go through the exec's batched kill script, see :mod:`._kills`; a
 has no holder tag, so ``kill_tagged`` leaves it alone). It leaves out what a terminal must
 not have: ``setsid`` (the pty gives the session), ``timeout -s KILL`` (it would put the
 program in a background process group of its terminal, where it cannot read it; a terminal's
-``timeout`` is envd's ``Connect-Timeout-Ms`` and this process's watchdog instead). The
+``timeout`` is this process's watchdog, which kills the whole tree, and envd's
+``Connect-Timeout-Ms`` :data:`~._scripts.IN_SANDBOX_GRACE_SECONDS` later, which kills its
+process if nobody watched). The
 wrapper stays the session leader, ignores the terminal's SIGINT and SIGQUIT itself (its
 programs get them), runs ``bash -c COMMAND`` or, without a command, the user's login shell
-from ``/etc/passwd`` (``-l``), and exits with its status.
+from ``/etc/passwd`` (``-l``), then kills what the program left behind (its session, its
+marker: :data:`TERMINAL_LEFTOVERS`; a job left running would hold the pty, and envd ends a
+process only once its pty is closed) and exits with the program's status.
+
+A kill by pid through envd (root) is sent only while envd lists that pid as the terminal's
+(tagged with its control path): a handle that has not read the end may hold a pid envd has
+forgotten and given to another process (see :mod:`._kills`).
 
 Output is read on the caller's thread, straight from the ``Start`` (or ``Connect``) stream
 (:class:`~e2b_provider._http.RawStream`: a timed-out read loses nothing), in slices of
@@ -81,6 +89,7 @@ from .models import Target
 __all__ = [
     "DEFAULT_TERM",
     "TERMINAL_ID_PREFIX",
+    "TERMINAL_LEFTOVERS",
     "TERMINAL_WRAPPER",
     "Terminal",
     "Terminals",
@@ -106,17 +115,42 @@ _ENDED_WAIT_S = 5.0
 #: A terminal that is read keeps its sandbox's lease renewed, looked at this often.
 _LEASE_LOOK_S = 30.0
 
+#: What a terminal's wrapper becomes once its program has exited (``exec``, so it keeps its
+#: pid: envd's process and the session's leader; ``$1`` the control path, ``$2`` the
+#: program's status, the exec marker no longer in its environment): it kills what the
+#: program left behind, then exits with the program's status. First, in up to five rounds
+#: (children forked meanwhile), every process of its session but itself, listed from
+#: ``/proc/*/stat`` by shell builtins alone, so the listing starts no process of its own
+#: (a job the shell left running, ``nohup``'d or ignoring the hang-up, holds the terminal and
+#: would keep envd from ever ending it); then every process carrying the terminal's exec
+#: marker (``MARKED_KILL``: what left the session with ``setsid``). Nothing in it is quoted
+#: with ``'``: :data:`TERMINAL_WRAPPER` quotes it so.
+TERMINAL_LEFTOVERS = (
+    scripts.MARKED_KILL
+    + 'trap "" INT QUIT; c=$1; s=$2; r=0; while [ $r -lt 5 ]; do r=$((r+1)); g=; '
+    'for f in /proc/[0-9]*/stat; do { read -r x < "$f"; } 2>/dev/null || continue; '
+    'x=${x##*)}; set -- $x; [ "$4" = "$$" ] && [ "$1" != Z ] || continue; f=${f%/stat}; '
+    'f=${f#/proc/}; [ "$f" = "$$" ] || g="$g $f"; done; [ -n "$g" ] || break; '
+    'kill -9 $g 2>/dev/null; done; z -xF "' + scripts.EXEC_MARKER + '=$c"; exit $s'
+)
+
 #: Runs the terminal's program: ``$1`` its control path, ``$2`` a shell command for
 #: ``/bin/bash -c`` (empty: the user's login shell). See the module's docstring. Its pid file
 #: is removed in the foreground (the exec wrapper removes it in the background, off its
 #: stream's end): a background ``rm`` would share the terminal's process group and die of
-#: the hang-up the kernel sends it when the wrapper, the session's leader, exits.
+#: the hang-up the kernel sends it when the wrapper, the session's leader, exits. When the
+#: program has exited, the wrapper becomes :data:`TERMINAL_LEFTOVERS` (without the exec
+#: marker, so its sweep by the marker spares it; with SIGINT and SIGQUIT ignored, not
+#: trapped, so a Ctrl-C typed meanwhile cannot end it before it ignores them itself): the
+#: program's exit ends the terminal, and nothing it started outlives it.
 TERMINAL_WRAPPER = (
     'c=$1; echo $$ > "$c.pid" 2>/dev/null; if [ -e "$c.kill" ]; then exit 137; fi; '
     "trap : INT QUIT; "
     'if [ -n "$2" ]; then /bin/bash -c "$2"; else u=${USER:-$(id -un)}; l=; '
     'while IFS=: read -r n _ _ _ _ _ l; do [ "$n" = "$u" ] && break; l=; done < /etc/passwd; '
-    '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; rm -f "$c.pid" 2>/dev/null; exit $s'
+    '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; trap "" INT QUIT; rm -f "$c.pid" 2>/dev/null; '
+    "unset " + scripts.EXEC_MARKER + "; exec /bin/sh -c '" + TERMINAL_LEFTOVERS
+    + "' capybara-exec \"$c\" $s"
 )
 
 _ID_RE = re.compile(r"pty-(?P<pid>[1-9][0-9]{0,9})-(?P<hex>[0-9a-f]{32})")
@@ -307,6 +341,7 @@ class Terminal:
         self._broken: Optional[E2BProviderError] = None
         self._closed = False
         self._kill_future: Optional[concurrent.futures.Future[Optional[bool]]] = None
+        self._kill_awaited = False
         self._undo: List[Callable[[], object]] = []
         self._lease_looked = time.monotonic()
 
@@ -413,6 +448,7 @@ class Terminal:
                 self._out.clear()
                 return data
             if self._ended:
+                self._killed()
                 return b""
             if self._broken is not None:
                 raise self._broken
@@ -435,7 +471,10 @@ class Terminal:
                 ev = self._events.poll(wait)
             except RemoteError as exc:
                 if exc.code == "deadline_exceeded":  # envd's Connect-Timeout-Ms: killed
+                    # envd killed its process only: the tree is killed as at this
+                    # process's own timeout (what left the session would run on)
                     self._timed_out = True
+                    self._start_kill()
                     self._ended_with(137)
                     continue
                 self._broken = exc
@@ -452,6 +491,21 @@ class Terminal:
                 raise broken from exc
             if ev is not None:
                 self._take(ev)
+
+    def _killed(self) -> None:
+        """At the end: a kill of the tree under way (its timeout, a cancel) is waited for,
+        bounded as :meth:`kill`, so what the program started is gone once its end is
+        read."""
+        fut = self._kill_future
+        if fut is None or fut.done() or self._kill_awaited:
+            return
+        self._kill_awaited = True
+        bound = self._owner.ctx.bounds.kill + 1.0
+        finished, ok = _wait_verdict(fut, bound)
+        if not (finished and ok):
+            log.warning("e2b_provider: terminal %s ended, but the kill of its tree could not "
+                        "be confirmed within %.0f s; kill_all() stops what is left", self.id,
+                        bound)
 
     def _keep_lease(self) -> None:
         now = time.monotonic()
@@ -643,8 +697,9 @@ class Terminal:
 
     def kill(self, *, cancel: Optional[CancelToken] = None) -> None:
         """Kill the terminal's whole process tree (as a timed-out exec is killed: its
-        session, every process carrying its exec marker, then envd's process). Killing one
-        that has ended does nothing. Returns once the kill is done in the sandbox (bounded
+        session, every process carrying its exec marker, then envd's process, by pid only
+        while envd still lists that pid as this terminal's). Killing one that has ended
+        does nothing. Returns once the kill is done in the sandbox (bounded
         by the provider's ``kill_bound`` plus 1 s); :meth:`wait` then returns 137.
 
         Raises:
@@ -683,9 +738,11 @@ class Terminal:
         with self._lock:
             fut = self._kill_future
             if fut is None:
+                # the probe may be stale (the end may have come unread): the pid is
+                # signalled only while envd still lists it as this terminal's (confirm)
                 fut = self._kill_future = self._owner.kills.kill(
                     self._target, self._ctl, self._began, self._owner.ctx.bounds.kill,
-                    lambda: None if self._ended else self.pid,
+                    lambda: None if self._ended else self.pid, confirm=True,
                 )
         return fut
 
@@ -786,7 +843,11 @@ class Terminals:
         ctl = scripts.control_path(None)
         args = ["-c", TERMINAL_WRAPPER, "capybara-exec", ctl, command or ""]
         run_env = terminal_env(env, ctl)
-        timeout_ms = None if timeout is None else max(1, math.ceil(timeout * 1000))
+        # envd's kill (of its process only) comes after this process's kill of the whole
+        # tree, as the exec's in-sandbox timeout: the backstop when nobody watches
+        timeout_ms = None if timeout is None else (
+            (math.ceil(timeout) + scripts.IN_SANDBOX_GRACE_SECONDS) * 1000
+        )
         need = FILE_OP_TIMEOUT if timeout is None else math.ceil(timeout) + FILE_OP_TIMEOUT
 
         def run(target: Target) -> Terminal:
