@@ -37,7 +37,7 @@ from e2b_provider.errors import (
     TransportTimeout,
 )
 
-from .conftest import root, unique_name
+from .conftest import count_requests, root, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -394,17 +394,21 @@ def test_a_pause_cuts_the_stream_and_says_so_and_other_calls_resume_the_sandbox(
 
 
 def test_attach_to_an_id_that_names_no_terminal_is_typed_and_worded(
-    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = shared_provider
     hexa = uuid.uuid4().hex
+    sent = count_requests(p, monkeypatch)
     for pid in ("9999999999", "4294967296"):  # past any pid envd can have
         with pytest.raises(CommandNotFound, match=r"no terminal .*larger than any"):
             p.attach(sandbox, f"{sandbox.id}:pty-{pid}-{hexa}")
+    for bad in (f"pty-12x-{hexa}", f"pty-0-{hexa}", f"pty-12-{hexa[:-1]}", "pty-"):
+        with pytest.raises(InvalidArgument, match=r"is not a terminal id"):
+            p.attach(sandbox, f"{sandbox.id}:{bad}")
+    # all of them before any I/O (a lease renewal may run in the background meanwhile)
+    assert [r for r in sent if "sandboxes" not in r and "connect" not in r] == [], sent
     with pytest.raises(CommandNotFound, match=r"no terminal .* it ended"):
         p.attach(sandbox, f"{sandbox.id}:pty-4294967295-{hexa}")
     with pytest.raises(CommandNotFound, match=r"no terminal .* it ended"):
         p.attach(sandbox, f"{sandbox.id}:pty-999999-{hexa}")
-    for bad in (f"pty-12x-{hexa}", f"pty-0-{hexa}", f"pty-12-{hexa[:-1]}", "pty-"):
-        with pytest.raises(InvalidArgument, match=r"is not a terminal id"):
-            p.attach(sandbox, f"{sandbox.id}:{bad}")
