@@ -313,6 +313,38 @@ def test_a_peer_silent_past_the_bound_of_reading_is_still_caught() -> None:
             transport.close()
 
 
+def test_a_silent_peer_is_caught_by_a_reader_that_polls_as_a_select_loop_does() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        ready, stop = threading.Event(), threading.Event()
+        serving = threading.Thread(target=_silent_after, args=(1, ready, stop, server))
+        serving.start()
+        transport = Transport()
+        try:
+            url = f"http://127.0.0.1:{server.getsockname()[1]}/x"
+            raw = transport.open_raw_stream("POST", url, data=b"{}", read_timeout=1.0,
+                                            operation="terminal stream")
+            try:
+                assert ready.wait(30)
+                assert raw.read(30) == b"<0>"
+
+                def polled() -> bool:  # a look without waiting, now and then
+                    try:
+                        assert raw.read(0) is None
+                    except TransportTimeout:
+                        return True
+                    return False
+
+                wait_until(polled, 30, "the silence to be caught", interval=0.1)
+            finally:
+                raw.close()
+        finally:
+            stop.set()
+            serving.join(30)
+            transport.close()
+
+
 # -- a terminal whose sandbox was deleted or paused --------------------------------------------
 
 CALLS = ("read", "write", "resize", "kill", "wait")
