@@ -138,14 +138,17 @@ _KILL = 'm=$1; : > "$m" 2>/dev/null; shift; ' + scripts.KILL_BATCH_SCRIPT
 
 @attrs.frozen
 class CommandInfo:
-    """A background command that still runs (see ``commands``).
+    """A background command or a terminal that still runs (see ``commands``).
 
     Attributes:
         id: the command's id (for ``attach``, from any process).
-        pid: its process id in the sandbox (its supervisor's, which envd knows).
-        tag: the tag it was started with, or None.
-        command: the shell command line.
+        pid: its process id in the sandbox (its supervisor's, which envd knows; a
+            terminal's own).
+        tag: the tag it was started with, or None (always None for a terminal).
+        command: the shell command line ("" for a terminal running the login shell).
         started_at: when it started, in seconds since the epoch (the sandbox's clock).
+        kind: ``"command"`` (started with ``start``) or ``"terminal"`` (opened with
+            ``terminal``).
     """
 
     id: str
@@ -153,6 +156,7 @@ class CommandInfo:
     tag: Optional[str]
     command: str
     started_at: float
+    kind: str = "command"
 
 
 @attrs.frozen

@@ -1045,8 +1045,12 @@ class RawStream:
     :meth:`read` returns the body's content as soon as any is there, ``b""`` at its end, or
     None when nothing came within its timeout (the stream goes on). A peer silent for longer
     than ``read_timeout`` ends it with :class:`TransportTimeout` (envd's keepalives keep a
-    live stream talking). :meth:`abort` may be called from any thread at any time: it shuts
-    the socket down, a blocked read wakes and raises ``TransportError("stream aborted")``.
+    live stream talking): once that long passed since the last byte, a read looks at the
+    socket once more before it says so, since what the peer sent while nobody read waits
+    there (or the peer waits, once the buffers are full): a stream left unread for any time
+    reads on where it was. :meth:`abort` may be called from any thread at any time: it
+    shuts the socket down, a blocked read wakes and raises
+    ``TransportError("stream aborted")``.
     The connection is never pooled; :meth:`close` closes it.
     """
 
@@ -1103,7 +1107,8 @@ class RawStream:
         Raises:
             TransportError: the stream was aborted ("stream aborted"), or the connection
                 broke or ended before the end of the body.
-            TransportTimeout: the peer sent nothing for ``read_timeout`` seconds.
+            TransportTimeout: the peer sent nothing for ``read_timeout`` seconds (nothing
+                came since, the socket looked at once more).
             ProtocolError: the answer is not HTTP/1.1 this stream can frame.
         """
         with self._lock:
@@ -1141,13 +1146,9 @@ class RawStream:
             if self._ended:
                 return b""
             now = time.monotonic()
+            # past the bound, one look without waiting: what came while nobody read counts
             silent = self._heard + self._read_timeout - now
-            if silent <= 0:
-                raise TransportTimeout(
-                    f"E2B {self._operation}: {safe_url(self._url)} sent nothing for "
-                    f"{self._read_timeout:g} s"
-                )
-            wait = silent
+            wait = max(0.0, silent)
             if ends is not None:
                 left = ends - now
                 if left <= 0:
@@ -1164,6 +1165,11 @@ class RawStream:
                     ssl.SSLWantWriteError):
                 if self._aborted:
                     raise self._aborted_error() from None
+                if silent <= 0:
+                    raise TransportTimeout(
+                        f"E2B {self._operation}: {safe_url(self._url)} sent nothing for "
+                        f"{self._read_timeout:g} s"
+                    ) from None
                 continue
             except OSError as exc:
                 if self._aborted:

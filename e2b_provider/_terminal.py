@@ -36,7 +36,15 @@ terminal's timeout is a watchdog timer, its kills run on the watchdog's worker p
 The ``id`` of a terminal (``<sandbox id>:pty-<pid>-<32 hex>``) names its envd pid and its
 control path, so another process can :meth:`Terminals.attach` to it: envd's ``Connect`` by
 pid gives its output from then on (envd keeps none), and ``List`` proves that pid is still
-that terminal (its tag is the control path).
+that terminal (its tag is the control path). ``List`` is also where :meth:`Terminals.list`
+finds the terminals that run, whoever opened them (also a process killed since): envd
+started each with this wrapper, as only a holder of the sandbox's access token can have it
+do, so nothing the sandbox user does adds an entry.
+
+A call whose stream or request broke says why when it can (one look-up of the sandbox):
+the sandbox was deleted (:class:`~e2b_provider.SandboxGoneError`), or paused
+(:class:`~e2b_provider.SandboxPaused`: the terminal is frozen with it), or the provider was
+closed.
 """
 
 from __future__ import annotations
@@ -49,12 +57,13 @@ import re
 import threading
 import time
 import uuid
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _scripts as scripts
 from . import _validate as v
+from ._background import CommandInfo
 from ._connect import EndStream, EnvelopeDecoder, Parsed
-from ._context import FILE_OP_TIMEOUT, ProviderContext
+from ._context import FILE_OP_TIMEOUT, ProviderContext, script_failed
 from ._http import RawStream
 from ._kills import KillBatcher
 from ._lifecycle import Lifecycle
@@ -82,6 +91,8 @@ from .errors import (
     OperationTimeout,
     ProtocolError,
     RemoteError,
+    SandboxGoneError,
+    SandboxPaused,
     TransportError,
 )
 from .models import Target
@@ -155,6 +166,19 @@ TERMINAL_WRAPPER = (
 
 _ID_RE = re.compile(r"pty-(?P<pid>[1-9][0-9]{0,9})-(?P<hex>[0-9a-f]{32})")
 _CONTROL_PREFIX = "/tmp/.capybara-exec-"
+#: The largest pid envd can name (its pids are 32-bit): an id with a larger one names none.
+_MAX_PID = 2**32 - 1
+#: As the sandbox user, with the pids of terminals as arguments: the kernel's account of
+#: when each started. Prints ``CLK_TCK UPTIME NOW`` (seconds since boot, and since the
+#: epoch, read one after the other), then ``PID STARTTIME`` (clock ticks since boot, field
+#: 22 of ``/proc/PID/stat``, read after the last ``) ``: the program's name before it is
+#: the user's to choose) for each that still runs.
+TERMINAL_STARTS_SCRIPT = (
+    "set -f; t=$(getconf CLK_TCK 2>/dev/null) || t=100; "
+    'read -r u _ < /proc/uptime; echo "$t $u $(date +%s.%N)"; '
+    'for p; do l=; read -r l 2>/dev/null < "/proc/$p/stat" || continue; '
+    'set -- ${l##*") "}; [ $# -ge 20 ] || continue; shift 19; echo "$p $1"; done'
+)
 
 class _StreamEnd:
     """The stream's end-of-stream message came (without an error)."""
@@ -285,8 +309,9 @@ class Terminal:
     it raises :class:`~e2b_provider.OperationTimeout` and the terminal goes on (as a
     socket's ``recv`` with a timeout). Output nobody reads is held back: envd delivers it
     only as fast as it is read, so a program that writes a lot waits for its reader, as on
-    any terminal. :meth:`wait` reads to the end (giving the output to ``on_output``, or
-    dropping it) and returns the exit status.
+    any terminal; a handle may be left unread for any time and reads on where it was.
+    :meth:`wait` reads to the end (giving the output to ``on_output``, or dropping it) and
+    returns the exit status.
 
     Ctrl-C (``KeyboardInterrupt``) while a call of this handle waits kills the terminal's
     process tree (bounded by the provider's ``interrupt_kill_bound``; a second Ctrl-C gives
@@ -482,10 +507,14 @@ class Terminal:
             except (TransportError, ProtocolError) as exc:
                 if self._closed:
                     self._check_open()
-                broken: E2BProviderError = mark_worded(TransportError(
-                    f"the stream of terminal {self.id} broke ({exc}); the terminal may still "
-                    "run: attach() to it again (what it wrote meanwhile is lost) or kill_all()"
-                ))
+                # a pause or a delete cuts the stream: say so (one look-up of the sandbox)
+                broken = self._owner.fate_error(self, f"reading terminal {self.id}", cancel)
+                if broken is None:
+                    broken = mark_worded(TransportError(
+                        f"the stream of terminal {self.id} broke ({exc}); the terminal may "
+                        "still run: attach() to it again (what it wrote meanwhile is lost) "
+                        "or kill_all()"
+                    ))
                 broken.__cause__ = exc
                 self._broken = broken
                 raise broken from exc
@@ -540,7 +569,11 @@ class Terminal:
             OperationTimeout: nothing came within ``timeout``; the terminal goes on.
             Cancelled: ``cancel`` fired, or the terminal's own ``cancel`` token (then it was
                 killed).
+            SandboxGoneError: the sandbox was deleted (the terminal ended with it).
+            SandboxPaused: the sandbox was paused, which cut the stream (the terminal runs
+                on once it is resumed: attach to it again).
             TransportError: the stream broke (the terminal may still run).
+            ProviderClosed: the provider was closed meanwhile.
             InvalidArgument: the handle was closed, or bad arguments.
             KeyboardInterrupt: after the terminal's tree was killed (bounded).
         """
@@ -585,7 +618,8 @@ class Terminal:
             OperationTimeout: ``timeout`` passed; the terminal goes on.
             Cancelled: ``cancel`` fired, or the terminal's own token (it was killed).
             ProtocolError: the stream ended without the exit status.
-            TransportError, InvalidArgument, KeyboardInterrupt: as :meth:`read`.
+            SandboxGoneError, SandboxPaused, TransportError, ProviderClosed,
+            InvalidArgument, KeyboardInterrupt: as :meth:`read`.
         """
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float))
@@ -648,6 +682,7 @@ class Terminal:
             CommandEnded: the program has ended.
             Cancelled: ``cancel`` (or the terminal's own token) fired.
             InvalidArgument: not bytes or str, or the handle was closed.
+            SandboxGoneError: the sandbox was deleted (the terminal ended with it).
             TransportError, TransportTimeout, E2BProviderError.
             KeyboardInterrupt: after the terminal's tree was killed (bounded).
         """
@@ -680,6 +715,7 @@ class Terminal:
         Raises:
             CommandEnded: the program has ended.
             InvalidArgument: a size outside 1-65535, or the handle was closed.
+            SandboxGoneError: the sandbox was deleted (the terminal ended with it).
             Cancelled, TransportError, E2BProviderError.
         """
         v.check_terminal_size(cols, rows)
@@ -704,6 +740,7 @@ class Terminal:
 
         Raises:
             CommandFailed: the kill failed in the sandbox.
+            SandboxGoneError: the sandbox was deleted (the terminal ended with it).
             OperationTimeout: the kill was not confirmed within its bound.
             Cancelled: ``cancel`` fired (the kill goes on).
             InvalidArgument: the handle was closed.
@@ -728,6 +765,10 @@ class Terminal:
         if ok is False:
             with self._lock:
                 self._kill_future = None  # another kill() may try again
+            gone = self._owner.fate_error(self, f"killing terminal {self.id}", cancel,
+                                          paused=False)
+            if gone is not None:
+                raise gone
             raise mark_worded(CommandFailed(
                 f"killing terminal {self.id} failed in sandbox {self.sandbox_id} (its kill "
                 "script did not run or failed); kill_all() tries again, destroy() ends it"
@@ -782,15 +823,21 @@ class Terminal:
     def close(self) -> None:
         """End this handle: kill the terminal first if this handle started it and it still
         runs (bounded, as :meth:`kill`; a failure is logged, not raised), then let go.
-        Idempotent. A handle from ``attach()`` only lets go (use :meth:`kill` to end it)."""
+        Idempotent. A handle from ``attach()`` only lets go (use :meth:`kill` to end it).
+        A terminal whose sandbox was deleted ended with it: that is logged at INFO."""
         if self._closed:
             return
         if self._owned and not self._ended:
             try:
                 finished, ok = _wait_verdict(self._start_kill(), self._owner.ctx.bounds.kill + 1)
                 if not (finished and ok):
-                    log.warning("e2b_provider: terminal %s could not be confirmed killed when "
-                                "it was closed; kill_all() stops it", self.id)
+                    said = self._owner.fate_error(self, f"closing terminal {self.id}", None,
+                                                  paused=False)
+                    if isinstance(said, SandboxGoneError):
+                        log.info("e2b_provider: %s", said)
+                    else:
+                        log.warning("e2b_provider: terminal %s could not be confirmed killed "
+                                    "when it was closed; kill_all() stops it", self.id)
             except KeyboardInterrupt:
                 self.detach()
                 raise
@@ -803,6 +850,61 @@ class Terminal:
         if exc_type is KeyboardInterrupt and self._owned and not self._ended:
             self._interrupted()
         self.close()
+
+
+def _listed_terminal(p: Mapping[str, Any]) -> Optional[Tuple[int, str, str]]:
+    """``(pid, control path, command)`` when envd's ``List`` entry ``p`` is a terminal this
+    library opened (its wrapper, as :meth:`Terminals.open` starts it), else None."""
+    ctl, pid, config = p.get("tag"), p.get("pid"), p.get("config")
+    if not (isinstance(ctl, str) and isinstance(pid, int) and not isinstance(pid, bool)
+            and 0 < pid <= _MAX_PID and isinstance(config, dict)):
+        return None
+    args, envs = config.get("args"), config.get("envs")
+    if (config.get("cmd") != "/bin/sh" or not isinstance(args, list) or len(args) != 5
+            or args[:4] != ["-c", TERMINAL_WRAPPER, "capybara-exec", ctl]
+            or not isinstance(args[4], str) or not isinstance(envs, dict)
+            or envs.get(scripts.EXEC_MARKER) != ctl):
+        return None
+    try:  # a control path without a tag, as terminals have, that their ids name exactly
+        if _CONTROL_PREFIX + str(uuid.UUID(ctl[len(_CONTROL_PREFIX):])) != ctl:
+            return None
+    except ValueError:
+        return None
+    return pid, ctl, args[4]
+
+
+def _parse_starts(out: bytes) -> Dict[int, float]:
+    """What :data:`TERMINAL_STARTS_SCRIPT` printed: each pid's start, in seconds since the
+    epoch (the sandbox's clock).
+
+    Raises:
+        ProtocolError: its output is not what it prints.
+    """
+    lines = out.decode("ascii", "replace").splitlines()
+    try:
+        tick_s, up_s, now_s = lines[0].split()
+        tick, up, now = int(tick_s), float(up_s), float(now_s)
+        starts = {}
+        for line in lines[1:]:
+            pid, ticks = (int(w) for w in line.split())
+            starts[pid] = now - up + ticks / tick
+    except (IndexError, ValueError, ZeroDivisionError):
+        raise ProtocolError("the start times of the terminals were read as something else"
+                            ) from None
+    return starts
+
+
+def _gone_error(term: Terminal, doing: str) -> SandboxGoneError:
+    """A call of ``term`` (``doing`` it, or "" when the caller words it) found its sandbox
+    deleted."""
+    err = SandboxGoneError(
+        f"sandbox {term.sandbox_id} was deleted (by destroy() or another client, or by E2B) "
+        f"and terminal {term.id} ended with it; create a new sandbox"
+    )
+    if doing:
+        err.args = (f"{doing} failed: {err}",)
+        mark_worded(err)
+    return err
 
 
 def _gone_tty(exc: E2BHttpError) -> bool:
@@ -916,6 +1018,9 @@ class Terminals:
             raise InvalidArgument(
                 f"terminal {value[:120]} belongs to sandbox {owner}, not to sandbox {sid}"
             )
+        if pid > _MAX_PID:
+            raise CommandNotFound(f"no terminal {value[:120]} in sandbox {sid}: its pid {pid} "
+                                  "is larger than any process's")
         ctx = self.ctx
 
         def run(target: Target) -> Terminal:
@@ -961,6 +1066,66 @@ class Terminals:
             "30 s after its end) or was never there"
         )
 
+    # -- what became of a terminal's sandbox ----------------------------------------------------
+
+    def fate_error(self, term: Terminal, doing: str, cancel: Optional[CancelToken], *,
+                   paused: bool = True) -> Optional[E2BProviderError]:
+        """The error for a call of ``term`` (``doing`` it; "" for a caller that words its
+        errors itself) whose connection broke or whose sandbox could not be reached: the
+        provider was closed, or (one look-up of the sandbox's state) the sandbox was deleted
+        or, with ``paused``, paused since the terminal was opened or attached; None when
+        none of these says why."""
+        ctx = self.ctx
+        closed = ctx.closed_error()
+        if closed is not None:
+            return closed
+        fate = ctx.fate_during(term.sandbox_id, term._began, cancel)
+        if fate == "gone":
+            ctx.leases.forget(term.sandbox_id)
+            return _gone_error(term, doing)
+        if fate == "paused" and paused:
+            err = SandboxPaused(
+                f"sandbox {term.sandbox_id} was paused (by suspend(), another client or "
+                f"E2B), which cut the stream of terminal {term.id}: the terminal is frozen "
+                "with the sandbox and runs on once it is resumed (any call resumes it); "
+                "attach() to it again to go on; kill() or kill_all() stops it",
+                sandbox_id=term.sandbox_id,
+            )
+            if doing:
+                err.args = (f"{doing} failed: {err}",)
+                mark_worded(err)
+            return err
+        return None
+
+    # -- listing -----------------------------------------------------------------------------
+
+    def list(self, sid: str, cancel: Optional[CancelToken]) -> List[CommandInfo]:
+        """The terminals that run in the sandbox, whoever opened them: the processes envd
+        lists (only a holder of the sandbox's access token can start one) that it started
+        with this library's terminal wrapper and a control path as tag, with when each
+        started (the kernel's account, one script)."""
+        ctx = self.ctx
+        listed = ctx.on_target(sid, cancel, lambda t: ctx.envd(t).list_processes(token=cancel))
+        found: Dict[int, Tuple[str, str]] = {}
+        for p in listed:
+            term = _listed_terminal(p)
+            if term is not None:
+                found[term[0]] = (term[1], term[2])
+        if not found:
+            return []
+        args = ["-c", TERMINAL_STARTS_SCRIPT, "capybara-ls", *(str(pid) for pid in found)]
+        r = ctx.script_on(sid, args, cancel, max_output_bytes=64 * len(found) + 64)
+        if r.exit_code != 0 or r.truncated:
+            raise script_failed("cannot list terminals", r)
+        started = _parse_starts(r.stdout)
+        out = []
+        for pid, (ctl, command) in found.items():
+            if pid in started:  # else it ended meanwhile
+                out.append(CommandInfo(id=terminal_id(sid, pid, ctl), pid=pid, tag=None,
+                                       command=command, started_at=started[pid],
+                                       kind="terminal"))
+        return sorted(out, key=lambda c: c.started_at)
+
     # -- input and size -----------------------------------------------------------------------
 
     def send(self, term: Terminal, data: bytes, cancel: Optional[CancelToken]) -> None:
@@ -986,6 +1151,14 @@ class Terminals:
                      fn: Callable[[Target], None], what: str) -> None:
         try:
             self.ctx.on_target(term.sandbox_id, cancel, fn)
+        except SandboxGoneError as exc:  # a NotFound, but the terminal did not just end
+            self.ctx.leases.forget(term.sandbox_id)
+            raise _gone_error(term, "") from exc
+        except (TransportError, ProtocolError) as exc:
+            said = self.fate_error(term, "", cancel)
+            if said is None:
+                raise
+            raise said from exc
         except NotFound:
             raise term._ended_error(what) from None
         except E2BHttpError as exc:

@@ -571,7 +571,8 @@ def _cmd_ps(args: argparse.Namespace) -> int:
     for c in rows:
         started = datetime.fromtimestamp(c.started_at).strftime("%Y-%m-%d %H:%M:%S")
         table.append((c.id, str(c.pid), c.tag or "-", started))
-        commands.append(" ".join(c.command.split()))  # one line, as docker ps shows it
+        line = " ".join(c.command.split())  # one line, as docker ps shows it
+        commands.append((line or "(login shell)") if c.kind == "terminal" else line)
     widths = [max(len(row[i]) for row in table) for i in range(4)]
     room = max(20, shutil.get_terminal_size().columns - sum(widths) - 2 * len(widths))
     for row, command in zip(table, commands):
@@ -988,10 +989,11 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     ps = sub.add_parser(
         "ps",
-        help="list the background commands that run in a sandbox",
-        description="List the background commands that still run in the sandbox, "
-        "whoever started them, oldest first: id, pid, tag, start time (local) and "
-        "command line (cut to the terminal's width unless --no-trunc).",
+        help="list the background commands and terminals that run in a sandbox",
+        description="List the background commands and the terminals (their ids have "
+        "pty-) that still run in the sandbox, whoever started them, oldest first: id, pid, "
+        "tag, start time (local) and command line (cut to the terminal's width unless "
+        "--no-trunc). logs takes a command's id, kill either.",
     )
     ps.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
     ps.add_argument("--no-trunc", action="store_true", help="show whole command lines")

@@ -78,6 +78,9 @@ KEEPALIVE_SECONDS = 50
 START_OPEN_SECONDS = 30.0
 #: How much of an error answer is read to build the exception.
 ERROR_BODY_BYTES = 64 * 1024
+#: The largest answer of ``List`` read: it holds the whole config (arguments, environment)
+#: of every process envd runs, and the library's own sandbox programs travel as arguments.
+LIST_BODY_BYTES = 64 << 20
 #: The signals envd's SendSignal accepts.
 SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _READ_SIZE = 64 * 1024
@@ -623,13 +626,13 @@ class EnvdClient:
     ) -> List[Dict[str, Any]]:
         """The processes envd started that still run: ``POST /process.Process/List``, each
         ``{"pid": N, "tag": ..., "config": {"cmd", "args", "envs", "cwd"}}`` (proto3 JSON:
-        absent fields omitted).
+        absent fields omitted); an answer of at most :data:`LIST_BODY_BYTES`.
 
         Raises:
             E2BHttpError, ProtocolError, InvalidArgument, Cancelled, TransportError,
             TransportTimeout.
         """
-        resp = self._rpc("List", {}, "process list", token, timeout)
+        resp = self._rpc("List", {}, "process list", token, timeout, LIST_BODY_BYTES)
         if not resp.ok:
             raise error_from_response(resp, "process list")
         body = resp.json("process list")
@@ -687,6 +690,7 @@ class EnvdClient:
         operation: str,
         token: Optional[CancelToken],
         timeout: float,
+        max_body: int = ERROR_BODY_BYTES,
     ) -> HttpResponse:
         """One unary Connect call of the process service (JSON), bounded by ``timeout``."""
         return self._transport.request(
@@ -699,7 +703,7 @@ class EnvdClient:
             token=token,
             **_within(timeout),
             operation=operation,
-            max_body=ERROR_BODY_BYTES,
+            max_body=max_body,
         )
 
     def send_input(

@@ -50,7 +50,7 @@ from ._messages import (
     unknown_sandbox_id,
 )
 from ._ports import ForwardLimits, Ports, check_port
-from ._terminal import Terminal, Terminals, is_terminal_id
+from ._terminal import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
 from ._trees import Progress, Trees
 from ._watch import Watch, Watches
 from ._watchdog import Watchdog
@@ -790,11 +790,15 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: not a command or terminal id, or one of another sandbox
                 (before any I/O).
-            CommandNotFound: the sandbox has no such command or running terminal.
+            CommandNotFound: the sandbox has no such command or running terminal (also for
+                a terminal id whose pid no process can have).
             Cancelled, SandboxGoneError, E2BProviderError.
         """
         sid = self._open_sandbox(sandbox, cancel)
-        if is_terminal_id(command_id):
+        if is_terminal_id(command_id) or (
+            isinstance(command_id, str)
+            and command_id.rpartition(":")[2].startswith(TERMINAL_ID_PREFIX)
+        ):  # a terminal's, or one that is not right: said as a terminal id's problem
             with self._doing(f"attaching to terminal {command_id[:120]} in sandbox {sid}",
                              sid=sid):
                 return self._terminals.attach(sid, command_id, cancel)
@@ -885,15 +889,20 @@ class E2BSandboxProvider:
     def commands(
         self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None
     ) -> List[CommandInfo]:
-        """The background commands (see :meth:`start`) that still run in the sandbox,
-        whoever started them, oldest first.
+        """The background commands (see :meth:`start`) and the terminals (see
+        :meth:`terminal`) that still run in the sandbox, whoever started them (also a
+        process that has exited), oldest first; ``kind`` tells them apart, and each ``id``
+        attaches to it (:meth:`attach`) from any process.
 
         Raises:
             Cancelled, SandboxGoneError, CommandFailed, E2BProviderError.
         """
         sid = self._open_sandbox(sandbox, cancel)
         with self._doing(f"listing background commands in sandbox {sid}", sid=sid):
-            return self._background.list(sid, cancel)
+            found = self._background.list(sid, cancel)
+        with self._doing(f"listing terminals in sandbox {sid}", sid=sid):
+            found += self._terminals.list(sid, cancel)
+        return sorted(found, key=lambda c: c.started_at)
 
     # -- files ----------------------------------------------------------------------------
 
