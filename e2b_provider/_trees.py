@@ -3,7 +3,9 @@
 This module owns :class:`Trees`, the provider's part behind ``upload`` and ``download``,
 and the two ends of each stream on this machine: :func:`plan_upload` and
 :func:`tar_stream` (a local file or directory walked without following symbolic links,
-written as a POSIX tar stream piece by piece, so memory stays flat whatever the size), and
+written as a POSIX tar stream piece by piece, so memory stays flat whatever the size and
+the number of files; each entry opened through directory descriptors, never through a
+link, and checked to be what was planned: what is not any more is left out), and
 :func:`extract_stream` (a tar stream from the sandbox written under the local target
 through :mod:`tarfile`'s ``data`` filter: no absolute names, no ``..``, no link or device
 leading outside the target — the sandbox is not trusted).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import json
 import logging
 import os
@@ -36,7 +39,8 @@ import stat as stat_mod
 import struct
 import tarfile
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from array import array
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Set, Tuple
 
 import attrs
 
@@ -59,6 +63,7 @@ from .sandbox_side import source
 __all__ = [
     "Progress",
     "Trees",
+    "Unsent",
     "UploadPlan",
     "extract_stream",
     "plan_upload",
@@ -86,10 +91,27 @@ def tree_bound(total_bytes: int) -> float:
     return _BASE_S + max(0, total_bytes) / _MIN_RATE
 
 
+#: A directory of a tree is opened with these flags, by name in its parent's descriptor
+#: (never through a symbolic link), and a file with these (nor waiting, should a FIFO have
+#: taken its place); each is then checked to be what was planned (see :func:`_walk`).
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
+_FILE_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _O_CLOEXEC
+#: Directory descriptors a walk of a tree keeps open at most (others are opened again).
+_OPEN_DIRS = 32
+#: An entry's kind, in a plan.
+_FILE, _DIR, _LINK = 0, 1, 2
+#: What :func:`_walk` gives for a directory or link to send as planned, and for an entry
+#: not to be sent.
+_SENT, _SKIP = -1, -2
+#: The most a filler's pax header holds (the sandbox's reader refuses more than 1 MiB).
+_FILL_MAX = 1 << 16
+#: Why an entry is not sent: it is not what was planned, or is not there any more.
+_REPLACED = "it was replaced or removed on this machine after the upload listed it"
+
+
 @attrs.frozen
 class _Item:
     rel: str
-    path: str
     mode: int
     mtime: float
     size: int
@@ -97,22 +119,321 @@ class _Item:
     is_dir: bool = False
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class UploadPlan:
-    """What an upload will send: the entries (relative names, in order) and their total."""
+    """What an upload will send: the entries under ``root`` (or ``root`` itself, one file
+    or link, when not ``is_dir``), in order, and their total size.
 
-    items: Tuple[_Item, ...]
-    total: int
+    An entry is its name and a few numbers in arrays, not an object (some 100 bytes and
+    its name: a plan of 100,000 files takes about 11 MiB); :attr:`items` makes each
+    :class:`_Item` when it is reached. Each entry keeps its device and inode, so that
+    what is sent can be checked to be what was planned (:func:`_walk`).
+    """
+
+    root: str
     is_dir: bool
+    top: Tuple[int, int]  # root's device and inode
+    names: List[str] = attrs.Factory(list)  # in its directory (one file's: its member name)
+    parents: array[int] = attrs.Factory(lambda: array("q"))  # its directory's index; -1
+    kinds: bytearray = attrs.Factory(bytearray)
+    modes: array[int] = attrs.Factory(lambda: array("H"))
+    mtimes: array[float] = attrs.Factory(lambda: array("d"))
+    sizes: array[int] = attrs.Factory(lambda: array("q"))
+    ids: array[int] = attrs.Factory(lambda: array("Q"))  # device, inode: two each
+    links: Dict[int, str] = attrs.Factory(dict)  # a link's target, by index
+    #: why each directory replaced while it was listed is left out, by index
+    left_out: Dict[int, str] = attrs.Factory(dict)
+    total: int = 0
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def items(self) -> Iterator[_Item]:
+        """The entries, in order (no I/O)."""
+        return (item for _, item in _entries(self, _Dirs(self)))
 
     def summary(self) -> TransferSummary:
         """What the plan writes when all of it arrives."""
         return TransferSummary(
-            files=sum(1 for i in self.items if not (i.is_dir or i.link)),
-            dirs=sum(1 for i in self.items if i.is_dir),
-            symlinks=sum(1 for i in self.items if i.link),
+            files=self.kinds.count(_FILE),
+            dirs=self.kinds.count(_DIR),
+            symlinks=self.kinds.count(_LINK),
             bytes=self.total,
         )
+
+    def _add(self, parent: int, name: str, st: os.stat_result, dir_fd: Optional[int],
+             link_name: str) -> None:
+        mode = st.st_mode
+        if stat_mod.S_ISLNK(mode):
+            target = os.readlink(link_name, dir_fd=dir_fd)
+            self.links[len(self.names)] = target
+            kind, mode, size = _LINK, 0o777, 0
+        else:
+            kind = _DIR if stat_mod.S_ISDIR(mode) else _FILE
+            mode, size = stat_mod.S_IMODE(mode), 0 if kind == _DIR else st.st_size
+        self.names.append(name)
+        self.parents.append(parent)
+        self.kinds.append(kind)
+        self.modes.append(mode)
+        self.mtimes.append(st.st_mtime)
+        self.sizes.append(size)
+        self.ids.extend((st.st_dev, st.st_ino))
+
+
+@attrs.define
+class Unsent:
+    """What :func:`tar_stream` did not send as planned: each entry left out (or sent
+    damaged), as ``(relative name, why)``, and what the entries left out add up to (their
+    own and those below a directory left out, which are not named)."""
+
+    entries: List[Tuple[str, str]] = attrs.Factory(list)
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+
+    def left_out(self, item: _Item, why: Optional[str]) -> None:
+        """``item`` is not sent (``why``: named, for what is said of it)."""
+        if why is not None:
+            self.entries.append((item.rel, why))
+        if item.is_dir:
+            self.dirs += 1
+        elif item.link:
+            self.symlinks += 1
+        else:
+            self.files += 1
+            self.bytes += item.size
+
+    def less(self, summary: TransferSummary) -> TransferSummary:
+        """``summary`` (of the whole plan) without what was left out."""
+        return TransferSummary(
+            files=max(0, summary.files - self.files),
+            dirs=max(0, summary.dirs - self.dirs),
+            symlinks=max(0, summary.symlinks - self.symlinks),
+            bytes=max(0, summary.bytes - self.bytes),
+        )
+
+    def failures(self, dest: str) -> List[Dict[str, Any]]:
+        """The entries named, as the sandbox reports those it refused (``dest``: where the
+        plan's entries go)."""
+        return [{"path": posixpath.join(dest, rel) if rel else dest, "message": why}
+                for rel, why in self.entries]
+
+
+class _Changed(Exception):
+    """What was opened is not what was planned."""
+
+
+def _replaced(exc: Exception) -> bool:
+    """Whether ``exc`` says an entry is not what was planned, or is not there any more."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO)
+    return isinstance(exc, _Changed)
+
+
+def _why(exc: Exception) -> str:
+    """Why an entry of a plan could not be opened as planned, in the user's terms."""
+    if isinstance(exc, _Changed):
+        return str(exc)
+    if _replaced(exc):
+        return _REPLACED
+    said = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    return said[:1].lower() + said[1:]
+
+
+def _open_planned(name: str, dir_fd: Optional[int], is_dir: bool, dev: int, ino: int,
+                  size: int = -1) -> int:
+    """A descriptor of ``name`` (in ``dir_fd``), opened without following a symbolic link
+    and checked to be the directory or regular file planned: its device and inode, and
+    (``size`` >= 0) its size.
+
+    Raises:
+        OSError: it could not be opened.
+        _Changed: it is not what was planned.
+    """
+    fd = os.open(name, _DIR_OPEN if is_dir else _FILE_OPEN, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        kind_ok = stat_mod.S_ISDIR(st.st_mode) if is_dir else stat_mod.S_ISREG(st.st_mode)
+        if not kind_ok or st.st_dev != dev or st.st_ino != ino:
+            raise _Changed(_REPLACED)
+        if size >= 0 and st.st_size != size:
+            raise _Changed("it changed size on this machine after the upload listed it")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Dirs:
+    """The directories of a plan from its top down to the one whose entries come now (a
+    plan lists each directory's entries together, directories in depth-first order):
+    their relative names, and their descriptors, each opened when first asked for, by name
+    in its parent's without following a link and checked to be the directory planned; the
+    top's and at most :data:`_OPEN_DIRS` others kept open (one closed is opened again, and
+    checked again, when needed). A directory that is not the one planned any more is named
+    once in :attr:`failed`; nothing below it is opened."""
+
+    def __init__(self, plan: UploadPlan) -> None:
+        self._plan = plan
+        # each level: [index (-1: the top), relative name, descriptor (-1: closed), failed]
+        self._levels: List[List[Any]] = [[-1, "", -1, False]]
+        self._open = 0
+        self._left_out: Set[int] = set()
+        self.failed: List[Tuple[str, Exception]] = []
+
+    def goto(self, index: int) -> None:
+        """Make directory ``index`` (-1: the top) the current one (its parent is on the way
+        to the current one, or is it)."""
+        levels = self._levels
+        up = self._plan.parents[index] if index >= 0 else -2
+        while len(levels) > 1 and levels[-1][0] != up:
+            fd = levels.pop()[2]
+            if fd >= 0:
+                os.close(fd)
+                self._open -= 1
+        if index >= 0:
+            above = levels[-1]
+            levels.append([index, self.join(self._plan.names[index]), -1,
+                           above[3] or index in self._left_out])
+
+    @property
+    def rel(self) -> str:
+        """The current directory's relative name ("": the top)."""
+        return str(self._levels[-1][1])
+
+    def join(self, name: str) -> str:
+        """The relative name of ``name`` in the current directory."""
+        here = self._levels[-1][1]
+        return f"{here}/{name}" if here else name
+
+    def left_out(self, index: int) -> None:
+        """Directory ``index`` is not sent: nothing in it will be."""
+        self._left_out.add(index)
+
+    def fd(self) -> int:
+        """The current directory's descriptor; -1 when it, or one above it, is not the one
+        planned any more."""
+        return self._fd(len(self._levels) - 1)
+
+    def _fd(self, k: int) -> int:
+        level = self._levels[k]
+        if level[2] >= 0 or level[3]:
+            return int(level[2])
+        plan = self._plan
+        parent: Optional[int] = None
+        if k:
+            parent = self._fd(k - 1)
+            if parent < 0:
+                level[3] = True
+                return -1
+            i = level[0]
+            name, (dev, ino) = plan.names[i], (plan.ids[2 * i], plan.ids[2 * i + 1])
+        else:
+            name, (dev, ino) = plan.root, plan.top
+        try:
+            fd = _open_planned(name, parent, True, dev, ino)
+        except (OSError, _Changed) as exc:
+            level[3] = True
+            self.failed.append((level[1], exc))
+            return -1
+        level[2] = fd
+        self._open += 1
+        if self._open > _OPEN_DIRS:
+            for other in self._levels[1:k]:  # the shallowest open above it (not the top)
+                if other[2] >= 0:
+                    os.close(other[2])
+                    other[2] = -1
+                    self._open -= 1
+                    break
+        return fd
+
+    def close(self) -> None:
+        for level in self._levels:
+            if level[2] >= 0:
+                os.close(level[2])
+                level[2] = -1
+        self._open = 0
+
+
+def _entries(plan: UploadPlan, dirs: _Dirs) -> Iterator[Tuple[int, _Item]]:
+    """Each entry of ``plan`` as an :class:`_Item`, with its index; ``dirs`` follows."""
+    parents, kinds, links = plan.parents, plan.kinds, plan.links
+    modes, mtimes, sizes = plan.modes, plan.mtimes, plan.sizes
+    last = -2
+    for i, name in enumerate(plan.names):
+        if plan.is_dir:
+            p = parents[i]
+            if p != last:
+                dirs.goto(p)
+                last = p
+            rel = dirs.join(name)
+        else:
+            rel = name
+        kind = kinds[i]
+        yield i, _Item(rel, modes[i], mtimes[i], sizes[i],
+                       links.get(i, "") if kind == _LINK else "", kind == _DIR)
+
+
+def _walk(plan: UploadPlan, unsent: Unsent) -> Generator[Tuple[_Item, int], None, None]:
+    """Each entry of ``plan`` in order, opened to be sent: a file with its descriptor
+    (closed when the next entry is asked for), a directory or link with :data:`_SENT`.
+
+    Nothing is opened by path: each directory by name in its parent's descriptor, each
+    file by name in its directory's, never through a symbolic link, and each checked to
+    be what was planned (device and inode; a file's size). An entry that is not, or
+    could not be opened, is given with :data:`_SKIP` (and so is everything below a
+    directory left out), and recorded in ``unsent``; so a file or directory replaced by a
+    link (or another file) after planning is never read. A link is sent as planned (its
+    target was read then).
+    """
+    dirs = _Dirs(plan)
+    ids, parents = plan.ids, plan.parents
+    dfd: Optional[int] = None
+    last = -2
+    try:
+        for i, item in _entries(plan, dirs):
+            name = plan.root
+            if plan.is_dir:
+                if parents[i] != last:  # the next directory's entries
+                    last = parents[i]
+                    dfd = dirs.fd()
+                    for rel, exc in dirs.failed:
+                        unsent.entries.append((rel, f"not sent: {_why(exc)}"))
+                    dirs.failed.clear()
+                if dfd is None or dfd < 0:
+                    unsent.left_out(item, None)
+                    yield item, _SKIP
+                    continue
+                name = plan.names[i]
+            if item.link:
+                yield item, _SENT
+                continue
+            if i in plan.left_out:  # replaced while it was listed
+                unsent.left_out(item, f"not sent: {plan.left_out[i]}")
+                dirs.left_out(i)
+                yield item, _SKIP
+                continue
+            try:
+                fd = _open_planned(name, dfd, item.is_dir, ids[2 * i], ids[2 * i + 1],
+                                   -1 if item.is_dir else item.size)
+            except (OSError, _Changed) as exc:
+                unsent.left_out(item, f"not sent: {_why(exc)}")
+                if item.is_dir:
+                    dirs.left_out(i)
+                yield item, _SKIP
+                continue
+            if item.is_dir:
+                os.close(fd)
+                yield item, _SENT
+                continue
+            try:
+                yield item, fd
+            finally:
+                os.close(fd)
+    finally:
+        dirs.close()
 
 
 def _excluded(rel: str, name: str, patterns: Sequence[str]) -> bool:
@@ -122,61 +443,76 @@ def _excluded(rel: str, name: str, patterns: Sequence[str]) -> bool:
 def plan_upload(local_path: str, name: str, exclude: Sequence[str]) -> UploadPlan:
     """Walk ``local_path`` (not following symbolic links; a directory's entries sorted).
 
+    Each directory is listed through a descriptor opened by name in its parent's, without
+    following a link, and checked to be the directory seen there: one that is not any more
+    is planned as left out (:attr:`UploadPlan.left_out`, named when the upload ends), an
+    entry gone meanwhile is not planned.
+
     Args:
         local_path: a file, a symbolic link or a directory on this machine.
         name: the member name a single file gets.
         exclude: ``fnmatch`` patterns matched against each relative path and base name.
 
     Raises:
-        InvalidArgument: ``local_path`` does not exist or is neither a file, a link nor a
-            directory (before any I/O in the sandbox).
+        InvalidArgument: ``local_path`` does not exist, is neither a file, a link nor a
+            directory, or a directory in it cannot be listed (before any I/O in the
+            sandbox).
     """
     try:
         top = os.lstat(local_path)
     except OSError as exc:
         raise InvalidArgument(f"cannot upload {local_path!r}: {exc.strerror}") from None
-    if not stat_mod.S_ISDIR(top.st_mode):
+    plan = UploadPlan(local_path, stat_mod.S_ISDIR(top.st_mode), (top.st_dev, top.st_ino))
+    if not plan.is_dir:
         if not (stat_mod.S_ISREG(top.st_mode) or stat_mod.S_ISLNK(top.st_mode)):
             raise InvalidArgument(f"cannot upload {local_path!r}: not a file or directory")
-        item = _item(name, local_path, top)
-        return UploadPlan((item,), item.size, False)
-    items: List[_Item] = []
-    stack = [("", local_path)]
-    while stack:
-        rel_dir, abs_dir = stack.pop()
         try:
-            names = sorted(os.listdir(abs_dir))
-        except OSError as exc:
-            raise InvalidArgument(f"cannot upload {abs_dir!r}: {exc.strerror}") from None
-        below: List[Tuple[str, str]] = []
-        for entry in names:
-            rel = f"{rel_dir}/{entry}" if rel_dir else entry
-            if exclude and _excluded(rel, entry, exclude):
-                continue
-            path = f"{abs_dir}/{entry}"
+            plan._add(-1, name, top, None, local_path)
+        except OSError as exc:  # a link no more
+            raise InvalidArgument(f"cannot upload {local_path!r}: {_why(exc)}") from None
+        return attrs.evolve(plan, total=plan.sizes[0])
+    dirs = _Dirs(plan)
+    pending = [-1]
+    try:
+        while pending:
+            index = pending.pop()
+            dirs.goto(index)
+            here = f"{local_path}/{dirs.rel}" if index >= 0 else local_path
+            fd = dirs.fd()
+            if fd < 0:
+                # (nothing said: a directory above it was replaced, and said so)
+                failure = dirs.failed.pop()[1] if dirs.failed else _Changed(_REPLACED)
+                if index >= 0 and _replaced(failure):  # as if replaced a moment later
+                    plan.left_out[index] = _why(failure)
+                    continue
+                raise InvalidArgument(f"cannot upload {here!r}: {_why(failure)}")
             try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue  # gone meanwhile
-            mode = st.st_mode
-            if stat_mod.S_ISDIR(mode):
-                items.append(_item(rel, path, st))
-                below.append((rel, path))
-            elif stat_mod.S_ISREG(mode) or stat_mod.S_ISLNK(mode):
-                items.append(_item(rel, path, st))
-            else:
-                log.info("e2b_provider: upload skips %s (not a file, directory or link)", path)
-        stack.extend(reversed(below))
-    return UploadPlan(tuple(items), sum(i.size for i in items), True)
-
-
-def _item(rel: str, path: str, st: os.stat_result) -> _Item:
-    mode = st.st_mode
-    if stat_mod.S_ISLNK(mode):
-        return _Item(rel, path, 0o777, st.st_mtime, 0, os.readlink(path))
-    if stat_mod.S_ISDIR(mode):
-        return _Item(rel, path, stat_mod.S_IMODE(mode), st.st_mtime, 0, is_dir=True)
-    return _Item(rel, path, stat_mod.S_IMODE(mode), st.st_mtime, st.st_size)
+                names = sorted(os.listdir(fd))
+            except OSError as exc:
+                raise InvalidArgument(f"cannot upload {here!r}: {exc.strerror}") from None
+            below: List[int] = []
+            for entry in names:
+                if exclude and _excluded(dirs.join(entry), entry, exclude):
+                    continue
+                try:
+                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                    mode = st.st_mode
+                    if stat_mod.S_ISDIR(mode):
+                        below.append(len(plan.names))
+                    elif not (stat_mod.S_ISREG(mode) or stat_mod.S_ISLNK(mode)):
+                        log.info("e2b_provider: upload skips %s/%s (not a file, directory "
+                                 "or link)", here, entry)
+                        continue
+                    plan._add(index, entry, st, fd, entry)
+                except OSError as exc:
+                    if _replaced(exc) or exc.errno == errno.EINVAL:
+                        continue  # gone meanwhile (or a link replaced as it was read)
+                    path = f"{here}/{entry}"
+                    raise InvalidArgument(f"cannot upload {path!r}: {_why(exc)}") from None
+            pending.extend(reversed(below))
+    finally:
+        dirs.close()
+    return attrs.evolve(plan, total=sum(plan.sizes))
 
 
 _USTAR = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
@@ -238,32 +574,53 @@ def tar_stream(
     *,
     progress: Optional[Progress] = None,
     cancel: Optional[CancelToken] = None,
+    unsent: Optional[Unsent] = None,
 ) -> Iterator[bytes]:
     """The tar stream of ``plan``, in pieces of about :data:`_CHUNK` bytes (small members
     are gathered into one piece), ending with an empty member named ``end_name`` and the
-    end-of-archive blocks.
+    end-of-archive blocks; always :func:`tar_length` bytes.
 
-    A file that shrank since it was planned is padded with zeros to its planned size (and
-    logged); one that grew is cut at it, so the stream always matches its headers.
+    Entries are read as :func:`_walk` opens them: never through a symbolic link, each
+    checked to be what was planned. One that is not any more (replaced, by a link or
+    anything else, removed, or a file whose size changed since it was planned) is not
+    sent, nor is anything below a directory left out: its place in the stream is taken
+    by pax global headers holding only a comment, which tar readers skip, and it is
+    recorded in ``unsent``. A file that shrinks while it is read is padded with zeros to
+    its planned size (and recorded); one that grows is cut at it.
 
     Raises:
         Cancelled: ``cancel`` fired (checked between pieces).
         OSError: a local file could not be read.
     """
+    if unsent is None:
+        unsent = Unsent()
     done = 0
     out = bytearray()
     if progress is not None:
         progress(0, plan.total)
-    for item in plan.items:
-        if cancel is not None:
-            cancel.raise_if_cancelled()
-        if item.is_dir or item.link:
-            out += _header(item, -1 if item.is_dir else 0)
-            continue
-        out += _header(item, item.size)
-        left = item.size
-        fd = os.open(item.path, os.O_RDONLY | _O_CLOEXEC)
-        try:
+    walk = _walk(plan, unsent)
+    try:
+        for item, fd in walk:
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+            if len(out) >= _CHUNK:  # the headers of many small entries
+                yield bytes(out)
+                out.clear()
+                if progress is not None:
+                    progress(done, plan.total)
+            size = -1 if item.is_dir else (0 if item.link else item.size)
+            if fd == _SKIP:
+                for piece in _filler(_length(item, size)):
+                    if out and len(out) + len(piece) > _CHUNK:
+                        yield bytes(out)
+                        out.clear()
+                    out += piece
+                done += item.size
+                continue
+            out += _header(item, size)
+            if fd == _SENT:
+                continue
+            left = item.size
             while left > 0:
                 if len(out) >= _CHUNK:
                     yield bytes(out)
@@ -288,14 +645,25 @@ def tar_stream(
                     piece = os.read(fd, min(max(_CHUNK - len(out), _BLOCK), left))
                 if not piece:
                     log.warning("e2b_provider: %s shrank while it was uploaded; its end is "
-                                "padded with zeros", item.path)
-                    piece = b"\0" * min(_CHUNK, left)
+                                "padded with zeros",
+                                f"{plan.root}/{item.rel}" if plan.is_dir else plan.root)
+                    unsent.entries.append(
+                        (item.rel, "it shrank while it was uploaded: its end was sent as zeros"))
+                    while left > 0:
+                        pad = min(_CHUNK, left)
+                        out += bytes(pad)
+                        left -= pad
+                        done += pad
+                        if len(out) >= _CHUNK:
+                            yield bytes(out)
+                            out.clear()
+                    break
                 left -= len(piece)
                 done += len(piece)
                 out += piece
-        finally:
-            os.close(fd)
-        out += b"\0" * (-item.size % _BLOCK)
+            out += b"\0" * (-item.size % _BLOCK)
+    finally:
+        walk.close()
     out += _end_header(end_name)
     out += b"\0" * (2 * _BLOCK)
     yield bytes(out)
@@ -303,18 +671,58 @@ def tar_stream(
         progress(done, plan.total)
 
 
+def _length(item: _Item, size: int) -> int:
+    """The bytes ``item`` (``size`` as for :func:`_header`) takes in the stream: its header,
+    and a file's data padded to a whole block."""
+    head = _BLOCK if _plain(item, size) else len(_header(item, size))
+    return head + (size + (-size % _BLOCK) if size > 0 else 0)
+
+
 def tar_length(plan: UploadPlan, end_name: str) -> int:
     """The exact length of :func:`tar_stream` ``(plan, end_name)``."""
     total = len(_end_header(end_name)) + 2 * _BLOCK
     for item in plan.items:
-        size = -1 if item.is_dir else (0 if item.link else item.size)
-        total += _BLOCK if _plain(item, size) else len(_header(item, size))
-        total += item.size + (-item.size % _BLOCK) if size > 0 else 0
+        total += _length(item, -1 if item.is_dir else (0 if item.link else item.size))
     return total
 
 
 def _end_header(end_name: str) -> bytes:
     return tarfile.TarInfo(end_name).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _filler(length: int) -> Iterator[bytes]:
+    """``length`` bytes (whole blocks) of pax global headers holding only a ``comment``
+    record, which a tar reader skips: the place of an entry not sent, in a stream whose
+    length was announced."""
+    while length > 0:
+        size = min(length - _BLOCK, _FILL_MAX)
+        yield _comment(size)
+        length -= _BLOCK + size
+
+
+@functools.lru_cache(maxsize=4)
+def _comment(size: int) -> bytes:
+    """A pax global header whose ``size`` bytes (whole blocks) are one ``comment``."""
+    ti = tarfile.TarInfo("pax_global_header")
+    ti.type = tarfile.XGLTYPE
+    ti.size = size
+    head = ti.tobuf(tarfile.USTAR_FORMAT)
+    if not size:
+        return head
+    record = b"%d comment=" % size
+    return head + record + b"x" * (size - len(record) - 1) + b"\n"
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes of ``fd``, fewer only at its end."""
+    parts: List[bytes] = []
+    while n > 0:
+        piece = os.read(fd, n)
+        if not piece:
+            break
+        parts.append(piece)
+        n -= len(piece)
+    return b"".join(parts)
 
 
 class _Chunks:
@@ -732,35 +1140,47 @@ class Trees:
         there (same rules, each whole); symbolic links and empty directories are reported
         as not written."""
         refused: List[Dict[str, Any]] = []
+        unsent = Unsent()
         files = dirs = 0
         done = 0
         parents = {posixpath.dirname(i.rel) for i in plan.items if not i.is_dir}
         if progress is not None:
             progress(0, plan.total)
-        for item in plan.items:
-            path = posixpath.join(dest, item.rel) if item.rel else dest
-            if item.is_dir:
-                if item.rel in parents or any(p.startswith(item.rel + "/") for p in parents):
-                    dirs += 1
+        walk = _walk(plan, unsent)  # each file read as the stream reads it
+        try:
+            for item, fd in walk:
+                path = posixpath.join(dest, item.rel) if item.rel else dest
+                if fd == _SKIP:
                     continue
-                why = "an empty directory under /skills needs python3 in the sandbox"
-            elif item.link:
-                why = "a symbolic link under /skills needs python3 in the sandbox"
-            else:
-                with open(item.path, "rb") as f:
-                    data = f.read(item.size + 1)[: item.size]
-                try:
-                    self._files.write(sid, path, data, cancel)
-                except (CommandFailed, UnsafePath) as exc:
-                    refused.append({"path": path, "message": str(exc)})
+                if item.is_dir:
+                    if item.rel in parents or any(p.startswith(item.rel + "/")
+                                                  for p in parents):
+                        dirs += 1
+                        continue
+                    why = "an empty directory under /skills needs python3 in the sandbox"
+                elif item.link:
+                    why = "a symbolic link under /skills needs python3 in the sandbox"
+                else:
+                    data = _read_upto(fd, item.size + 1)
+                    if len(data) < item.size:  # whole or not at all
+                        refused.append({"path": path, "message": "not sent: it shrank while "
+                                        "it was uploaded"})
+                        continue
+                    try:
+                        self._files.write(sid, path, data[: item.size], cancel)
+                    except (CommandFailed, UnsafePath) as exc:
+                        refused.append({"path": path, "message": str(exc)})
+                        continue
+                    files += 1
+                    done += item.size
+                    if progress is not None:
+                        progress(done, plan.total)
                     continue
-                files += 1
-                done += item.size
-                if progress is not None:
-                    progress(done, plan.total)
-                continue
-            refused.append({"path": path, "message": f"not written: {why}"})
-        return TransferSummary(files=files, dirs=dirs, symlinks=0, bytes=done), refused
+                refused.append({"path": path, "message": f"not written: {why}"})
+        finally:
+            walk.close()
+        summary = TransferSummary(files=files, dirs=dirs, symlinks=0, bytes=done)
+        return summary, unsent.failures(dest) + refused
 
     def _upload(
         self,
@@ -784,6 +1204,7 @@ class Trees:
 
         def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
             length = tar_length(plan, end)  # while the sandbox makes the FIFO
+            unsent = Unsent()
             ready = helper.first_line() == b"ready"
             self._files.staged(sid, ready)
             if not ready:
@@ -795,7 +1216,8 @@ class Trees:
             try:
                 helper.envd.upload_stream(
                     fifo,
-                    tar_stream(plan, end, progress=progress, cancel=helper.guard),
+                    tar_stream(plan, end, progress=progress, cancel=helper.guard,
+                               unsent=unsent),
                     user=scripts.ROOT_USER,
                     token=helper.guard,
                     timeout=max(1.0, deadline.remaining()),
@@ -815,12 +1237,12 @@ class Trees:
                 summary = _summary(helper)
                 if summary is None or not summary.get("complete"):
                     raise
-                return _outcome(plan, summary, helper, dest)
+                return _outcome(plan, summary, helper, dest, unsent)
             helper.finish()
             summary = _summary(helper)
             if summary is None or not summary.get("complete"):
                 raise _upload_failed("the upload did not arrive whole", helper, dest)
-            return _outcome(plan, summary, helper, dest)
+            return _outcome(plan, summary, helper, dest, unsent)
 
         return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)
 
@@ -916,11 +1338,12 @@ class Trees:
 
 
 def _outcome(
-    plan: UploadPlan, summary: Dict[str, Any], helper: _Helper, dest: str
+    plan: UploadPlan, summary: Dict[str, Any], helper: _Helper, dest: str, unsent: Unsent
 ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
-    """What a complete upload wrote, and the entries the sandbox refused."""
-    if summary.get("whole"):  # a new destination, written as one: all of it is there
-        return plan.summary(), []
+    """What a complete upload wrote, and the entries not sent (``unsent``) or that the
+    sandbox refused."""
+    if summary.get("whole"):  # a new destination, written as one: all that was sent is there
+        return unsent.less(plan.summary()), unsent.failures(dest)
     if summary.get("merged"):  # merged into what was there by the shell: E lines refused
         said = helper.outcome().stdout.splitlines()
         refused = [
@@ -928,8 +1351,9 @@ def _outcome(
              "message": "not written: something there could not be replaced by it"}
             for line in said if line.startswith(b"E ")
         ]
-        whole = plan.summary()
-        return attrs.evolve(whole, files=max(0, whole.files - len(refused))), refused
+        whole = unsent.less(plan.summary())
+        return (attrs.evolve(whole, files=max(0, whole.files - len(refused))),
+                unsent.failures(dest) + refused)
     refused = []
     for e in summary.get("errors") or []:
         if isinstance(e, dict) and isinstance(e.get("path"), str) and not e["path"].startswith(
@@ -937,7 +1361,7 @@ def _outcome(
         ):  # the extractor names a member by its path in the tree
             e = dict(e, path=posixpath.join(dest, e["path"].rstrip("/")))
         refused.append(e)
-    return _transfer(summary), refused
+    return _transfer(summary), unsent.failures(dest) + refused
 
 
 class _NoPython(Exception):

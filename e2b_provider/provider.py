@@ -1322,7 +1322,9 @@ class E2BSandboxProvider:
         Each file goes to a temporary name in its own directory and is renamed into place
         when whole, so a cancelled, failed or interrupted upload leaves every file either
         as it was or wholly new. Two requests whatever the number of files; the content is
-        read from disk as it is sent (memory stays flat).
+        read from disk as it is sent (memory stays flat). Nothing is read through a link:
+        an entry replaced (by a link or anything else), removed or resized on this machine
+        after it was listed is not sent, nor is what is below a directory so replaced.
 
         Args:
             sandbox: the handle or sandbox id.
@@ -1342,8 +1344,8 @@ class E2BSandboxProvider:
 
         Raises:
             InvalidArgument: a bad argument, or ``local_path`` missing (before any I/O).
-            FilesFailed: some entries could not be written (``.failed`` says which and why;
-                ``.summary`` what was written).
+            FilesFailed: some entries could not be written, or were not sent (``.failed``
+                says which and why; ``.summary`` what was written).
             CommandFailed: the upload failed as a whole (the sandbox has no ``python3``, a
                 directory on the way is closed to the user, a ``/skills`` directory is
                 writable by others...).

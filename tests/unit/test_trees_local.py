@@ -9,6 +9,7 @@ after: nothing may appear, change or vanish there.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import stat
 import tarfile
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from e2b_provider._trees import (
-    UploadPlan,
+    Unsent,
     extract_stream,
     plan_upload,
     tar_length,
@@ -147,30 +148,269 @@ def test_tar_stream_of_one_file_or_one_link(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", [3000, 3 * (1 << 20) + 5])  # pieces gathered, or sent as read
 @pytest.mark.parametrize("change", ["shrinks", "vanishes-content", "grows"])
-def test_a_file_that_changes_after_planning_keeps_the_stream_valid(
+def test_a_file_that_changed_size_after_planning_is_left_out_and_the_stream_stays_valid(
     tmp_path: Path, change: str, size: int
 ) -> None:
+    # neither padded nor cut: its header has not gone out yet, so it is not sent at all
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_bytes(b"A" * size)
     (src / "z").write_bytes(b"after")
     plan = plan_upload(str(src), "x", [])
-    if change == "shrinks":
-        (src / "a").write_bytes(b"B" * (size // 3))
-        want = b"B" * (size // 3) + b"\0" * (size - size // 3)
-    elif change == "vanishes-content":
-        (src / "a").write_bytes(b"")
-        want = b"\0" * size
-    else:
-        (src / "a").write_bytes(b"C" * (size + 2000))
-        want = b"C" * size
-    pieces = _stream(plan)
+    (src / "a").write_bytes({"shrinks": b"B" * (size // 3), "vanishes-content": b"",
+                             "grows": b"C" * (size + 2000)}[change])  # fmt: skip
+    unsent = Unsent()
+    pieces = _stream(plan, unsent=unsent)
     assert max(len(p) for p in pieces) <= (1 << 20) + 1024
     data = b"".join(pieces)
     assert len(data) == tar_length(plan, END)  # as announced before the change
-    assert [(m.name, m.size) for m in _members(data)] == [("a", size), ("z", 5), (END, 0)]
-    assert _read_member(data, "a") == want
+    assert [(m.name, m.size) for m in _members(data)] == [("z", 5), (END, 0)]
     assert _read_member(data, "z") == b"after"
+    assert unsent.entries == [("a", "not sent: it changed size on this machine after the "
+                                    "upload listed it")]  # fmt: skip
+    assert (unsent.files, unsent.bytes, unsent.dirs, unsent.symlinks) == (1, size, 0, 0)
+
+
+@pytest.mark.parametrize("change", ["shrinks", "grows"])
+def test_a_file_that_changes_size_while_it_is_read_keeps_the_stream_valid(
+    tmp_path: Path, change: str
+) -> None:
+    # its header went out: padded with zeros to its planned size (and said), or cut at it
+    size = 3 * (1 << 20) + 5
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"A" * size)
+    (src / "z").write_bytes(b"after")
+    plan = plan_upload(str(src), "x", [])
+
+    def change_it(done: int, total: Optional[int]) -> None:
+        if 0 < done < size and (src / "a").stat().st_size == size:  # the first piece is out
+            if change == "shrinks":
+                os.truncate(src / "a", size // 3)
+            else:
+                with open(src / "a", "ab") as f:
+                    f.write(b"C" * 2000)
+
+    unsent = Unsent()
+    data = b"".join(_stream(plan, unsent=unsent, progress=change_it))
+    assert len(data) == tar_length(plan, END)
+    assert [(m.name, m.size) for m in _members(data)] == [("a", size), ("z", 5), (END, 0)]
+    if change == "shrinks":
+        assert _read_member(data, "a") == b"A" * (size // 3) + bytes(size - size // 3)
+        assert unsent.entries == [("a", "it shrank while it was uploaded: its end was sent "
+                                        "as zeros")]  # fmt: skip
+    else:
+        assert _read_member(data, "a") == b"A" * size
+        assert unsent.entries == []
+    assert (unsent.files, unsent.bytes) == (0, 0)  # sent, if not as it was
+
+
+SECRET = b"root-only secret of this machine\n"
+REPLACED = "not sent: it was replaced or removed on this machine after the upload listed it"
+
+
+def _private(tmp_path: Path) -> Tuple[Path, Path]:
+    """A root-only file (0600) and a root-only directory holding ``f`` and ``m/f`` (each
+    :data:`SECRET`), outside any tree uploaded."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    private = tmp_path / "private"
+    (private / "m").mkdir(parents=True)
+    for f in (private / "f", private / "m" / "f"):
+        f.write_bytes(SECRET)
+        f.chmod(0o600)
+    private.chmod(0o700)
+    return secret, private
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("swap", ["symlink", "hard link", "fifo", "removed"])
+def test_a_file_replaced_after_planning_is_never_read(tmp_path: Path, swap: str) -> None:
+    secret, _ = _private(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"p" * len(SECRET))  # as large: only what it is tells them apart
+    (src / "z").write_bytes(b"after")
+    plan = plan_upload(str(src), "x", [])
+    os.unlink(src / "a")
+    if swap == "symlink":
+        (src / "a").symlink_to(secret)
+    elif swap == "hard link":
+        os.link(secret, src / "a")
+    elif swap == "fifo":
+        os.mkfifo(src / "a")  # not waited on
+    unsent = Unsent()
+    fds = _fds()
+    data = b"".join(_stream(plan, unsent=unsent))
+    assert _fds() == fds
+    assert SECRET not in data
+    assert len(data) == tar_length(plan, END)
+    assert [m.name for m in _members(data)] == ["z", END]
+    assert unsent.entries == [("a", REPLACED)]
+    assert (unsent.files, unsent.bytes) == (1, len(SECRET))
+
+
+def test_a_directory_replaced_after_planning_is_never_read(tmp_path: Path) -> None:
+    _, private = _private(tmp_path)
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"p" * len(SECRET))
+    (src / "z").write_bytes(b"after")
+    plan = plan_upload(str(src), "x", [])
+    os.rename(src / "d", tmp_path / "moved")
+    (src / "d").symlink_to(private)  # holds an f of the same size
+    unsent = Unsent()
+    data = b"".join(_stream(plan, unsent=unsent))
+    assert SECRET not in data
+    assert len(data) == tar_length(plan, END)
+    assert [m.name for m in _members(data)] == ["z", END]
+    assert unsent.entries == [("d", REPLACED)]  # what was in it is not named
+    assert (unsent.files, unsent.dirs, unsent.bytes) == (1, 1, len(SECRET))
+
+
+def test_entries_replaced_while_the_stream_is_under_way_are_never_read(tmp_path: Path) -> None:
+    # the stream reaches a_dir (its header goes out), then b_big; while b_big is read,
+    # a_dir, c_file and d_dir become links to root-only things: c_file and d_dir are left
+    # out when reached, and so is what a_dir holds (it comes after b_big)
+    secret, private = _private(tmp_path)
+    src = tmp_path / "src"
+    for d in ("a_dir", "d_dir"):
+        (src / d).mkdir(parents=True)
+        (src / d / "f").write_bytes(b"p" * len(SECRET))
+    (src / "b_big").write_bytes(b"B" * (3 << 20))
+    (src / "c_file").write_bytes(b"p" * len(SECRET))
+    plan = plan_upload(str(src), "x", [])
+    assert [i.rel for i in plan.items] == ["a_dir", "b_big", "c_file", "d_dir", "a_dir/f",
+                                           "d_dir/f"]  # fmt: skip
+
+    def swap(done: int, total: Optional[int]) -> None:
+        if 0 < done < (3 << 20) and not (src / "c_file").is_symlink():
+            for name, to in (("a_dir", private), ("c_file", secret), ("d_dir", private)):
+                os.rename(src / name, tmp_path / f"old-{name}")
+                (src / name).symlink_to(to)
+
+    unsent = Unsent()
+    fds = _fds()
+    data = b"".join(_stream(plan, unsent=unsent, progress=swap))
+    assert _fds() == fds
+    assert SECRET not in data
+    assert len(data) == tar_length(plan, END)
+    assert [m.name for m in _members(data)] == ["a_dir", "b_big", END]
+    assert _read_member(data, "b_big") == b"B" * (3 << 20)
+    assert unsent.entries == [("c_file", REPLACED), ("d_dir", REPLACED), ("a_dir", REPLACED)]
+    assert (unsent.files, unsent.dirs, unsent.bytes) == (3, 1, 3 * len(SECRET))
+
+
+def test_a_top_replaced_after_planning_is_never_read(tmp_path: Path) -> None:
+    secret, private = _private(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"p" * len(SECRET))
+    (src / "m").mkdir()
+    (src / "m" / "f").write_bytes(b"p" * len(SECRET))
+    one = tmp_path / "one"
+    one.write_bytes(b"p" * len(SECRET))
+    tree, single = plan_upload(str(src), "x", []), plan_upload(str(one), "named.txt", [])
+    os.rename(src, tmp_path / "old-src")
+    src.symlink_to(private)
+    os.unlink(one)
+    one.symlink_to(secret)
+    for plan, named in ((tree, ""), (single, "named.txt")):
+        unsent = Unsent()
+        data = b"".join(_stream(plan, unsent=unsent))
+        assert SECRET not in data
+        assert len(data) == tar_length(plan, END)
+        assert [m.name for m in _members(data)] == [END]
+        assert unsent.entries == [(named, REPLACED)]
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_a_deep_tree_is_walked_with_few_descriptors_each_checked_again(
+    tmp_path: Path, swap: bool
+) -> None:
+    # a chain of 60 directories (more than are kept open), then a sibling of its top: the
+    # directories closed on the way are opened again, and checked again (swap: replaced by
+    # a link meanwhile, so what it still holds is not read)
+    _, private = _private(tmp_path)
+    src = tmp_path / "src"
+    chain = src / "a" / "/".join(f"l{i:02d}" for i in range(60))
+    chain.mkdir(parents=True)
+    (chain / "big").write_bytes(b"B" * (3 << 20))
+    (src / "a" / "m").mkdir()
+    (src / "a" / "m" / "f").write_bytes(b"p" * len(SECRET))
+    plan = plan_upload(str(src), "x", [])
+    names = [i.rel for i in plan.items]
+    assert names[:3] == ["a", "a/l00", "a/m"] and names[-2:] == [f"{chain.relative_to(src)}/big",
+                                                                "a/m/f"]  # fmt: skip
+
+    def replace_a(done: int, total: Optional[int]) -> None:
+        if swap and 0 < done < (3 << 20) and not (src / "a").is_symlink():
+            os.rename(src / "a", tmp_path / "old-a")
+            (src / "a").symlink_to(private)
+
+    unsent = Unsent()
+    fds = _fds()
+    pieces = []
+    for piece in tar_stream(plan, END, unsent=unsent, progress=replace_a):
+        pieces.append(piece)
+        assert _fds() <= fds + 40
+    data = b"".join(pieces)
+    assert _fds() == fds
+    assert SECRET not in data
+    assert len(data) == tar_length(plan, END)
+    got = [m.name for m in _members(data)]
+    if swap:
+        assert got == [n for n in names if n != "a/m/f"] + [END]
+        assert unsent.entries == [("a", REPLACED)]
+    else:
+        assert got == [*names, END] and unsent.entries == []
+        assert _read_member(data, "a/m/f") == b"p" * len(SECRET)
+
+
+def test_a_directory_replaced_while_it_is_planned_is_left_out(tmp_path: Path) -> None:
+    # listing the top, the walk sees b_dir (a directory), then skips c_fifo (and logs it),
+    # then lists b_dir: the log line is when b_dir becomes a link to a root-only directory
+    _, private = _private(tmp_path)
+    src = tmp_path / "src"
+    (src / "b_dir").mkdir(parents=True)
+    (src / "b_dir" / "f").write_bytes(b"p" * len(SECRET))
+    (src / "a").write_bytes(b"a")
+    os.mkfifo(src / "c_fifo")
+
+    class Swap(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "c_fifo" in record.getMessage() and not (src / "b_dir").is_symlink():
+                os.rename(src / "b_dir", tmp_path / "old-b_dir")
+                (src / "b_dir").symlink_to(private)
+
+    logger = logging.getLogger("e2b_provider")
+    handler, level = Swap(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        plan = plan_upload(str(src), "x", [])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert (src / "b_dir").is_symlink()
+    assert [i.rel for i in plan.items] == ["a", "b_dir"]  # nothing listed in it
+    unsent = Unsent()
+    data = b"".join(_stream(plan, unsent=unsent))
+    assert SECRET not in data
+    assert len(data) == tar_length(plan, END)
+    assert [m.name for m in _members(data)] == ["a", END]
+    assert unsent.entries == [("b_dir", REPLACED)]
+
+
+def test_the_headers_of_many_empty_files_go_out_in_pieces(tmp_path: Path) -> None:
+    for i in range(5000):  # 2.5 MiB of headers
+        (tmp_path / f"f{i:05d}").write_bytes(b"")
+    pieces = _stream(plan_upload(str(tmp_path), "x", []))
+    assert len(pieces) >= 3 and max(len(p) for p in pieces) <= (1 << 20) + 1024
 
 
 def test_plan_upload_excludes_by_name_and_by_relative_path(tmp_path: Path) -> None:
@@ -520,10 +760,10 @@ def test_headers_are_what_tarfile_writes(
 ) -> None:
     # the fast header of a plain member and tarfile's own, byte for byte (and the PAX
     # headers of the rest, which go through tarfile)
-    from e2b_provider._trees import _header, _Item
+    from e2b_provider._trees import _header, _Item, _length
 
     rel = "/".join([name] * (depth + 1))
-    item = _Item(rel, "/unused", mode, mtime, size if kind == "file" else 0,
+    item = _Item(rel, mode, mtime, size if kind == "file" else 0,
                  link if kind == "link" else "", kind == "dir")
     ti = tarfile.TarInfo(rel)
     ti.mode = mode
@@ -537,7 +777,5 @@ def test_headers_are_what_tarfile_writes(
     want = ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     assert _header(item, -1 if kind == "dir" else item.size) == want
     # and the announced length of a stream holding it counts that header
-    end = tarfile.TarInfo(END).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     data = item.size + (-item.size % 512)
-    assert tar_length(UploadPlan((item,), item.size, False), END) == len(want) + data + len(
-        end) + 1024
+    assert _length(item, -1 if kind == "dir" else item.size) == len(want) + data
