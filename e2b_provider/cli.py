@@ -492,12 +492,7 @@ def _session(term: Terminal, fd_in: int, fd_out: int, wake: int, got: List[int],
                 if not data:
                     return term.wait(timeout=30)
                 _write_all(fd_out, data)
-            if got:
-                got.clear()
-                try:
-                    term.resize(*_window((fd_out, fd_in)))
-                except CommandEnded:
-                    pass
+            _resize_if_signalled(term, got, (fd_out, fd_in))
             for key, _ in sel.select(timeout=5.0):
                 if key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
@@ -507,12 +502,25 @@ def _session(term: Terminal, fd_in: int, fd_out: int, wake: int, got: List[int],
                     if not typed:  # our terminal hung up
                         sel.unregister(fd_in)
                         continue
+                    # a resize noted with these keys goes first: a command typed after a
+                    # resize (`stty size`) must see the new size
+                    _resize_if_signalled(term, got, (fd_out, fd_in))
                     try:
                         term.write(typed)
                     except CommandEnded:
                         pass  # its end is read next
     finally:
         sel.close()
+
+
+def _resize_if_signalled(term: Terminal, got: List[int], fds: Tuple[int, int]) -> None:
+    """Send our window's size to ``term`` if a SIGWINCH was noted since the last time."""
+    if got:
+        got.clear()
+        try:
+            term.resize(*_window(fds))
+        except CommandEnded:
+            pass
 
 
 def _cmd_start(args: argparse.Namespace) -> int:

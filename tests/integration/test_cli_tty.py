@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -160,6 +161,25 @@ def test_a_shell_with_a_resize_ctrl_c_ctrl_d_and_its_exit_code(
     pane.wait_for(r"(?m)\(exit 9\)\nsandbox@\S+:~\$$")
     pane.keys("C-d")  # end of input at the prompt: bash exits with the last status
     assert pane.status() == 9
+
+
+def test_keys_typed_after_a_resize_meet_the_new_size(
+    pane: Pane, sandbox: SandboxHandle
+) -> None:
+    """A resize and keys typed after it, arriving together (the command line stopped while
+    both came, as on a loaded machine): the keys reach a terminal of the new size."""
+    pane.start(["shell", sandbox.id])
+    pane.wait_for(r"(?m)^sandbox@\S+:~\$$")
+    pid = pane.cli_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        pane.resize(90, 25)
+        pane.keys("text:stty size", "Enter")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    pane.wait_for(r"(?m)^25 90$")
+    pane.keys("text:exit 0", "Enter")
+    assert pane.status() == 0
 
 
 def test_a_repl_and_its_exit_code(pane: Pane, sandbox: SandboxHandle) -> None:
