@@ -537,6 +537,8 @@ class FileAgents:
             collections.OrderedDict()
         )
         self._pid = os.getpid()
+        #: close() ran: an agent that finishes starting from now on is told to leave.
+        self._closed = False
         ctx.on_fork(self._after_fork)
 
     def _after_fork(self) -> None:
@@ -614,11 +616,17 @@ class FileAgents:
     def close(self) -> None:
         """End every session and tell each agent to leave (its standard input is closed:
         it exits once its work is done), all at once, within :data:`_GOODBYE_S` seconds
-        in all (an agent not told in time exits once idle)."""
+        in all (an agent not told in time exits once idle). An agent still starting is
+        waited for within the same bound and told to leave as it becomes ready."""
         self._after_fork()
+        bound = Deadline.after(_GOODBYE_S)
         with self._lock:
+            self._closed = True
             sessions = list(self._sessions.values())
             self._sessions.clear()
+            starting = list(self._starting.values())
+        if starting:  # each start that ends from now on says goodbye itself (_launch)
+            concurrent.futures.wait(starting, timeout=max(0.0, bound.remaining()))
         pending: List[concurrent.futures.Future[None]] = []
         for s in sessions:
             s.end("the provider was closed")
@@ -627,7 +635,7 @@ class FileAgents:
             except RuntimeError:  # no pool: said inline, briefly
                 s.goodbye(timeout=1.0)
         if pending:
-            concurrent.futures.wait(pending, timeout=_GOODBYE_S)
+            concurrent.futures.wait(pending, timeout=max(0.0, bound.remaining()))
 
     def sessions(self) -> List[AgentSession]:
         """The running sessions (for tests and diagnostics)."""
@@ -677,6 +685,9 @@ class FileAgents:
             if fut is not None:
                 return fut
             fut = concurrent.futures.Future()
+            if self._closed:
+                fut.set_exception(AgentUnavailable("the provider is closing"))
+                return fut
             self._starting[sid] = fut
         if background:
             try:
@@ -713,13 +724,18 @@ class FileAgents:
             return
         with self._lock:
             self._starting.pop(sid, None)
-            old = self._sessions.pop(sid, None)
-            self._sessions[sid] = session
+            closed = self._closed
+            old = None if closed else self._sessions.pop(sid, None)
+            if not closed:
+                self._sessions[sid] = session
             while len(self._sessions) > _MAX_REMEMBERED:
                 _, gone = self._sessions.popitem(last=False)
                 gone.end("too many sessions")
         if old is not None:
             old.end("replaced")
+        if closed:  # the provider closed while it started: it leaves at once
+            session.end("the provider was closed")
+            session.goodbye()
         fut.set_result(session)
 
     def _boot(self, sid: str, target: Target) -> AgentSession:

@@ -61,6 +61,8 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
+import attrs
+
 from . import _scripts as scripts
 from ._agent import MAX_INLINE_FILE, MAX_PAYLOAD, AgentAnswer, AgentUnavailable, FileAgents
 from ._context import (
@@ -354,7 +356,7 @@ class Files:
         if len(payload) <= scripts.INLINE_WRITE_MAX and not self._lacks(sid, "base64"):
             user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
             args = scripts.inline_write_args(path, payload, skills)
-            r = self._script(sid, user, args, STDERR_ROOM, cancel, deadline)
+            r = self._script(sid, user, args, STDERR_ROOM, cancel, deadline, commit=True)
             if r.exit_code == 0:
                 return
             if r.exit_code != scripts.MISSING_TOOL_EXIT:
@@ -652,11 +654,14 @@ class Files:
         max_output_bytes: int,
         cancel: Optional[CancelToken],
         deadline: Deadline,
+        *,
+        commit: bool = False,
     ) -> RunOutcome:
         return self._ctx.on_target(
             sid,
             cancel,
-            lambda t: self._run(t, user, args, cancel, deadline, max_output_bytes),
+            lambda t: self._run(t, user, args, cancel, deadline, max_output_bytes,
+                                commit=commit),
         )
 
     def _run(
@@ -669,12 +674,19 @@ class Files:
         max_output_bytes: int = STDERR_ROOM,
         *,
         marked: bool = True,
+        commit: bool = False,
     ) -> RunOutcome:
         """Run ``/bin/sh args`` as ``user`` until ``deadline``; on a timeout, cancel or
         Ctrl-C — or when its answer is lost — every process it started is killed (the
-        reference only dropped the stream)."""
+        reference only dropped the stream).
+
+        ``commit``: the script is a write that renames its temporary file only once it made
+        its commit mark (see :data:`~._scripts.COMMIT_PREFIX`). A stop then first withdraws
+        the rename, or finds that the write owns it and lets it end; a write found done
+        is returned as done (exit status 0), whatever stopped it."""
         ctx = self._ctx
         op_id = uuid.uuid4().hex
+        said: List[str] = []  # what the withdrawal of a write found
         left = deadline.remaining()
         if left <= 0:
             raise _timed_out()
@@ -692,8 +704,10 @@ class Files:
                 timeout=left,
                 token=cancel,
                 watchdog=ctx.watchdog,
-                killer=(lambda pid, bound: self._cleanup(target, op_id, "", bound, pid=pid))
-                if marked else None,
+                killer=(lambda pid, bound: self._cleanup(
+                    target, op_id, "", bound, pid=pid,
+                    claim=(1 if pid is not None else 2) if commit else 0, said=said,
+                )) if marked else None,
                 kill_seconds=ctx.bounds.kill,
                 grace_seconds=ctx.bounds.grace,
                 interrupt_kill_seconds=ctx.bounds.interrupt_kill,
@@ -704,11 +718,39 @@ class Files:
                 # The answer was lost, not the script: stop whatever it still runs.
                 self._cleanup_now(target, op_id, "", None, interrupted=False)
             raise
+        if commit and marked and (r.cancelled or r.timed_out) and self._committed(
+            target, op_id, r, said
+        ):
+            return attrs.evolve(r, exit_code=0, cancelled=False, timed_out=False)
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
         if r.timed_out:
             raise _timed_out()
         return r
+
+    def _committed(self, target: Target, op_id: str, r: RunOutcome, said: List[str]) -> bool:
+        """Whether the write script ``op_id``, stopped (``r``), had renamed its file into
+        place, from its exit status and what its withdrawal (``said``) found: a write
+        withdrawn before its rename never renames, one that owned its rename did it unless
+        it failed or was killed with its temporary file still there. When the withdrawal
+        gave no verdict in time, it is done again now (bounded)."""
+        if r.exited == 0:
+            return True
+        claim = _said(said, "claim")
+        if claim is None:
+            said = []  # a late answer of the first withdrawal may still add to the other
+            self._cleanup(target, op_id, "", self._ctx.bounds.kill,
+                          claim=1 if r.exited is not None else 2, said=said)
+            claim = _said(said, "claim")
+        if claim is None:
+            log.warning("e2b_provider: the withdrawal of a write in sandbox %s gave no "
+                        "verdict; the write may yet take effect", target.sandbox_id)
+            return False
+        if claim == "withdrawn":
+            return False
+        if r.exited is not None and r.exited < 128:
+            return False  # it ended on its own, and not well: its rename failed
+        return _said(said, "part") == "0"
 
     def _cleanup(
         self,
@@ -719,10 +761,14 @@ class Files:
         *,
         settle: bool = False,
         pid: Optional[int] = None,
+        claim: int = 0,
+        said: Optional[List[str]] = None,
     ) -> bool:
         """Kill file operation ``op_id``'s processes and remove its FIFO and temporary files
         (bounded; ``settle``: an upload may still be on its way to the FIFO, see
-        :data:`~._scripts.FILEOP_CLEANUP_SCRIPT`); True if the clean-up worked.
+        :data:`~._scripts.FILEOP_CLEANUP_SCRIPT`); True if the clean-up worked. ``claim``:
+        withdraw a write's rename first (see :func:`~._scripts.fileop_cleanup_args`); the
+        clean-up's lines are added to ``said`` once it finished.
 
         The clean-up script kills the marked process and its descendants; then the process
         envd started (``pid``) is killed, in case it had ``exec``-ed away its marked name.
@@ -740,7 +786,7 @@ class Files:
                 envd,
                 user=scripts.ROOT_USER,
                 cmd="/bin/sh",
-                args=scripts.fileop_cleanup_args(op_id, fifo, settle),
+                args=scripts.fileop_cleanup_args(op_id, fifo, settle, claim),
                 cwd="/",
                 max_output_bytes=STDERR_ROOM,
                 timeout=bound,
@@ -748,6 +794,8 @@ class Files:
                 watchdog=self._ctx.watchdog,
                 keepalive_seconds=self._ctx.bounds.keepalive,
             )
+            if said is not None and r.exit_code == 0:
+                said.extend(r.stdout.decode("ascii", "replace").splitlines())
             if pid is not None:
                 envd.send_signal(pid, token=guard, timeout=max(0.5, bound / 4))
             return r.exit_code == 0 and not guard.cancelled
@@ -987,6 +1035,15 @@ class Files:
             return _content(data, max_bytes)
 
         return self._helped(target, op_id, argv, "", cancel, deadline, body)
+
+
+def _said(lines: List[str], key: str) -> Optional[str]:
+    """The word after ``key`` on the clean-up's line that starts with it, if any."""
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        if word == key and rest:
+            return rest.strip()
+    return None
 
 
 def _stop_holder(helper: _Helper, deadline: Deadline) -> bool:
