@@ -22,7 +22,8 @@ that does not answer in that time (stopped, hung) is retired: its session ends, 
 is killed and the temporary files it registered are removed before the call returns; the
 calls still waiting start a new agent and send their request again (every request is
 idempotent: a write writes the same bytes). So does the withdrawn write itself, whatever
-its cancel says: it may have been done before the agent was killed, and ends done. They do the same when the agent exits (after
+its cancel says: it may have been done before the agent was killed, and ends done. The
+calls do the same when the agent exits (after
 :data:`AGENT_IDLE_SECONDS` without a request, or killed by ``kill_all``) or its stream
 breaks (a pause cuts it), and a session that ends any other way, or with the provider's
 ``close()``, tells its agent to leave (its standard input is closed: it exits once its

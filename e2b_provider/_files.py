@@ -815,12 +815,15 @@ class Files:
         *,
         interrupted: bool,
         settle: bool = False,
+        claim: int = 0,
+        said: Optional[List[str]] = None,
     ) -> None:
         """:meth:`_cleanup` on the caller's thread; a second Ctrl-C abandons it."""
         b = self._ctx.bounds
         bound = b.interrupt_kill if interrupted else b.kill
         try:
-            if not self._cleanup(target, op_id, fifo, bound, settle=settle, pid=pid):
+            if not self._cleanup(target, op_id, fifo, bound, settle=settle, pid=pid,
+                                 claim=claim, said=said):
                 log.warning("e2b_provider: a file operation in sandbox %s may have left "
                             "processes behind", target.sandbox_id)
         except KeyboardInterrupt:
@@ -839,10 +842,14 @@ class Files:
         deadline: Deadline,
         body: Callable[[_Helper], _T],
         user: str = scripts.ROOT_USER,
+        done: Optional[Callable[[], _T]] = None,
     ) -> _T:
         """Start ``argv`` as ``user`` (marked), run ``body`` with it, and clean up whatever
         it started or staged when ``body`` ends early (an error, a cancel, Ctrl-C) before
-        the error reaches the caller.
+        the error reaches the caller. ``done``: the helper is a write that renames only
+        once it made its commit mark (see :data:`~._scripts.COMMIT_PREFIX`); the clean-up
+        withdraws the rename first, and a write found done after all returns ``done()``
+        (after Ctrl-C the interrupt is raised in any case).
 
         A transfer to the helper's FIFO that was cut is first let end on its own: its
         input ended, the helper refuses what it got (a temporary file is never renamed
@@ -857,7 +864,11 @@ class Files:
                 try:
                     return body(helper)
                 except BaseException as exc:  # tidied while the helper's stream is open
-                    self._tidy(helper, fifo, isinstance(exc, KeyboardInterrupt))
+                    interrupted = isinstance(exc, KeyboardInterrupt)
+                    if self._tidy(helper, fifo, interrupted, commit=done is not None) and (
+                        done is not None and not interrupted
+                    ):
+                        return done()
                     raise
         except BaseException as exc:
             if not entered:  # its start failed: it may have started all the same
@@ -872,24 +883,35 @@ class Files:
                 helper.raise_stopped()
             raise
 
-    def _tidy(self, helper: _Helper, fifo: str, interrupted: bool) -> None:
+    def _tidy(
+        self, helper: _Helper, fifo: str, interrupted: bool, *, commit: bool = False
+    ) -> bool:
         """After an early end: let a cut transfer's helper end, then clean up what is left
-        (bounded; a second Ctrl-C abandons it)."""
+        (bounded; a second Ctrl-C abandons it). ``commit``: the helper is a write, whose
+        rename the clean-up withdraws first; True if the write was found done (it ended
+        well, or owned its rename and its temporary file is gone)."""
         b = self._ctx.bounds
         try:
             if helper.posted and not helper.ended:
                 helper.settle(min(_SETTLE_S, b.interrupt_kill if interrupted else b.kill))
             exited = helper.ended and helper.exit_code is not None and helper.exit_code < 128
+            if commit and helper.ended and helper.exit_code == 0:
+                return True
             if exited and (not fifo or helper.opened):
-                return  # it ended on its own and removed what it made
+                return False  # it ended on its own and removed what it made
+            said: List[str] = []
             self._cleanup_now(
                 helper.target, helper.op_id, fifo, None if helper.ended else helper.pid,
                 interrupted=interrupted,
                 settle=bool(fifo) and helper.posted and not helper.opened,
+                claim=(1 if helper.pid is not None else 2) if commit else 0, said=said,
             )
+            return (commit and not exited and _said(said, "claim") == "committing"
+                    and _said(said, "part") == "0")
         except KeyboardInterrupt:
             log.warning("e2b_provider: second interrupt; abandoning the clean-up of a file "
                         "operation in sandbox %s", helper.target.sandbox_id)
+            return False
 
     def _write_stream(
         self,
@@ -947,7 +969,7 @@ class Files:
             if helper.exit_code != 0:
                 raise _failed("the write script failed", helper.outcome())
 
-        self._helped(target, op_id, argv, fifo, cancel, deadline, body)
+        self._helped(target, op_id, argv, fifo, cancel, deadline, body, done=lambda: None)
 
     def _read_fast(
         self,

@@ -30,6 +30,7 @@ from e2b_provider import (
     FileContent,
     SandboxHandle,
 )
+from e2b_provider._agent import MAX_INLINE_FILE
 
 from .conftest import unique_name
 from .test_leftovers import agents, processes, staged
@@ -174,6 +175,27 @@ def test_the_cancelled_first_write_of_a_fresh_provider_tells_its_outcome(
 
     counts = _trials(write, _reader(base, h, path), random.Random(53))
     assert all(first) and counts["cancelled"] > 0 and counts["done"] > 0, counts
+
+
+def test_a_cancelled_large_write_tells_its_outcome(
+    base: E2BSandboxProvider, box: SandboxHandle
+) -> None:
+    # larger than a request to the agent carries: a helper script fed through envd's /files
+    p, h = base, box
+    path = "/workspace/outcome/large"
+    rng = random.Random(55)
+
+    def write(data: bytes, c: Optional[CancelToken]) -> None:
+        p.write_file(h, path, data + os.urandom(MAX_INLINE_FILE), cancel=c)
+
+    def read() -> bytes:
+        got = p.read_file(h, path, max_bytes=4 << 20)
+        assert got is not None
+        return got.data[: -MAX_INLINE_FILE]
+
+    counts = _trials(write, read, rng)
+    assert counts["cancelled"] > 0 and counts["done"] > 0, counts
+    assert staged(p, h) == []
 
 
 def test_a_cancelled_batch_tells_its_outcome(
