@@ -734,6 +734,8 @@ class Files:
         withdrawn before its rename never renames, one that owned its rename did it unless
         it failed or was killed with its temporary file still there. When the withdrawal
         gave no verdict in time, it is done again now (bounded)."""
+        if _said(said, "kept") == "1" and r.exited is not None:
+            self._unmark(target, op_id)  # the write's process has ended
         if r.exited == 0:
             return True
         claim = _said(said, "claim")
@@ -742,6 +744,8 @@ class Files:
             self._cleanup(target, op_id, "", self._ctx.bounds.kill,
                           claim=1 if r.exited is not None else 2, said=said)
             claim = _said(said, "claim")
+            if _said(said, "kept") == "1" and r.exited is not None:
+                self._unmark(target, op_id)
         if claim is None:
             log.warning("e2b_provider: the withdrawal of a write in sandbox %s gave no "
                         "verdict; the write may yet take effect", target.sandbox_id)
@@ -805,6 +809,20 @@ class Files:
             return False
         finally:
             timer.cancel()
+
+    def _unmark(self, target: Target, op_id: str) -> None:
+        """Remove the commit mark a withdrawal kept for write ``op_id`` (bounded; best
+        effort: one left is removed after ten minutes, or by ``kill_all``)."""
+        try:
+            run_process(
+                self._ctx.envd(target), user=scripts.ROOT_USER, cmd="/bin/sh",
+                args=scripts.commit_unmark_args(op_id), cwd="/", max_output_bytes=STDERR_ROOM,
+                timeout=self._ctx.bounds.kill, token=None, watchdog=self._ctx.watchdog,
+                keepalive_seconds=self._ctx.bounds.keepalive,
+            )
+        except E2BProviderError as exc:
+            log.info("e2b_provider: could not remove a write's commit mark in sandbox %s: %s",
+                     target.sandbox_id, exc)
 
     def _cleanup_now(
         self,
@@ -906,6 +924,8 @@ class Files:
                 settle=bool(fifo) and helper.posted and not helper.opened,
                 claim=(1 if helper.pid is not None else 2) if commit else 0, said=said,
             )
+            if _said(said, "kept") == "1" and helper.ended:
+                self._unmark(helper.target, helper.op_id)  # its process has ended
             return (commit and not exited and _said(said, "claim") == "committing"
                     and _said(said, "part") == "0")
         except KeyboardInterrupt:

@@ -759,8 +759,10 @@ STREAM_WRITE_SCRIPT = (
 #: ``claim committing``, then, once the rest is done, ``part 1`` if the write's temporary
 #: file was still there (killed before its rename) or ``part 0``. A mark this clean-up made
 #: is removed at its end with ``$4`` = 1 (the write's process had started and is gone now)
-#: and kept with ``$4`` = 2 (its start may still be on its way: the mark stops it; such marks
-#: are removed after ten minutes, or by a clean-up of every operation).
+#: and kept with ``$4`` = 2 (its start may still be on its way: the mark stops it), saying
+#: ``kept 1``: the caller removes it (:func:`commit_unmark_args`) once the write's process
+#: is known to have ended; marks left so are removed after ten minutes, or by a clean-up of
+#: every operation.
 FILEOP_CLEANUP_SCRIPT = (
     't() { kill -STOP "$1" 2>/dev/null; echo "$1"; for c in $(pgrep -P "$1"); do t "$c"; '
     'done; }; al() { x=; { read -r x < "/proc/$1/stat"; } 2>/dev/null || return 1; '
@@ -788,7 +790,7 @@ FILEOP_CLEANUP_SCRIPT = (
     'if [ -z "$o" ]; then find ' + UPLOAD_DIR + " -mindepth 1 -maxdepth 1 ! -name parts "
     "\\( ! -type d -o -empty \\) -delete 2>/dev/null; rm -f -- " + COMMIT_PREFIX + "*; fi; "
     'if [ -n "$v" ]; then echo "part $k"; '
-    '[ "$v$cl" = withdrawn2 ] || rm -f -- "$cm"; fi; '
+    'if [ "$v$cl" = withdrawn2 ]; then echo "kept 1"; else rm -f -- "$cm"; fi; fi; '
     'if [ "$cl" = 2 ]; then find /tmp -maxdepth 1 -name "' + COMMIT_PREFIX[5:] + '*" '
     "-mmin +10 -delete 2>/dev/null; fi; exit 0"
 )
@@ -896,6 +898,13 @@ def fileop_cleanup_args(
         raise InvalidArgument("claim is 0, 1 or 2, and needs an operation id")
     return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo,
             "1" if settle else "0", str(claim)]
+
+
+def commit_unmark_args(op_id: str) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that remove the commit mark of write
+    ``op_id`` (kept by a withdrawal while the write's start was on its way)."""
+    fileop_name(op_id)  # checks it
+    return ["-c", 'rm -f -- "$1"', "capybara-unmark", COMMIT_PREFIX + op_id]
 
 
 # ---- the provider's own kill scripts (not the reference's) ---------------------------------

@@ -31,8 +31,9 @@ from e2b_provider import (
     SandboxHandle,
 )
 from e2b_provider._agent import MAX_INLINE_FILE
+from e2b_provider._scripts import COMMIT_PREFIX
 
-from .conftest import unique_name
+from .conftest import root, unique_name
 from .test_leftovers import agents, processes, staged
 
 pytestmark = pytest.mark.integration
@@ -70,6 +71,12 @@ def nopy_box(nopy: E2BSandboxProvider) -> Iterator[SandboxHandle]:
     h = nopy.create(unique_name("outcome-nopy"))
     yield h
     nopy.destroy(h)
+
+
+def marks(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:
+    """The commit marks of per-call writes left in the sandbox (a withdrawal removes its
+    own once the write's process is known to have ended)."""
+    return root(p, h, f"ls -a /tmp | grep -F {COMMIT_PREFIX[5:]} || true").split()
 
 
 def _contents(rng: random.Random, n: int = 2, most: int = 60 << 10) -> List[bytes]:
@@ -154,7 +161,7 @@ def test_a_cancelled_write_without_python3_tells_its_outcome(
     counts = _trials(write, _reader(p, h, path), random.Random(52))
     assert counts["cancelled"] > 0 and counts["done"] > 0, counts
     assert p._files.lacks_python(h.id)
-    assert staged(p, h) == []
+    assert staged(p, h) == [] and marks(p, h) == []
 
 
 def test_the_cancelled_first_write_of_a_fresh_provider_tells_its_outcome(
@@ -175,6 +182,7 @@ def test_the_cancelled_first_write_of_a_fresh_provider_tells_its_outcome(
 
     counts = _trials(write, _reader(base, h, path), random.Random(53))
     assert all(first) and counts["cancelled"] > 0 and counts["done"] > 0, counts
+    assert marks(base, h) == []
 
 
 def test_a_cancelled_large_write_tells_its_outcome(
