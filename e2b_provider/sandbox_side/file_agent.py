@@ -23,7 +23,8 @@ Modes:
     ``{"cancelled": true}`` and never run; a running one stops at its next step and is
     answered so, unless it already finished — a write's rename and the cancel exclude each
     other, so ``{"cancelled": true}`` means the file was not replaced, and any other answer
-    that it was.
+    that it was; a ``write_many`` that renamed its first file is no longer stopped, so
+    ``{"cancelled": true}`` means none of its files was replaced.
 
 ``pack SRC NAME [EXCLUDE...]``
     (``NAME`` only names the process.) Write to standard output one line of JSON
