@@ -149,6 +149,61 @@ def test_a_cancelled_write_through_the_agent_tells_its_outcome(
     assert len(p._files._agents.sessions()) == 1
 
 
+class _Stalled:
+    """An agent session's event stream that has stalled: once ``stalled`` is set, what the
+    agent writes still arrives and is read, but never reaches the session (as behind a
+    proxy that stopped forwarding); the stream still ends when it is shut down."""
+
+    def __init__(self, events: Iterator[object]) -> None:
+        self._events = events
+        self.stalled = threading.Event()
+
+    def __iter__(self) -> _Stalled:
+        return self
+
+    def __next__(self) -> object:
+        while True:
+            ev = next(self._events)
+            if not self.stalled.is_set():
+                return ev
+
+
+def test_a_cancelled_write_whose_agent_went_silent_after_the_rename_returns(
+    base: E2BSandboxProvider, box: SandboxHandle
+) -> None:
+    p, h = base, box
+    p.stat(h, "/workspace")
+    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+    path = "/workspace/outcome/silent"
+    p.write_file(h, path, b"old")
+    [session] = p._files._agents.sessions()
+    stall = _Stalled(session._events)
+    session._events = stall
+    stall.stalled.set()
+    token = CancelToken()
+    outcome: List[str] = []
+
+    def write() -> None:
+        try:
+            p.write_file(h, path, b"new", cancel=token)
+            outcome.append("done")
+        except Cancelled:
+            outcome.append("cancelled")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    # the agent has renamed the new file into place; its answer never comes
+    wait_until(lambda: root(p, h, f"cat {path}") == "new", 30, "the agent's rename")
+    token.cancel("test")
+    writer.join(120)
+    assert not writer.is_alive()
+    assert root(p, h, f"cat {path}") == "new"
+    assert outcome == ["done"]
+    # the silent agent was retired and another one serves
+    assert p._files._agents.sessions() != [session]
+    assert p.read_file(h, path) == FileContent(b"new")
+
+
 def test_a_cancelled_write_without_python3_tells_its_outcome(
     nopy: E2BSandboxProvider, nopy_box: SandboxHandle
 ) -> None:
