@@ -753,8 +753,9 @@ STREAM_WRITE_SCRIPT = (
 #: directory in the staging directory (but its ``parts``), and every commit mark. Exit 0.
 #:
 #: With ``$4`` = 1 or 2 (a write being withdrawn), before anything else: makes the
-#: operation's commit mark (:data:`COMMIT_PREFIX`) exclusively and says ``claim
-#: withdrawn``: the write's rename can no longer happen; or, when the write made it first,
+#: operation's commit mark (:data:`COMMIT_PREFIX`) exclusively, holding ``w``, and says
+#: ``claim withdrawn`` (also when an earlier withdrawal made it): the write's rename can no
+#: longer happen; or, when the write made it first (empty),
 #: lets the write end on its own (two seconds at most: its rename is under way) and says
 #: ``claim committing``, then, once the rest is done, ``part 1`` if the write's temporary
 #: file was still there (killed before its rename) or ``part 0``. A mark this clean-up made
@@ -769,7 +770,8 @@ FILEOP_CLEANUP_SCRIPT = (
     'x=${x##*") "}; case $x in [ZX]*) return 1;; esac; }; '
     'm=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; v=; k=0; cm=' + COMMIT_PREFIX + '$1; cl=${4:-0}; '
     'if [ -n "$1" ] && [ "$cl" != 0 ]; then '
-    'if { set -C; command : > "$cm"; } 2>/dev/null; then v=withdrawn; else v=committing; i=0; '
+    'if { set -C; command echo w > "$cm"; } 2>/dev/null || [ -s "$cm" ]; then v=withdrawn; '
+    'else v=committing; i=0; '
     'while [ $i -lt 40 ] && pgrep -f -- "${m}op-$1" >/dev/null; do sleep 0.05; i=$((i+1)); '
     'done; fi; set +C; echo "claim $v"; fi; '
     'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; '
