@@ -922,7 +922,10 @@ class Files:
                 helper.target, helper.op_id, fifo, None if helper.ended else helper.pid,
                 interrupted=interrupted,
                 settle=bool(fifo) and helper.posted and not helper.opened,
-                claim=(1 if helper.pid is not None else 2) if commit else 0, said=said,
+                # a write that never got its bytes cannot rename: only one that did is
+                # withdrawn (its helper had said "ready", so its pid is known)
+                claim=(1 if helper.pid is not None else 2) if commit and helper.posted else 0,
+                said=said,
             )
             if _said(said, "kept") == "1" and helper.ended:
                 self._unmark(helper.target, helper.op_id)  # its process has ended

@@ -31,7 +31,7 @@ from e2b_provider import (
     SandboxHandle,
 )
 from e2b_provider._agent import MAX_INLINE_FILE
-from e2b_provider._scripts import COMMIT_PREFIX
+from e2b_provider._scripts import COMMIT_PREFIX, INLINE_WRITE_MAX
 
 from .conftest import root, unique_name
 from .test_leftovers import agents, processes, staged
@@ -88,7 +88,7 @@ def _cancel_later(token: CancelToken, delay: float) -> None:
     threading.Timer(delay, token.cancel, args=("test",)).start()
 
 
-def _trials(write: Write, read: Read, rng: random.Random, *, fresh: bool = False) -> Dict[str, int]:
+def _trials(write: Write, read: Read, rng: random.Random) -> Dict[str, int]:
     """Run :data:`TRIALS` cancelled writes; assert each one's outcome; count them.
 
     The cancels are spread over 1.5 times the time an uncancelled write takes here, so
@@ -216,6 +216,26 @@ def test_a_cancelled_write_without_python3_tells_its_outcome(
     counts = _trials(write, _reader(p, h, path), random.Random(52))
     assert counts["cancelled"] > 0 and counts["done"] > 0, counts
     assert p._files.lacks_python(h.id)
+    assert staged(p, h) == [] and marks(p, h) == []
+
+
+def test_a_cancelled_large_write_without_python3_tells_its_outcome(
+    nopy: E2BSandboxProvider, nopy_box: SandboxHandle
+) -> None:
+    # larger than a script's request carries: a helper fed through envd's /files
+    p, h = nopy, nopy_box
+    path = "/workspace/outcome/nopy-large"
+
+    def write(data: bytes, c: Optional[CancelToken]) -> None:
+        p.write_file(h, path, data + os.urandom(INLINE_WRITE_MAX), cancel=c)
+
+    def read() -> bytes:
+        got = p.read_file(h, path, max_bytes=1 << 20)
+        assert got is not None
+        return got.data[:-INLINE_WRITE_MAX]
+
+    counts = _trials(write, read, random.Random(56))
+    assert counts["cancelled"] > 0 and counts["done"] > 0, counts
     assert staged(p, h) == [] and marks(p, h) == []
 
 
