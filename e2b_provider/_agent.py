@@ -21,7 +21,9 @@ as if no cancel had come; the session and its agent go on serving the others. An
 that does not answer in that time (stopped, hung) is retired: its session ends, the agent
 is killed and the temporary files it registered are removed before the call returns; the
 calls still waiting start a new agent and send their request again (every request is
-idempotent: a write writes the same bytes). They do the same when the agent exits (after
+idempotent: a write writes the same bytes). So does the withdrawn write itself, whatever
+its cancel says: it may have been done before the agent was killed, and ends done. The
+calls do the same when the agent exits (after
 :data:`AGENT_IDLE_SECONDS` without a request, or killed by ``kill_all``) or its stream
 breaks (a pause cuts it), and a session that ends any other way, or with the provider's
 ``close()``, tells its agent to leave (its standard input is closed: it exits once its
@@ -115,6 +117,10 @@ _NO_PYTHON = (126, 127)
 _GOODBYE_S = 5.0
 #: How long sending a withdrawal may take.
 _WITHDRAW_S = 5.0
+#: Requests that replace files: one whose outcome was lost is sent again, whatever its
+#: cancel says (the same bytes written again), so that it never ends as "cancelled" with
+#: its new content in place.
+_WRITES = ("write", "write_many")
 
 
 class AgentUnavailable(Exception):
@@ -216,11 +222,12 @@ class AgentSession:
             call = _Call(rid)
             self._calls[rid] = call
         try:
+            writes = op in _WRITES
             try:
                 self._send(encode_request(rid, op, fields, payload), deadline, cancel)
                 answer = self._await(call, deadline, cancel)
             except (Cancelled, OperationTimeout) as stop:
-                return self._withdrawn(call, stop, interrupted=False)
+                return self._withdrawn(call, stop, interrupted=False, writes=writes)
             except KeyboardInterrupt as stop:
                 self._withdrawn(call, stop, interrupted=True)
                 raise  # not reached: the interrupt is raised again above
@@ -229,8 +236,11 @@ class AgentSession:
                 if stop2 is None or not call.withdrawn:
                     raise
                 # withdrawn while this thread read the stream, and the agent did not
-                # answer in time (the read was ended): it is retired, the call stopped
+                # answer in time (the read was ended): it is retired, the call stopped; a
+                # write may have been done, so it is lost (sent again), not stopped
                 self.retire("the file agent did not drop a cancelled request in time")
+                if writes:
+                    raise AgentLost("the file agent did not drop a cancelled write") from None
                 raise stop2 from None
             if answer.answer.get("cancelled") is True:
                 # withdrawn while this thread read the stream (its cancel or deadline)
@@ -242,13 +252,15 @@ class AgentSession:
                 self._calls.pop(rid, None)
 
     def _withdrawn(
-        self, call: _Call, stop: BaseException, *, interrupted: bool
+        self, call: _Call, stop: BaseException, *, interrupted: bool, writes: bool = False
     ) -> AgentAnswer:
         """After ``stop`` (a cancel, the deadline, Ctrl-C) ended the wait for ``call``: tell
         the agent to drop it and wait (bounded) for its last answer. Returns that answer
         when the request took effect before the cancel reached it (a write that was done);
         raises ``stop`` when it was dropped, after Ctrl-C in any case, and when the agent
-        did not answer in time (it is then retired: killed, its temporary files removed).
+        did not answer in time (it is then retired: killed, its temporary files removed;
+        ``writes``: the request may have replaced files, so :class:`AgentLost` is raised
+        instead, and the caller sends it again).
         A second Ctrl-C gives up waiting (the retirement goes on in the background)."""
         bounds = self._ctx.bounds
         grace = Deadline.after(
@@ -267,6 +279,8 @@ class AgentSession:
             raise stop from None
         if got is None:
             self.retire("the file agent did not drop a cancelled request in time")
+            if writes and not interrupted:
+                raise AgentLost("the file agent did not drop a cancelled write") from None
             raise stop
         if got.answer.get("cancelled") is True or interrupted:
             raise stop
@@ -537,6 +551,8 @@ class FileAgents:
             collections.OrderedDict()
         )
         self._pid = os.getpid()
+        #: close() ran: an agent that finishes starting from now on is told to leave.
+        self._closed = False
         ctx.on_fork(self._after_fork)
 
     def _after_fork(self) -> None:
@@ -584,13 +600,17 @@ class FileAgents:
         cancel: Optional[CancelToken],
     ) -> AgentAnswer:
         """One request to the sandbox's agent (started now if needed), sent again once to a
-        new agent if the session ended under it.
+        new agent if the session ended under it. A write is sent again whatever its cancel
+        says (the first may have been done, and the same bytes written again give the
+        same files): it then ends done, or by its deadline.
 
         Raises:
             AgentUnavailable: the sandbox cannot run the agent.
             Cancelled, OperationTimeout, E2BProviderError.
         """
         for attempt in (1, 2):
+            if attempt == 2 and op in _WRITES:
+                cancel = None
             session = self._session(sid, deadline, cancel)
             try:
                 return session.call(op, fields, payload, deadline=deadline, cancel=cancel)
@@ -614,11 +634,17 @@ class FileAgents:
     def close(self) -> None:
         """End every session and tell each agent to leave (its standard input is closed:
         it exits once its work is done), all at once, within :data:`_GOODBYE_S` seconds
-        in all (an agent not told in time exits once idle)."""
+        in all (an agent not told in time exits once idle). An agent still starting is
+        waited for within the same bound and told to leave as it becomes ready."""
         self._after_fork()
+        bound = Deadline.after(_GOODBYE_S)
         with self._lock:
+            self._closed = True
             sessions = list(self._sessions.values())
             self._sessions.clear()
+            starting = list(self._starting.values())
+        if starting:  # each start that ends from now on says goodbye itself (_launch)
+            concurrent.futures.wait(starting, timeout=max(0.0, bound.remaining()))
         pending: List[concurrent.futures.Future[None]] = []
         for s in sessions:
             s.end("the provider was closed")
@@ -627,7 +653,7 @@ class FileAgents:
             except RuntimeError:  # no pool: said inline, briefly
                 s.goodbye(timeout=1.0)
         if pending:
-            concurrent.futures.wait(pending, timeout=_GOODBYE_S)
+            concurrent.futures.wait(pending, timeout=max(0.0, bound.remaining()))
 
     def sessions(self) -> List[AgentSession]:
         """The running sessions (for tests and diagnostics)."""
@@ -677,6 +703,9 @@ class FileAgents:
             if fut is not None:
                 return fut
             fut = concurrent.futures.Future()
+            if self._closed:
+                fut.set_exception(AgentUnavailable("the provider is closing"))
+                return fut
             self._starting[sid] = fut
         if background:
             try:
@@ -713,13 +742,18 @@ class FileAgents:
             return
         with self._lock:
             self._starting.pop(sid, None)
-            old = self._sessions.pop(sid, None)
-            self._sessions[sid] = session
+            closed = self._closed
+            old = None if closed else self._sessions.pop(sid, None)
+            if not closed:
+                self._sessions[sid] = session
             while len(self._sessions) > _MAX_REMEMBERED:
                 _, gone = self._sessions.popitem(last=False)
                 gone.end("too many sessions")
         if old is not None:
             old.end("replaced")
+        if closed:  # the provider closed while it started: it leaves at once
+            session.end("the provider was closed")
+            session.goodbye()
         fut.set_result(session)
 
     def _boot(self, sid: str, target: Target) -> AgentSession:

@@ -76,6 +76,9 @@ class RunOutcome:
     cancelled: bool
     wedged: bool
     pid: Optional[int] = None
+    #: The exit status envd reported, also for a run that was stopped (whose
+    #: ``exit_code`` is None): it may have ended on its own before the stop reached it.
+    exited: Optional[int] = None
 
 
 class _CallbackFailed(Exception):
@@ -421,6 +424,7 @@ def run_process(
         cancelled=cancelled,
         wedged=wedged,
         pid=run.pid,
+        exited=exit_code if run.ended else None,
     )
 
 

@@ -61,6 +61,8 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
+import attrs
+
 from . import _scripts as scripts
 from ._agent import MAX_INLINE_FILE, MAX_PAYLOAD, AgentAnswer, AgentUnavailable, FileAgents
 from ._context import (
@@ -354,7 +356,7 @@ class Files:
         if len(payload) <= scripts.INLINE_WRITE_MAX and not self._lacks(sid, "base64"):
             user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
             args = scripts.inline_write_args(path, payload, skills)
-            r = self._script(sid, user, args, STDERR_ROOM, cancel, deadline)
+            r = self._script(sid, user, args, STDERR_ROOM, cancel, deadline, commit=True)
             if r.exit_code == 0:
                 return
             if r.exit_code != scripts.MISSING_TOOL_EXIT:
@@ -652,11 +654,14 @@ class Files:
         max_output_bytes: int,
         cancel: Optional[CancelToken],
         deadline: Deadline,
+        *,
+        commit: bool = False,
     ) -> RunOutcome:
         return self._ctx.on_target(
             sid,
             cancel,
-            lambda t: self._run(t, user, args, cancel, deadline, max_output_bytes),
+            lambda t: self._run(t, user, args, cancel, deadline, max_output_bytes,
+                                commit=commit),
         )
 
     def _run(
@@ -669,12 +674,19 @@ class Files:
         max_output_bytes: int = STDERR_ROOM,
         *,
         marked: bool = True,
+        commit: bool = False,
     ) -> RunOutcome:
         """Run ``/bin/sh args`` as ``user`` until ``deadline``; on a timeout, cancel or
         Ctrl-C — or when its answer is lost — every process it started is killed (the
-        reference only dropped the stream)."""
+        reference only dropped the stream).
+
+        ``commit``: the script is a write that renames its temporary file only once it made
+        its commit mark (see :data:`~._scripts.COMMIT_PREFIX`). A stop then first withdraws
+        the rename, or finds that the write owns it and lets it end; a write found done
+        is returned as done (exit status 0), whatever stopped it."""
         ctx = self._ctx
         op_id = uuid.uuid4().hex
+        said: List[str] = []  # what the withdrawal of a write found
         left = deadline.remaining()
         if left <= 0:
             raise _timed_out()
@@ -692,8 +704,10 @@ class Files:
                 timeout=left,
                 token=cancel,
                 watchdog=ctx.watchdog,
-                killer=(lambda pid, bound: self._cleanup(target, op_id, "", bound, pid=pid))
-                if marked else None,
+                killer=(lambda pid, bound: self._cleanup(
+                    target, op_id, "", bound, pid=pid,
+                    claim=(1 if pid is not None else 2) if commit else 0, said=said,
+                )) if marked else None,
                 kill_seconds=ctx.bounds.kill,
                 grace_seconds=ctx.bounds.grace,
                 interrupt_kill_seconds=ctx.bounds.interrupt_kill,
@@ -704,11 +718,43 @@ class Files:
                 # The answer was lost, not the script: stop whatever it still runs.
                 self._cleanup_now(target, op_id, "", None, interrupted=False)
             raise
+        if commit and marked and (r.cancelled or r.timed_out) and self._committed(
+            target, op_id, r, said
+        ):
+            return attrs.evolve(r, exit_code=0, cancelled=False, timed_out=False)
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
         if r.timed_out:
             raise _timed_out()
         return r
+
+    def _committed(self, target: Target, op_id: str, r: RunOutcome, said: List[str]) -> bool:
+        """Whether the write script ``op_id``, stopped (``r``), had renamed its file into
+        place, from its exit status and what its withdrawal (``said``) found: a write
+        withdrawn before its rename never renames, one that owned its rename did it unless
+        it failed or was killed with its temporary file still there. When the withdrawal
+        gave no verdict in time, it is done again now (bounded)."""
+        if _said(said, "kept") == "1" and r.exited is not None:
+            self._unmark(target, op_id)  # the write's process has ended
+        if r.exited == 0:
+            return True
+        claim = _said(said, "claim")
+        if claim is None:
+            said = []  # a late answer of the first withdrawal may still add to the other
+            self._cleanup(target, op_id, "", self._ctx.bounds.kill,
+                          claim=1 if r.exited is not None else 2, said=said)
+            claim = _said(said, "claim")
+            if _said(said, "kept") == "1" and r.exited is not None:
+                self._unmark(target, op_id)
+        if claim is None:
+            log.warning("e2b_provider: the withdrawal of a write in sandbox %s gave no "
+                        "verdict; the write may yet take effect", target.sandbox_id)
+            return False
+        if claim == "withdrawn":
+            return False
+        if r.exited is not None and r.exited < 128:
+            return False  # it ended on its own, and not well: its rename failed
+        return _said(said, "part") == "0"
 
     def _cleanup(
         self,
@@ -719,10 +765,14 @@ class Files:
         *,
         settle: bool = False,
         pid: Optional[int] = None,
+        claim: int = 0,
+        said: Optional[List[str]] = None,
     ) -> bool:
         """Kill file operation ``op_id``'s processes and remove its FIFO and temporary files
         (bounded; ``settle``: an upload may still be on its way to the FIFO, see
-        :data:`~._scripts.FILEOP_CLEANUP_SCRIPT`); True if the clean-up worked.
+        :data:`~._scripts.FILEOP_CLEANUP_SCRIPT`); True if the clean-up worked. ``claim``:
+        withdraw a write's rename first (see :func:`~._scripts.fileop_cleanup_args`); the
+        clean-up's lines are added to ``said`` once it finished.
 
         The clean-up script kills the marked process and its descendants; then the process
         envd started (``pid``) is killed, in case it had ``exec``-ed away its marked name.
@@ -740,7 +790,7 @@ class Files:
                 envd,
                 user=scripts.ROOT_USER,
                 cmd="/bin/sh",
-                args=scripts.fileop_cleanup_args(op_id, fifo, settle),
+                args=scripts.fileop_cleanup_args(op_id, fifo, settle, claim),
                 cwd="/",
                 max_output_bytes=STDERR_ROOM,
                 timeout=bound,
@@ -748,6 +798,8 @@ class Files:
                 watchdog=self._ctx.watchdog,
                 keepalive_seconds=self._ctx.bounds.keepalive,
             )
+            if said is not None and r.exit_code == 0:
+                said.extend(r.stdout.decode("ascii", "replace").splitlines())
             if pid is not None:
                 envd.send_signal(pid, token=guard, timeout=max(0.5, bound / 4))
             return r.exit_code == 0 and not guard.cancelled
@@ -758,6 +810,20 @@ class Files:
         finally:
             timer.cancel()
 
+    def _unmark(self, target: Target, op_id: str) -> None:
+        """Remove the commit mark a withdrawal kept for write ``op_id`` (bounded; best
+        effort: one left is removed after ten minutes, or by ``kill_all``)."""
+        try:
+            run_process(
+                self._ctx.envd(target), user=scripts.ROOT_USER, cmd="/bin/sh",
+                args=scripts.commit_unmark_args(op_id), cwd="/", max_output_bytes=STDERR_ROOM,
+                timeout=self._ctx.bounds.kill, token=None, watchdog=self._ctx.watchdog,
+                keepalive_seconds=self._ctx.bounds.keepalive,
+            )
+        except E2BProviderError as exc:
+            log.info("e2b_provider: could not remove a write's commit mark in sandbox %s: %s",
+                     target.sandbox_id, exc)
+
     def _cleanup_now(
         self,
         target: Target,
@@ -767,12 +833,15 @@ class Files:
         *,
         interrupted: bool,
         settle: bool = False,
+        claim: int = 0,
+        said: Optional[List[str]] = None,
     ) -> None:
         """:meth:`_cleanup` on the caller's thread; a second Ctrl-C abandons it."""
         b = self._ctx.bounds
         bound = b.interrupt_kill if interrupted else b.kill
         try:
-            if not self._cleanup(target, op_id, fifo, bound, settle=settle, pid=pid):
+            if not self._cleanup(target, op_id, fifo, bound, settle=settle, pid=pid,
+                                 claim=claim, said=said):
                 log.warning("e2b_provider: a file operation in sandbox %s may have left "
                             "processes behind", target.sandbox_id)
         except KeyboardInterrupt:
@@ -791,10 +860,14 @@ class Files:
         deadline: Deadline,
         body: Callable[[_Helper], _T],
         user: str = scripts.ROOT_USER,
+        done: Optional[Callable[[], _T]] = None,
     ) -> _T:
         """Start ``argv`` as ``user`` (marked), run ``body`` with it, and clean up whatever
         it started or staged when ``body`` ends early (an error, a cancel, Ctrl-C) before
-        the error reaches the caller.
+        the error reaches the caller. ``done``: the helper is a write that renames only
+        once it made its commit mark (see :data:`~._scripts.COMMIT_PREFIX`); the clean-up
+        withdraws the rename first, and a write found done after all returns ``done()``
+        (after Ctrl-C the interrupt is raised in any case).
 
         A transfer to the helper's FIFO that was cut is first let end on its own: its
         input ended, the helper refuses what it got (a temporary file is never renamed
@@ -809,7 +882,11 @@ class Files:
                 try:
                     return body(helper)
                 except BaseException as exc:  # tidied while the helper's stream is open
-                    self._tidy(helper, fifo, isinstance(exc, KeyboardInterrupt))
+                    interrupted = isinstance(exc, KeyboardInterrupt)
+                    if self._tidy(helper, fifo, interrupted, commit=done is not None) and (
+                        done is not None and not interrupted
+                    ):
+                        return done()
                     raise
         except BaseException as exc:
             if not entered:  # its start failed: it may have started all the same
@@ -824,24 +901,40 @@ class Files:
                 helper.raise_stopped()
             raise
 
-    def _tidy(self, helper: _Helper, fifo: str, interrupted: bool) -> None:
+    def _tidy(
+        self, helper: _Helper, fifo: str, interrupted: bool, *, commit: bool = False
+    ) -> bool:
         """After an early end: let a cut transfer's helper end, then clean up what is left
-        (bounded; a second Ctrl-C abandons it)."""
+        (bounded; a second Ctrl-C abandons it). ``commit``: the helper is a write, whose
+        rename the clean-up withdraws first; True if the write was found done (it ended
+        well, or owned its rename and its temporary file is gone)."""
         b = self._ctx.bounds
         try:
             if helper.posted and not helper.ended:
                 helper.settle(min(_SETTLE_S, b.interrupt_kill if interrupted else b.kill))
             exited = helper.ended and helper.exit_code is not None and helper.exit_code < 128
+            if commit and helper.ended and helper.exit_code == 0:
+                return True
             if exited and (not fifo or helper.opened):
-                return  # it ended on its own and removed what it made
+                return False  # it ended on its own and removed what it made
+            said: List[str] = []
             self._cleanup_now(
                 helper.target, helper.op_id, fifo, None if helper.ended else helper.pid,
                 interrupted=interrupted,
                 settle=bool(fifo) and helper.posted and not helper.opened,
+                # a write that never got its bytes cannot rename: only one that did is
+                # withdrawn (its helper had said "ready", so its pid is known)
+                claim=(1 if helper.pid is not None else 2) if commit and helper.posted else 0,
+                said=said,
             )
+            if _said(said, "kept") == "1" and helper.ended:
+                self._unmark(helper.target, helper.op_id)  # its process has ended
+            return (commit and not exited and _said(said, "claim") == "committing"
+                    and _said(said, "part") == "0")
         except KeyboardInterrupt:
             log.warning("e2b_provider: second interrupt; abandoning the clean-up of a file "
                         "operation in sandbox %s", helper.target.sandbox_id)
+            return False
 
     def _write_stream(
         self,
@@ -899,7 +992,7 @@ class Files:
             if helper.exit_code != 0:
                 raise _failed("the write script failed", helper.outcome())
 
-        self._helped(target, op_id, argv, fifo, cancel, deadline, body)
+        self._helped(target, op_id, argv, fifo, cancel, deadline, body, done=lambda: None)
 
     def _read_fast(
         self,
@@ -987,6 +1080,15 @@ class Files:
             return _content(data, max_bytes)
 
         return self._helped(target, op_id, argv, "", cancel, deadline, body)
+
+
+def _said(lines: List[str], key: str) -> Optional[str]:
+    """The word after ``key`` on the clean-up's line that starts with it, if any."""
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        if word == key and rest:
+            return rest.strip()
+    return None
 
 
 def _stop_holder(helper: _Helper, deadline: Deadline) -> bool:

@@ -377,6 +377,13 @@ PART_PREFIX = ".capybara-part-"
 USER_PARTS_PREFIX = "/tmp/.capybara-parts-"
 #: Root's registry of temporary files (root-only, in the staging directory).
 ROOT_PARTS_DIR = UPLOAD_DIR + "/parts"
+#: A marked write script renames its temporary file over the target only once it has
+#: created ``<this><op id>`` (exclusively: ``set -C``); a cancel creates it first to withdraw
+#: the write (see :data:`FILEOP_CLEANUP_SCRIPT`). Whoever made it, the write is either
+#: withdrawn before its rename or owns it: never both.
+COMMIT_PREFIX = "/tmp/.capybara-commit-"
+#: Exit status of a write script whose rename was withdrawn (its target left as it was).
+WITHDRAWN_EXIT = 96
 
 # The write scripts below are put together from these pieces (shell text; each ends "; ").
 
@@ -444,9 +451,11 @@ _ROOT_CHECK = (
 #: Registers the temporary file ``$p`` as ``$r/<pid>-<op id>`` (``e``; empty when the
 #: registry is not a directory of the user's own: the write goes on unregistered; ``MKREG``
 #: makes a missing one), and sets the traps that remove the temporary file (once ``c`` says
-#: it was created) and the registry entry whenever the script ends.
+#: it was created), the registry entry and the commit mark ``$w`` (once ``g`` says this
+#: script made it) whenever the script ends.
 _REGISTER = (
-    "e=$r/$$-$o; c=; trap '[ -z \"$c$e\" ] || rm -f -- ${c:+\"$p\"} ${e:+\"$e\"}' EXIT; "
+    "e=$r/$$-$o; c=; g=; w=" + COMMIT_PREFIX + "$o; "
+    "trap '[ -z \"$c$e$g\" ] || rm -f -- ${c:+\"$p\"} ${e:+\"$e\"} ${g:+\"$w\"}' EXIT; "
     "trap 'exit 143' HUP INT TERM; { [ -d \"$r\" ] || MKREG; } 2>/dev/null; "
     '[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] && ln -s -T -- "$p" "$e" 2>/dev/null || e=; '
 )
@@ -461,7 +470,9 @@ def _put(fill: str, mode: str, size: str = "") -> str:
     """Shell text that writes what ``fill`` prints to the new temporary file ``$p``
     (noclobber: it never opens a file that exists), checks (``size``: the shell word of the
     expected size) that exactly that many bytes arrived, gives it its ``mode`` and renames
-    it over ``$t``; the traps remove whatever is left on any failure."""
+    it over ``$t`` once it made the commit mark (:data:`COMMIT_PREFIX`; a marked operation
+    only: exit :data:`WITHDRAWN_EXIT` if a cancel made it first); the traps remove whatever
+    is left on any failure."""
     check = ""
     if size:
         check = (
@@ -471,6 +482,8 @@ def _put(fill: str, mode: str, size: str = "") -> str:
         )
     return (
         'set -C; { c=1; ' + fill + '; } > "$p" || exit; ' + check + mode
+        + 'if [ "$o" != 0 ]; then { command : > "$w"; } 2>/dev/null || '
+        + 'no "the write was withdrawn" ' + str(WITHDRAWN_EXIT) + '; g=1; fi; '
         + 'mv -f -T -- "$p" "$t" || exit; c=; exit 0'
     )
 
@@ -737,12 +750,30 @@ STREAM_WRITE_SCRIPT = (
 #: it points to, and never follows one inside a directory it removes). With no ``$1``
 #: (after every file operation was killed): every entry whose writer is no longer alive
 #: (or was just killed) and its file the same way, and every FIFO, file and empty
-#: directory in the staging directory (but its ``parts``). Exit 0.
+#: directory in the staging directory (but its ``parts``), and every commit mark. Exit 0.
+#:
+#: With ``$4`` = 1 or 2 (a write being withdrawn), before anything else: makes the
+#: operation's commit mark (:data:`COMMIT_PREFIX`) exclusively, holding ``w``, and says
+#: ``claim withdrawn`` (also when an earlier withdrawal made it): the write's rename can no
+#: longer happen; or, when the write made it first (empty),
+#: lets the write end on its own (two seconds at most: its rename is under way) and says
+#: ``claim committing``, then, once the rest is done, ``part 1`` if the write's temporary
+#: file was still there (killed before its rename) or ``part 0``. A mark this clean-up made
+#: is removed at its end with ``$4`` = 1 (the write's process had started and is gone now)
+#: and kept with ``$4`` = 2 (its start may still be on its way: the mark stops it), saying
+#: ``kept 1``: the caller removes it (:func:`commit_unmark_args`) once the write's process
+#: is known to have ended; marks left so are removed after ten minutes, or by a clean-up of
+#: every operation.
 FILEOP_CLEANUP_SCRIPT = (
     't() { kill -STOP "$1" 2>/dev/null; echo "$1"; for c in $(pgrep -P "$1"); do t "$c"; '
     'done; }; al() { x=; { read -r x < "/proc/$1/stat"; } 2>/dev/null || return 1; '
     'x=${x##*") "}; case $x in [ZX]*) return 1;; esac; }; '
-    'm=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; '
+    'm=capybara-file; u=${1:-[0-9a-f]}; f=$2; q=; v=; k=0; cm=' + COMMIT_PREFIX + '$1; cl=${4:-0}; '
+    'if [ -n "$1" ] && [ "$cl" != 0 ]; then '
+    'if { set -C; command echo w > "$cm"; } 2>/dev/null || [ -s "$cm" ]; then v=withdrawn; '
+    'else v=committing; i=0; '
+    'while [ $i -lt 40 ] && pgrep -f -- "${m}op-$1" >/dev/null; do sleep 0.05; i=$((i+1)); '
+    'done; fi; set +C; echo "claim $v"; fi; '
     'for p in $(pgrep -f -- "${m}op-$u"); do q="$q $(t "$p")"; done; '
     'if [ -z "$1" ]; then for p in $(pgrep -f -- "${m}s-[0-9a-f]{32}\\$"); do '
     'q="$q $(t "$p")"; done; fi; z=; '
@@ -755,10 +786,15 @@ FILEOP_CLEANUP_SCRIPT = (
     "w=${n%%-*}; case $w in *[!0-9]*) continue;; esac; "
     'case ${n#*-} in ""|*[!0-9a-f]*) continue;; esac; if [ -z "$o" ]; then '
     'case "$z " in *" $w "*) ;; *) al "$w" && continue;; esac; fi; l=$(readlink -- "$e"); '
-    'case $l in /*) [ "${l##*/}" != "' + PART_PREFIX + '$n" ] || set -- "$@" "$l";; esac; '
+    'case $l in /*) [ "${l##*/}" != "' + PART_PREFIX + '$n" ] || { [ ! -e "$l" ] || k=1; '
+    'set -- "$@" "$l"; };; esac; '
     'set -- "$@" "$e"; done; done; [ $# -eq 0 ] || rm -rf -- "$@" 2>/dev/null; '
     'if [ -z "$o" ]; then find ' + UPLOAD_DIR + " -mindepth 1 -maxdepth 1 ! -name parts "
-    "\\( ! -type d -o -empty \\) -delete 2>/dev/null; fi; exit 0"
+    "\\( ! -type d -o -empty \\) -delete 2>/dev/null; rm -f -- " + COMMIT_PREFIX + "*; fi; "
+    'if [ -n "$v" ]; then echo "part $k"; '
+    'if [ "$v$cl" = withdrawn2 ]; then echo "kept 1"; else rm -f -- "$cm"; fi; fi; '
+    'if [ "$cl" = 2 ]; then find /tmp -maxdepth 1 -name "' + COMMIT_PREFIX[5:] + '*" '
+    "-mmin +10 -delete 2>/dev/null; fi; exit 0"
 )
 
 
@@ -849,16 +885,28 @@ def stream_write_args(
             "1" if skills else "0", "1" if prepare else "0", str(size)]
 
 
-def fileop_cleanup_args(op_id: str, fifo: str = "", settle: bool = False) -> List[str]:
+def fileop_cleanup_args(
+    op_id: str, fifo: str = "", settle: bool = False, claim: int = 0
+) -> List[str]:
     """The args for cmd ``/bin/sh`` (as root) that stop file operation ``op_id`` (all of
     them for ``""``), remove its FIFO (``settle``: an upload may still be on its way, so the
     FIFO is held open a moment first) and its registered temporary files (for ``""``: those
     of every writer no longer alive, and every FIFO, file and empty directory staged); see
-    :data:`FILEOP_CLEANUP_SCRIPT`."""
+    :data:`FILEOP_CLEANUP_SCRIPT`. ``claim`` (a write's, with ``op_id``): 1 to withdraw
+    its rename first, 2 likewise while its process may not have started yet."""
     if op_id:
         fileop_name(op_id)  # checks it
+    if claim not in (0, 1, 2) or (claim and not op_id):
+        raise InvalidArgument("claim is 0, 1 or 2, and needs an operation id")
     return ["-c", FILEOP_CLEANUP_SCRIPT, "capybara-cleanup", op_id, fifo,
-            "1" if settle else "0"]
+            "1" if settle else "0", str(claim)]
+
+
+def commit_unmark_args(op_id: str) -> List[str]:
+    """The args for cmd ``/bin/sh`` (as root) that remove the commit mark of write
+    ``op_id`` (kept by a withdrawal while the write's start was on its way)."""
+    fileop_name(op_id)  # checks it
+    return ["-c", 'rm -f -- "$1"', "capybara-unmark", COMMIT_PREFIX + op_id]
 
 
 # ---- the provider's own kill scripts (not the reference's) ---------------------------------
@@ -1012,7 +1060,8 @@ TREE_MERGE_SCRIPT = (
 #: failure). Prints ``{"complete": ..., "whole": true}``; the caller knows what it sent.
 #: Into a destination that exists, the file agent's ``extract`` (program text ``$3``)
 #: writes each file atomically into what is there; without ``python3``, the tree is
-#: extracted beside it the same way and then merged into it by
+#: extracted the same way into a new directory inside it (its parent may be closed to the
+#: user, as ``/`` is to ``/workspace``) and then merged into it by
 #: :data:`TREE_MERGE_SCRIPT` (``{"complete": true, "merged": true}`` after the ``E``
 #: lines). ``tar`` reads 1 MiB records (``-b 2048``; a pipe's short reads are fine): fewer,
 #: larger reads let the writer fill the FIFO in large pieces (2,000 files / 50 MiB:
@@ -1025,7 +1074,8 @@ TREE_WHOLE_SCRIPT = (
     '[ -d "$d" ] || { echo "cannot upload into $d: it is not a directory" >&2; exit 1; }; m=1; '
     'elif ! command -v tar >/dev/null 2>&1; then '
     'exec python3 -I -S -X utf8 -c "$3" extract "$d" "$2" "$4"; fi; '
-    'q=${d%/*}; q=${q:-/}; [ -d "$q" ] || mkdir -p -- "$q" || exit 1; '
+    'if [ -n "$m" ]; then q=$d; else q=${d%/*}; q=${q:-/}; fi; '
+    '[ -d "$q" ] || mkdir -p -- "$q" || exit 1; '
     'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
     "r=" + USER_PARTS_PREFIX + '$u; p=$q/' + PART_PREFIX + '$$-$o; e=$r/$$-$o; c=; '
     "trap '[ -z \"$c$e\" ] || rm -rf -- ${c:+\"$p\"} ${e:+\"$e\"}' EXIT; "

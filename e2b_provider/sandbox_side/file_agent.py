@@ -23,7 +23,8 @@ Modes:
     ``{"cancelled": true}`` and never run; a running one stops at its next step and is
     answered so, unless it already finished — a write's rename and the cancel exclude each
     other, so ``{"cancelled": true}`` means the file was not replaced, and any other answer
-    that it was.
+    that it was; a ``write_many`` that renamed its first file is no longer stopped, so
+    ``{"cancelled": true}`` means none of its files was replaced.
 
 ``pack SRC NAME [EXCLUDE...]``
     (``NAME`` only names the process.) Write to standard output one line of JSON
@@ -305,14 +306,17 @@ class Withdrawn(Exception):
 
 class Job(object):
     """A request being served: whether it was cancelled, and the lock that makes its
-    commit (a rename) and a cancel exclusive."""
+    commit (a rename) and a cancel exclusive. Once ``committed`` (a batch renamed its first
+    file) a cancel no longer stops it: the batch goes on to its end, so a cancelled batch
+    replaced all of its files or none."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cancelled = False
+        self.committed = False
 
     def check(self) -> None:
-        if self.cancelled:
+        if self.cancelled and not self.committed:
             raise Withdrawn()
 
 
@@ -618,8 +622,9 @@ def handle(req: "Answer", payload: bytes, frames: Frames, job: Job = NEVER) -> N
             try:
                 write_file(f["path"], data, job)
                 results.append({"ok": True})
+                job.committed = True  # from now on the batch is done whole
             except Withdrawn:
-                # the files before were written (each whole); this and the rest are not
+                # no file was replaced (the first rename commits the whole batch)
                 frames.send(rid, True, {"cancelled": True, "done": len(results)})
                 return
             except Exception as exc:  # each file stands alone; report which failed
