@@ -140,6 +140,15 @@ WATCH_CHECK_SCRIPT = (
     + f'if [ ! -r "$p" ]; then exit {_UNREADABLE_EXIT}; fi; exit 0'
 )
 
+#: Exit status of :data:`LINK_LOOP_SCRIPT` when its path is a symbolic link loop.
+_LOOP_EXIT = 40
+#: As the sandbox user: exit :data:`_LOOP_EXIT` when ``$1`` (or a directory on the way)
+#: resolves to a loop of symbolic links (``ELOOP``), else 0.
+LINK_LOOP_SCRIPT = (
+    'e=$(LC_ALL=C stat -L -- "$1" 2>&1 >/dev/null) && exit 0; '
+    f'case $e in *"Too many levels of symbolic links"*) exit {_LOOP_EXIT};; esac; exit 0'
+)
+
 
 # -- sans-IO -----------------------------------------------------------------------------------
 
@@ -654,6 +663,8 @@ class Watches:
             if cancel is not None and cancel.cancelled:
                 raise Cancelled(cancel.reason) from None
             if guard.cancelled:
+                # a link loop never appears as a file: say so, not that it did not appear
+                self._check_loop(sid, path, cancel, doing)
                 raise mark_worded(OperationTimeout(
                     f"{doing} failed: {path} did not appear within {timeout:g} s"
                 )) from None
@@ -671,6 +682,21 @@ class Watches:
             if type(exc) is CommandFailed and str(exc).startswith("permission denied"):
                 raise PermissionDenied(str(exc), exit_code=exc.exit_code) from exc
             raise
+
+    def _check_loop(self, sid: str, path: str, cancel: Optional[CancelToken],
+                    doing: str) -> None:
+        """Raise when ``path`` is a loop of symbolic links (one script).
+
+        Raises:
+            CommandFailed: it is, as other files calls say ``ELOOP``.
+        """
+        r = self._ctx.script_on(sid, ["-c", LINK_LOOP_SCRIPT, "capybara-loop", path], cancel)
+        if r.exit_code == _LOOP_EXIT:
+            raise mark_worded(CommandFailed(
+                f"{doing} failed: {path} is a loop of symbolic links (too many levels of "
+                "symbolic links): it never leads to a file; replace the link",
+                exit_code=r.exit_code,
+            ))
 
     def _wait(self, sid: str, path: str, guard: CancelToken, doing: str) -> FileStat:
         found = self._stat(sid, path, guard)
@@ -696,6 +722,9 @@ class Watches:
                             found = self._stat(sid, target, guard)
                             if found is not None:
                                 break
+                            if event.path == target and event.type == "create":
+                                # made, yet not there: a link, maybe one that loops
+                                self._check_loop(sid, path, guard, doing)
             if found is None:
                 continue  # the watch ended: its directory was removed or moved; again
             if target == path:

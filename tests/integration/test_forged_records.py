@@ -6,6 +6,7 @@ without it (``records.sh`` reads them, ``supervisor.sh`` writes them)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from typing import Iterator, Tuple
@@ -137,4 +138,25 @@ def test_a_fifo_in_a_record_is_a_typed_error_naming_it(
     with pytest.raises(CommandFailed, match=f"record of command {c.id} is damaged.*{name}"):
         c.wait(timeout=PROMPT)
     assert time.monotonic() - began < 2 * PROMPT
+
+
+def test_waiting_for_a_link_loop_says_it_is_one(
+    box: Tuple[E2BSandboxProvider, SandboxHandle],
+) -> None:
+    p, h = box
+    a, b = f"/tmp/{unique_name('loop')}", f"/tmp/{unique_name('loop')}"
+    p.exec(h, f"ln -s {b} {a} && ln -s {a} {b}")
+    with pytest.raises(CommandFailed, match="too many levels of symbolic links"):
+        p.wait_for_file(h, a, timeout=3)
+    # one made while it waits is said as soon as it is made, not at the timeout
+    c, d = f"/tmp/{unique_name('loop')}", f"/tmp/{unique_name('loop')}"
+    made = threading.Timer(1.0, lambda: p.exec(h, f"ln -s {c} {d} && ln -s {d} {c}"))
+    made.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(CommandFailed, match="too many levels of symbolic links"):
+            p.wait_for_file(h, c, timeout=120)
+    finally:
+        made.join()
+    assert time.monotonic() - began < 60
 
