@@ -121,6 +121,8 @@ _MAX_REMEMBERED = 1024
 _ABSENT_EXIT = 3
 #: Exit status of ``records.sh read`` for a record with a file that is not a regular file.
 _BAD_RECORD_EXIT = 4
+#: Exit status of a supervisor whose records directory is not the sandbox user's own.
+_NOT_OWN_EXIT = 90
 #: The longest piece of ``supervisor.sh``'s META in one argument (Linux takes 128 KiB).
 _META_PIECE = 64 * 1024
 #: The most ``records.sh list`` may print (the meta of every command that runs).
@@ -506,10 +508,19 @@ class Background:
                     if python and ev.exit_code in _NO_PYTHON:
                         raise _NoPython()
                     text = stderr.decode("utf-8", "replace").strip()
+                    if ev.exit_code == _NOT_OWN_EXIT:
+                        raise mark_worded(CommandFailed(
+                            f"starting a background command in sandbox {sid} failed: "
+                            f"{RECORDS}, where background commands keep their records, "
+                            "is not the sandbox user's own directory closed to others "
+                            "(another account made it, or it is a link or open to others); "
+                            "remove that directory as root (the records in it are lost), "
+                            "then start again",
+                            exit_code=ev.exit_code,
+                        ))
                     raise CommandFailed(
-                        "the background command could not be started (exit "
-                        f"{ev.exit_code}): {text[-500:] or 'no message'}",
-                        exit_code=ev.exit_code, stderr=text[-2000:],
+                        f"the background command could not be started (exit {ev.exit_code})",
+                        exit_code=ev.exit_code, stderr=text[-2000:] or "no message",
                     )
         raise CommandFailed("the background command's supervisor ended without a word")
 

@@ -160,3 +160,20 @@ def test_waiting_for_a_link_loop_says_it_is_one(
         made.join()
     assert time.monotonic() - began < 60
 
+
+@pytest.mark.parametrize("template", ["base", "base-without-python3"])
+def test_a_records_directory_of_another_account_is_named_once_with_what_to_do(
+    emulator: Emulator, template: str,
+) -> None:
+    with E2BSandboxProvider(emulator.config(template=template)) as p:
+        h = p.create(unique_name("notown"))
+        try:
+            root(p, h, f"mkdir -m 755 {RECORDS}")
+            with pytest.raises(CommandFailed) as got:
+                p.start(h, "true")
+            said = str(got.value)
+            assert said.startswith(f"starting a background command in sandbox {h.id} failed")
+            assert said.count(RECORDS) == 1 and said.count("own directory") == 1, said
+            assert "remove that directory as root" in said, said
+        finally:
+            p.destroy(h)
