@@ -13,6 +13,13 @@ the last bytes of stdout and of stderr and, once the command ended, its status, 
 under :data:`~._command_records.RECORDS`: any process can read them later, also long after
 the command ended and the process that started it exited.
 
+A record is the sandbox user's to write (its commands run as that user), so nothing in one
+decides what is signalled: ``attach`` takes a command's pid and control path from envd's
+process list (:func:`~._command_records.supervisor_of`: the supervisor envd runs with the
+command's tag), ``commands`` lists a record only when envd runs its supervisor, and the
+readers open record files without waiting and only if they are regular files (a record
+with a FIFO in it is named in an error, or left out of a listing).
+
 Following (:meth:`Command.wait`) reads on the caller's thread: the record first (through
 the file agent, one request), then envd's ``Connect`` to the supervisor, whose frames carry
 stream offsets, so nothing is shown twice and a gap (frames the supervisor dropped while
