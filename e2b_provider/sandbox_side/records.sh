@@ -34,15 +34,14 @@ alive() {
   grep -qsxzF -e "$2" "/proc/$1/cmdline"
 }
 
-# reg FD PATH [rw]: opens PATH on descriptor FD for reading if it is a regular file (not a
-# link, not a FIFO, not a device), looked at by name before the open and through the
-# descriptor after it. With rw it is opened for reading and writing, which does not wait
-# for a FIFO's writer, so a FIFO swapped in between never holds the open (the open would
-# make a missing file: meta.json and status.json are only ever replaced whole, never
-# removed); a generation file, which its supervisor removes, is opened for reading (a FIFO
-# swapped in at that instant holds the script until the provider's bound on it). Returns 1
-# when there is no such file, 2 when it is not a regular file (said on standard error, as
-# the file agent says it).
+# reg FD PATH: opens PATH on descriptor FD if it is a regular file (not a link, not a FIFO,
+# not a device), looked at by name before the open and through the descriptor after it. It
+# is opened for reading and writing (never written), which does not wait for a FIFO's
+# writer: a FIFO swapped in between never holds the script. Such an open makes a file that
+# is missing: meta.json and status.json are only ever replaced whole, never removed; a
+# generation file removed meanwhile is found by stray. Returns 1 when there is no such
+# file, 2 when it is not a regular file (said on standard error, as the file agent says
+# it).
 reg() {
   if [ -L "$2" ]; then
     echo "capybara-cmd: ${2##*/} is a symbolic link" >&2
@@ -55,11 +54,7 @@ reg() {
     return 2
   fi
   [ -f "$2" ] || return 1
-  if [ "$3" = rw ]; then
-    eval "command exec $1<>\"\$2\"" 2>/dev/null || return 1
-  else
-    eval "command exec $1<\"\$2\"" 2>/dev/null || return 1
-  fi
+  eval "command exec $1<>\"\$2\"" 2>/dev/null || return 1
   [ ! -f "/proc/self/fd/$1" ] || return 0
   eval "command exec $1<&-"
   echo "capybara-cmd: ${2##*/} is not a regular file" >&2
@@ -105,6 +100,15 @@ news() {
   [ "$eb" -ge 0 ] && [ $((eb * cap + $1)) -gt "$from_err" ]
 }
 
+# stray FD PATH NEWER: whether generation file PATH, open on FD, is one the open made (the
+# generation was removed before it: it is empty, and NEWER, the generation two after it,
+# whose making removes it, exists); that file is closed and removed again
+stray() {
+  [ ! -s "/proc/self/fd/$1" ] && [ -e "$3" ] || return 1
+  eval "command exec $1<&-"
+  [ -s "$2" ] || rm -f -- "$2"
+}
+
 # open NAME FD-A FD-B: opens the stream's two newest generations (consecutive ones) on the
 # descriptors; sets A and B to their numbers (-1: none)
 open() {
@@ -117,9 +121,11 @@ open() {
     if [ "$A" -ge 0 ]; then
       reg "$2" "$d/$1.$A"
       case $? in 0) ;; 2) exit 4;; *) continue;; esac
+      ! stray "$2" "$d/$1.$A" "$d/$1.$((A + 2))" || continue
     fi
     reg "$3" "$d/$1.$B"
-    case $? in 0) return 0;; 2) exit 4;; esac
+    case $? in 0) ;; 2) exit 4;; *) continue;; esac
+    stray "$3" "$d/$1.$B" "$d/$1.$((B + 2))" || return 0
   done
   echo "capybara-cmd: the record changed while it was read" >&2
   exit 1
@@ -161,7 +167,7 @@ if [ "$1" = list ]; then
     id=${d##*/}
     case $id in *[!0-9a-f]*) continue;; esac
     [ ${#id} -eq 32 ] && [ ! -e "$d/status.json" ] && [ ! -L "$d/status.json" ] || continue
-    reg 5 "$d/meta.json" rw 2>/dev/null
+    reg 5 "$d/meta.json" 2>/dev/null
     case $? in 0) ;; 2) echo "capybara-cmd: record $id: meta.json is not a regular file" >&2
       continue;; *) continue;; esac
     keys /proc/self/fd/5
@@ -180,7 +186,7 @@ d=$records/$id
 from_out=$3
 from_err=$4
 limit=$5
-reg 5 "$d/meta.json" rw
+reg 5 "$d/meta.json"
 case $? in 0) ;; 2) exit 4;; *) exit 3;; esac
 keys /proc/self/fd/5
 cap=$C
@@ -198,7 +204,7 @@ fi
 v=0
 ! alive "$P" "$id" || v=1
 st=0
-reg 6 "$d/status.json" rw
+reg 6 "$d/status.json"
 case $? in 0) st=1 v=0;; 2) exit 4;; esac
 open stdout 3 4
 oa=$A ob=$B

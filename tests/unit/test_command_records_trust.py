@@ -207,3 +207,30 @@ def test_the_supervisor_writes_past_what_was_put_in_its_records_place(records: P
     assert elsewhere.read_bytes() == b""
     answer, data = file_agent.do_cmd_read(cid, -1, -1, 1 << 20)
     assert answer["out"] == [3976, 5000, 1024] and data == b"a" * 1024
+
+
+
+def _function(name: str) -> str:
+    """The text of one shell function of records.sh (from ``name() {`` to its ``}``)."""
+    text = source("records.sh")
+    start = text.index(f"\n{name}() {{\n") + 1
+    return text[start:text.index("\n}\n", start) + 3]
+
+
+@pytest.mark.parametrize("newer, made", [(True, True), (False, False)])
+def test_a_generation_the_readers_open_made_is_removed_again(tmp_path: Path, newer: bool,
+                                                             made: bool) -> None:
+    """records.sh opens files for reading and writing (no wait on a FIFO), which makes a
+    generation file its supervisor removed between the reader's look and its open: such a
+    file (empty, with the generation two after it there, whose making removed it) is found
+    and removed again; an empty newest generation is not."""
+    (tmp_path / "stdout.3").write_bytes(b"")  # what the open made (or a fresh one)
+    (tmp_path / "stdout.4").write_bytes(b"x" * 1024)
+    if newer:
+        (tmp_path / "stdout.5").write_bytes(b"y")
+    script = (_function("stray") + 'exec 3<>"$1/stdout.3"; '
+              'if stray 3 "$1/stdout.3" "$1/stdout.5"; then echo made; else echo kept; fi')
+    p = subprocess.run(["/bin/sh", "-c", script, "sh", str(tmp_path)], capture_output=True,
+                       timeout=PROMPT, check=True)
+    assert p.stdout == (b"made\n" if made else b"kept\n")
+    assert (tmp_path / "stdout.3").exists() is not made
