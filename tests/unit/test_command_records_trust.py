@@ -28,6 +28,8 @@ from e2b_provider._command_records import COMMAND_TAG_PREFIX, RECORDS, superviso
 from e2b_provider._exec import RunOutcome
 from e2b_provider.sandbox_side import file_agent, source
 
+from .test_command_records_sh import shell_args
+
 #: The longest a reader may take on a bad record here (a FIFO made them wait for ever).
 PROMPT = 20.0
 
@@ -173,20 +175,26 @@ def test_the_killed_mark_does_not_wait_on_a_fifo(tmp_path: Path) -> None:
     assert p.returncode == 0, p
 
 
-def test_the_supervisor_writes_past_what_was_put_in_its_records_place(records: Path) -> None:
-    """A FIFO and a link put where the python supervisor's next generation files go: it
-    removes them and makes its own (a FIFO made it wait for ever; a link led elsewhere)."""
-    program = source("supervisor").replace(f'RECORDS = "{RECORDS}"', f"RECORDS = {str(records)!r}")
+@pytest.mark.parametrize("shell", [False, True], ids=["supervisor.py", "supervisor.sh"])
+def test_the_supervisor_writes_past_what_was_put_in_its_records_place(records: Path,
+                                                                      shell: bool) -> None:
+    """A FIFO and a link put where a supervisor's next generation files and its status's
+    temporary file go: it removes them and makes its own (a FIFO made it wait for ever; a
+    link led elsewhere)."""
     cid = uuid.uuid4().hex
     go = records.parent / "go"
     elsewhere = records.parent / "elsewhere"
     elsewhere.write_bytes(b"")
-    sup = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", program, "capybara-bg", cid,
-         scripts.control_path("unit"), "0", "1024", "0", "1",
-         scripts.LEAN_EXEC_WRAPPER,
-         f"while [ ! -e {go} ]; do sleep 0.05; done; head -c 5000 /dev/zero | tr '\\0' a"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    command = f"while [ ! -e {go} ]; do sleep 0.05; done; head -c 5000 /dev/zero | tr '\\0' a"
+    if shell:
+        args = shell_args(records, cid, scripts.control_path("unit"), command)
+    else:
+        program = source("supervisor").replace(f'RECORDS = "{RECORDS}"',
+                                               f"RECORDS = {str(records)!r}")
+        args = [sys.executable, "-I", "-S", "-c", program, "capybara-bg", cid,
+                scripts.control_path("unit"), "0", "1024", "0", "1",
+                scripts.LEAN_EXEC_WRAPPER, command]
+    sup = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         d = records / cid
         deadline = time.monotonic() + PROMPT
@@ -202,12 +210,14 @@ def test_the_supervisor_writes_past_what_was_put_in_its_records_place(records: P
         sup.wait()
         if sup.stderr:
             sup.stderr.close()
+        for fifo in (d / "stdout.2", d / f".status.json.{sup.pid}"):
+            if fifo.is_fifo():  # a writer still waiting on it (split's) opens, and ends
+                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
     status = json.loads((d / "status.json").read_text())
     assert status["exit_code"] == 0 and status["stdout_total"] == 5000
     assert elsewhere.read_bytes() == b""
     answer, data = file_agent.do_cmd_read(cid, -1, -1, 1 << 20)
     assert answer["out"] == [3976, 5000, 1024] and data == b"a" * 1024
-
 
 
 def _function(name: str) -> str:
