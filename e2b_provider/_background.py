@@ -640,12 +640,17 @@ class Background:
             try:
                 cid = str(meta["id"])
                 found = supervisor_of(processes, cid)
-                if found is None or found[0] != meta.get("pid"):
-                    # envd runs no supervisor of that id, or another process than the
-                    # record's: not the record of a command that runs
-                    log.warning("e2b_provider: sandbox %s: the record %s is not that of a "
-                                "command envd runs (made or altered in the sandbox); not "
-                                "listed", sid, cid[:32])
+                if found is None:
+                    # envd runs no supervisor of that id: it just ended, or the record was
+                    # made in the sandbox
+                    log.info("e2b_provider: sandbox %s: envd runs no command %s (it ended, "
+                             "or its record was made in the sandbox); not listed", sid,
+                             cid[:32])
+                    continue
+                if found[0] != meta.get("pid"):
+                    log.warning("e2b_provider: sandbox %s: the record %s names another "
+                                "process than envd runs for it (it was altered in the "
+                                "sandbox); not listed", sid, cid[:32])
                     continue
                 out.append(CommandInfo(
                     id=command_id(sid, cid), pid=found[0],
