@@ -6,6 +6,9 @@ without it (``records.sh`` reads them, ``supervisor.sh`` writes them)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -105,7 +108,7 @@ def test_a_record_naming_another_commands_control_path_kills_nothing(
 
 
 def test_a_fifo_as_meta_json_is_left_out_of_the_list_and_named_by_attach(
-    box: Tuple[E2BSandboxProvider, SandboxHandle],
+    box: Tuple[E2BSandboxProvider, SandboxHandle], emulator: Emulator,
 ) -> None:
     p, h = box
     good = p.start(h, "sleep 300")
@@ -120,6 +123,15 @@ def test_a_fifo_as_meta_json_is_left_out_of_the_list_and_named_by_attach(
                                             r".*meta\.json"):
         p.attach(h, f"{h.id}:{fake}")
     assert time.monotonic() - began < PROMPT
+    # the command line's ps, a process of its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(E2B_API_URL=emulator.api_url, E2B_SANDBOX_URL=emulator.sandbox_url,
+               E2B_API_KEY=emulator.api_key, E2B_TEMPLATE="base", COLUMNS="200")
+    ps = subprocess.run([sys.executable, "-m", "e2b_provider", "ps", h.id], env=env,
+                        capture_output=True, text=True, timeout=2 * PROMPT)
+    assert ps.returncode == 0, ps.stderr
+    assert [row.split()[0] for row in ps.stdout.splitlines()[1:]].count(good.id) == 1
+    assert fake not in ps.stdout
     good.kill()
 
 
