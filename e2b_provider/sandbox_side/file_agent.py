@@ -512,7 +512,10 @@ def _load(path: str) -> "Optional[Answer]":
     Raises:
         BadRecord: ``path`` is not a regular file.
     """
-    fd = _open_record_file(path)
+    try:
+        fd = _open_record_file(path)
+    except OSError:
+        return None
     if fd is None:
         return None
     try:
@@ -634,8 +637,6 @@ def do_cmd_list(bad: "Optional[List[str]]" = None) -> "List[Answer]":
         except BadRecord:
             if bad is not None:
                 bad.append(cid)
-            continue
-        except OSError:
             continue
         if meta is not None and _alive(meta, cid):
             found.append(meta)
