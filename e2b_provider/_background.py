@@ -13,6 +13,13 @@ the last bytes of stdout and of stderr and, once the command ended, its status, 
 under :data:`~._command_records.RECORDS`: any process can read them later, also long after
 the command ended and the process that started it exited.
 
+A record is the sandbox user's to write (its commands run as that user), so nothing in one
+decides what is signalled: ``attach`` takes a command's pid and control path from envd's
+process list (:func:`~._command_records.supervisor_of`: the supervisor envd runs with the
+command's tag), ``commands`` lists a record only when envd runs its supervisor, and the
+readers open record files without waiting and only if they are regular files (a record
+with a FIFO in it is named in an error, or left out of a listing).
+
 Following (:meth:`Command.wait`) reads on the caller's thread: the record first (through
 the file agent, one request), then envd's ``Connect`` to the supervisor, whose frames carry
 stream offsets, so nothing is shown twice and a gap (frames the supervisor dropped while
@@ -66,11 +73,12 @@ from ._command_records import (
     decode_tail,
     parse_command_id,
     split_pieces,
+    supervisor_of,
     tag_of_control_path,
 )
 from ._context import FILE_OP_TIMEOUT, STDERR_ROOM, ProviderContext, script_failed
 from ._exec import RunOutcome
-from ._messages import describe, mark_worded
+from ._messages import clean_stderr, describe, mark_worded
 from ._process import DataEvent, EndEvent
 from .cancel import CancelToken, Deadline
 from .envd import ProcessStream
@@ -118,6 +126,10 @@ _NO_PYTHON = (126, 127)
 _MAX_REMEMBERED = 1024
 #: Exit status of ``records.sh read`` for a record that does not exist.
 _ABSENT_EXIT = 3
+#: Exit status of ``records.sh read`` for a record with a file that is not a regular file.
+_BAD_RECORD_EXIT = 4
+#: Exit status of a supervisor whose records directory is not the sandbox user's own.
+_NOT_OWN_EXIT = 90
 #: The longest piece of ``supervisor.sh``'s META in one argument (Linux takes 128 KiB).
 _META_PIECE = 64 * 1024
 #: The most ``records.sh list`` may print (the meta of every command that runs).
@@ -132,8 +144,10 @@ _LAUNCH = (
     'exec python3 -I -S -X utf8 -c "$1" capybara-bg "$2" "$3" "$4" "$5" "$6" "${LC_CTYPE+1}" '
     '"$7" "$8"'
 )
-#: As ``sandbox``: mark the record ``$1`` killed, then kill the exec ``$2`` as a batch kill does.
-_KILL = 'm=$1; : > "$m" 2>/dev/null; shift; ' + scripts.KILL_BATCH_SCRIPT
+#: As ``sandbox``: mark the record ``$1`` killed (``touch`` opens without waiting: the
+#: record is the sandbox user's, and may hold a FIFO there), then kill the exec ``$2`` as a
+#: batch kill does.
+_KILL = 'm=$1; touch -- "$m" 2>/dev/null; shift; ' + scripts.KILL_BATCH_SCRIPT
 
 
 @attrs.frozen
@@ -225,7 +239,8 @@ class Command:
         stdin: whether it was started with a standard input (``stdin=True``).
     """
 
-    def __init__(self, owner: Background, sid: str, cid: str, meta: Dict[str, Any]) -> None:
+    def __init__(self, owner: Background, sid: str, cid: str, meta: Dict[str, Any],
+                 *, live: bool = True) -> None:
         self._owner = owner
         self.sandbox_id = sid
         self._cid = cid
@@ -244,13 +259,21 @@ class Command:
         # supervisor.sh writes no live frames: a follower reads the record instead
         self._frames = meta.get("supervisor") != "sh"
         self._stdin_closed = False
+        # whether its pid and control path are envd's (start, or attach while it ran):
+        # else they are only the record's word, which the sandbox user can write, so
+        # nothing is sent to them (the command ended before attach found it)
+        self._live = live
 
     def __repr__(self) -> str:
         return f"Command(id={self.id!r}, pid={self.pid}, tag={self.tag!r})"
 
     @property
     def running(self) -> bool:
-        """Whether the command still runs (asks the sandbox: one request)."""
+        """Whether the command still runs (asks the sandbox: one request; none for a
+        command that had ended when :meth:`~e2b_provider.E2BSandboxProvider.attach` found
+        it)."""
+        if not self._live:
+            return False  # envd ran no supervisor of it when attach looked
         with describe(f"asking whether command {self.id} runs"):
             return self._owner.read(self.sandbox_id, self._cid, 0, 0, 0, None).alive
 
@@ -450,22 +473,23 @@ class Background:
             if not self.lacks_python(sid):
                 cid = uuid.uuid4().hex
                 try:
-                    return self._supervise(sid, target, cid, python_args(cid), env, cwd,
+                    return self._supervise(sid, target, cid, ctl, python_args(cid), env, cwd,
                                            stdin, deadline, cancel, python=True)
                 except _NoPython:
                     self._mark_no_python(sid)
             cid = uuid.uuid4().hex  # a fresh one: nothing of the first try can be in the way
-            return self._supervise(sid, target, cid, shell_args(cid), env, cwd, stdin,
+            return self._supervise(sid, target, cid, ctl, shell_args(cid), env, cwd, stdin,
                                    deadline, cancel, python=False)
 
         return self._ctx.on_target(sid, cancel, run, need=need)
 
     def _supervise(
-        self, sid: str, target: Target, cid: str, args: List[str], env: Dict[str, str],
-        cwd: Optional[str], stdin: bool, deadline: Deadline, cancel: Optional[CancelToken],
-        *, python: bool,
+        self, sid: str, target: Target, cid: str, ctl: str, args: List[str],
+        env: Dict[str, str], cwd: Optional[str], stdin: bool, deadline: Deadline,
+        cancel: Optional[CancelToken], *, python: bool,
     ) -> Command:
-        """Start one supervisor and read its stream up to its ready frame.
+        """Start one supervisor and read its stream up to its ready frame (its meta; the
+        pid is envd's and the control path ``ctl``, whatever a record says).
 
         Raises:
             _NoPython: ``python`` and envd could not run ``python3``.
@@ -486,16 +510,28 @@ class Background:
                         stderr += ev.stderr
                     for frame in decoder.feed(ev.stdout):
                         if frame.kind == "r":
-                            meta = json.loads(frame.data.decode("utf-8"))
+                            meta = _load_json(frame.data) or {}
+                            meta["ctl"] = ctl
+                            if stream.pid:
+                                meta["pid"] = stream.pid
                             return Command(self, sid, cid, meta)
                 elif isinstance(ev, EndEvent):
                     if python and ev.exit_code in _NO_PYTHON:
                         raise _NoPython()
                     text = stderr.decode("utf-8", "replace").strip()
+                    if ev.exit_code == _NOT_OWN_EXIT:
+                        raise mark_worded(CommandFailed(
+                            f"starting a background command in sandbox {sid} failed: "
+                            f"{RECORDS}, where background commands keep their records, "
+                            "is not the sandbox user's own directory closed to others "
+                            "(another account made it, or it is a link or open to others); "
+                            "remove that directory as root (the records in it are lost), "
+                            "then start again",
+                            exit_code=ev.exit_code,
+                        ))
                     raise CommandFailed(
-                        "the background command could not be started (exit "
-                        f"{ev.exit_code}): {text[-500:] or 'no message'}",
-                        exit_code=ev.exit_code, stderr=text[-2000:],
+                        f"the background command could not be started (exit {ev.exit_code})",
+                        exit_code=ev.exit_code, stderr=text[-2000:] or "no message",
                     )
         raise CommandFailed("the background command's supervisor ended without a word")
 
@@ -529,6 +565,9 @@ class Background:
                 f"no background command {command_id(sid, cid)} in sandbox {sid} (was it "
                 "started in this sandbox, through start?)"
             )
+        if answer.get("error") == "EBADREC":
+            raise CommandFailed(f"the record of command {command_id(sid, cid)} is damaged "
+                                f"(not read): {answer.get('message', 'a file in it')}")
         if "error" in answer:
             raise CommandFailed(f"cannot read the record of command {command_id(sid, cid)}: "
                                 f"{answer.get('message', answer['error'])}")
@@ -552,6 +591,9 @@ class Background:
                                 max_output_bytes=2 * limit + _RECORD_ROOM + STDERR_ROOM)
         if r.exit_code == _ABSENT_EXIT:
             return {"absent": True}, b"", False
+        if r.exit_code == _BAD_RECORD_EXIT:
+            said = clean_stderr(r.stderr.decode("utf-8", "replace")).strip()
+            return {"error": "EBADREC", "message": said[:500] or "a file in it"}, b"", False
         answer, data = _parse_read(r, command_id(sid, cid))
         return answer, data, tenths > 0
 
@@ -562,7 +604,21 @@ class Background:
                 f"command {value[:120]} belongs to sandbox {owner}, not to sandbox {sid}"
             )
         r = self.read(sid, cid, 0, 0, 0, cancel)
-        return Command(self, sid, cid, r.meta)
+        found = supervisor_of(self._processes(sid, cancel), cid)
+        meta = dict(r.meta)
+        if found is None:
+            return Command(self, sid, cid, meta, live=False)
+        if (meta.get("pid"), meta.get("ctl")) != found:
+            log.warning("e2b_provider: the record of command %s names another process than "
+                        "the one envd runs for it (the record was altered): envd's is used",
+                        command_id(sid, cid))
+        meta["pid"], meta["ctl"] = found
+        return Command(self, sid, cid, meta)
+
+    def _processes(self, sid: str, cancel: Optional[CancelToken]) -> List[Dict[str, Any]]:
+        """envd's list of the processes it runs in the sandbox."""
+        return self._ctx.on_target(
+            sid, cancel, lambda t: self._ctx.envd(t).list_processes(token=cancel))
 
     def list(self, sid: str, cancel: Optional[CancelToken]) -> List[CommandInfo]:
         metas: List[Any]
@@ -577,14 +633,32 @@ class Background:
                                                  cancel=cancel),
                 )
                 metas = got.answer.get("commands") or []
+                _say_bad(sid, got.answer.get("bad"))
             except AgentUnavailable:
                 metas = self._list_by_script(sid, cancel)
+        if not metas:
+            return []
+        processes = self._processes(sid, cancel)
         out = []
         for meta in metas:
             try:
+                cid = str(meta["id"])
+                found = supervisor_of(processes, cid)
+                if found is None:
+                    # envd runs no supervisor of that id: it just ended, or the record was
+                    # made in the sandbox
+                    log.info("e2b_provider: sandbox %s: envd runs no command %s (it ended, "
+                             "or its record was made in the sandbox); not listed", sid,
+                             cid[:32])
+                    continue
+                if found[0] != meta.get("pid"):
+                    log.warning("e2b_provider: sandbox %s: the record %s names another "
+                                "process than envd runs for it (it was altered in the "
+                                "sandbox); not listed", sid, cid[:32])
+                    continue
                 out.append(CommandInfo(
-                    id=command_id(sid, str(meta["id"])), pid=int(meta["pid"]),
-                    tag=tag_of_control_path(str(meta.get("ctl", ""))),
+                    id=command_id(sid, cid), pid=found[0],
+                    tag=tag_of_control_path(found[1]),
                     command=str(meta.get("command", "")),
                     started_at=float(meta.get("started_at", 0.0)),
                 ))
@@ -598,6 +672,10 @@ class Background:
         r = self._ctx.script_on(sid, args, cancel, max_output_bytes=_LIST_MAX)
         if r.exit_code != 0 or r.truncated:
             raise script_failed("cannot list background commands", r)
+        bad = [line.split()[2].rstrip(":") for line in
+               r.stderr.decode("ascii", "replace").splitlines()
+               if line.startswith("capybara-cmd: record ") and len(line.split()) > 2]
+        _say_bad(sid, bad)
         return _parse_list(r.stdout)
 
     # -- following --------------------------------------------------------------------------
@@ -617,6 +695,10 @@ class Background:
     # -- input and kill ---------------------------------------------------------------------
 
     def send_stdin(self, cmd: Command, data: bytes, cancel: Optional[CancelToken]) -> None:
+        if not cmd._live:
+            raise CommandEnded(
+                f"command {cmd.id} has ended: its input is gone; wait() gives its result")
+
         def send(target: Target) -> None:
             envd = self._ctx.envd(target)
             view = memoryview(data)
@@ -643,6 +725,8 @@ class Background:
             ) from None
 
     def close_stdin(self, cmd: Command, cancel: Optional[CancelToken]) -> None:
+        if not cmd._live:
+            return  # it ended: nothing to close
         try:
             self._ctx.on_target(
                 cmd.sandbox_id, cancel,
@@ -652,12 +736,24 @@ class Background:
             pass  # it ended: nothing to close
 
     def kill(self, cmd: Command, cancel: Optional[CancelToken]) -> None:
+        """Kill the command through its control path: envd's (see :meth:`attach`), never
+        a record's alone, so a record the sandbox user wrote cannot steer it elsewhere."""
+        if not cmd._live:
+            return  # envd ran no supervisor of it when attach looked: it has ended
         args = ["-c", _KILL, "capybara-bgkill", f"{RECORDS}/{cmd._cid}/killed", cmd._ctl]
         if not scripts.is_control_path(cmd._ctl):
             raise CommandFailed(f"the record of command {cmd.id} names no exec to kill")
         r = self._ctx.script_on(cmd.sandbox_id, args, cancel)
         if r.exit_code != 0:
             raise script_failed(f"cannot kill command {cmd.id}", r)
+
+
+def _say_bad(sid: str, bad: object) -> None:
+    """Log the records a listing left out because a file in them is not a regular file."""
+    if isinstance(bad, list) and bad:
+        log.warning("e2b_provider: sandbox %s: background command records left out of the "
+                    "list (a file in them is not a regular file, so they were not read): %s",
+                    sid, ", ".join(str(b)[:32] for b in bad[:20]))
 
 
 def _load_json(raw: bytes) -> Optional[Dict[str, Any]]:
@@ -829,6 +925,12 @@ class _Follower:
     def run(self) -> ExecResult:
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
+        if not self.cmd._live:
+            # ended before attach found it: the record says the rest (its pid is only the
+            # record's word: nothing is followed there)
+            self._catch_up()
+            self.ended = True
+            return self._finish()
         if not self.cmd._frames:
             self._poll()
             return self._finish()

@@ -4,15 +4,17 @@ This module owns what the library and a background command's supervisor
 (:mod:`e2b_provider.sandbox_side.supervisor`, or ``supervisor.sh`` beside it where the
 sandbox has no ``python3``: the same record and ready frame) agree on: the command id a
 user passes between processes (``<sandbox id>:<32 hex>``), the frames the supervisor writes
-on its standard output for live followers (:class:`FrameDecoder`), and :class:`KeptOutput`,
-the last bytes of one stream as a follower assembles them from the record and the frames.
+on its standard output for live followers (:class:`FrameDecoder`), :class:`KeptOutput`,
+the last bytes of one stream as a follower assembles them from the record and the frames,
+and :func:`supervisor_of`, what envd says a command's supervisor is (a record is the
+sandbox user's to write, so what it says of a command's process is checked against it).
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import attrs
 
@@ -28,6 +30,7 @@ __all__ = [
     "command_id",
     "decode_tail",
     "parse_command_id",
+    "supervisor_of",
     "tag_of_control_path",
 ]
 
@@ -74,6 +77,33 @@ def tag_of_control_path(ctl: str) -> Optional[str]:
     """The exec tag carried in a control path (None when it has none)."""
     m = _CONTROL_RE.fullmatch(ctl)
     return m.group("tag") if m else None
+
+
+def supervisor_of(processes: Iterable[Mapping[str, Any]], cid: str) -> Optional[Tuple[int, str]]:
+    """``(pid, control path)`` of the supervisor envd runs for command ``cid``, from envd's
+    process list (``process.Process/List``): the process envd started with the tag
+    :data:`COMMAND_TAG_PREFIX` + ``cid``, and the control path it was started with (the
+    argument after ``cid``, which follows ``capybara-bg`` in the shell supervisor's
+    arguments, and the program text in the python one's). None when envd runs no such
+    supervisor (the command ended, or never ran). Only envd and the library set these: the
+    sandbox user, who can write any record, cannot.
+    """
+    tag = COMMAND_TAG_PREFIX + cid
+    for info in processes:
+        if info.get("tag") != tag:
+            continue
+        pid = info.get("pid")
+        config = info.get("config")
+        args = config.get("args") if isinstance(config, Mapping) else None
+        if (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0
+                or not isinstance(args, list) or "capybara-bg" not in args):
+            continue
+        at = args.index("capybara-bg") + 1
+        for i in (at, at + 1):
+            ctl = args[i + 1] if i + 1 < len(args) else None
+            if args[i:i + 1] == [cid] and isinstance(ctl, str) and _CONTROL_RE.fullmatch(ctl):
+                return pid, ctl
+    return None
 
 
 @attrs.frozen

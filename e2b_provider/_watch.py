@@ -128,17 +128,30 @@ _WATCHER_ERROR = "watcher error: "
 _MISSING_EXIT = 3
 _NOT_DIR_EXIT = 4
 _UNREADABLE_EXIT = 6
+_LOOP_EXIT = 40
+#: As the sandbox user: exit :data:`_LOOP_EXIT` when ``$1`` is a loop of symbolic links
+#: (``ELOOP``), else go on (a shell function of the scripts below).
+_LOOP_CHECK = (
+    'l() { [ -L "$1" ] || return 0; e=$(LC_ALL=C stat -L -- "$1" 2>&1 >/dev/null) && return; '
+    f'case $e in *"Too many levels of symbolic links"*) exit {_LOOP_EXIT};; esac; }}; '
+)
 #: As ``sandbox``: exit 0 when ``$1`` is a directory the user may read (what
 #: ``inotify_add_watch`` asks of the user: read permission, every directory on the way
 #: searchable); 3 when it does not exist, :data:`~._scripts.NO_ENTRY_EXIT` when a directory
 #: on the way may not be entered (named on stderr), 4 when it is not a directory, 6 when
-#: it may not be read.
+#: it may not be read; 40 when ``$2`` (the path waited for in it, if given) is a loop of
+#: symbolic links, which never leads to a file.
 WATCH_CHECK_SCRIPT = (
     scripts.NOT_THERE
+    + _LOOP_CHECK
     + 'p=$1; if [ ! -e "$p" ]; then gone "$p"; fi; '
     + f'if [ ! -d "$p" ]; then exit {_NOT_DIR_EXIT}; fi; '
-    + f'if [ ! -r "$p" ]; then exit {_UNREADABLE_EXIT}; fi; exit 0'
+    + f'if [ ! -r "$p" ]; then exit {_UNREADABLE_EXIT}; fi; '
+    + '[ -z "$2" ] || l "$2"; exit 0'
 )
+#: As the sandbox user: exit :data:`_LOOP_EXIT` when ``$1`` is a loop of symbolic links,
+#: else 0.
+LINK_LOOP_SCRIPT = _LOOP_CHECK + 'l "$1"; exit 0'
 
 
 # -- sans-IO -----------------------------------------------------------------------------------
@@ -572,6 +585,13 @@ class Watch:
 # -- the part -----------------------------------------------------------------------------------
 
 
+def _link_loop(path: str) -> CommandFailed:
+    """The error for a path waited for that is a loop of symbolic links."""
+    return CommandFailed(f"{path} is a loop of symbolic links (too many levels of symbolic "
+                         "links): it never leads to a file; replace the link",
+                         exit_code=_LOOP_EXIT)
+
+
 class Watches:
     """The provider's part behind ``watch`` and ``wait_for_file`` (arguments validated)."""
 
@@ -590,15 +610,21 @@ class Watches:
         for watch in watches:
             watch.cut()
 
-    def check(self, sid: str, path: str, cancel: Optional[CancelToken]) -> None:
-        """Raise unless ``sandbox`` may watch the directory ``path`` (one script).
+    def check(self, sid: str, path: str, cancel: Optional[CancelToken],
+              waited: Optional[str] = None) -> None:
+        """Raise unless ``sandbox`` may watch the directory ``path`` (one script), or when
+        ``waited`` (a path in it) is a loop of symbolic links.
 
         Raises:
             PathNotFound, NotADirectory, PermissionDenied: what the check found.
+            CommandFailed: ``waited`` is a loop of symbolic links.
         """
-        r = self._ctx.script_on(sid, ["-c", WATCH_CHECK_SCRIPT, "capybara-watch", path], cancel)
+        args = ["-c", WATCH_CHECK_SCRIPT, "capybara-watch", path]
+        r = self._ctx.script_on(sid, args + ([waited] if waited else []), cancel)
         if r.exit_code == 0:
             return
+        if r.exit_code == _LOOP_EXIT and waited:
+            raise _link_loop(waited)
         if r.exit_code == _MISSING_EXIT:
             raise PathNotFound(f"{path} does not exist", exit_code=r.exit_code)
         if r.exit_code == _NOT_DIR_EXIT:
@@ -625,9 +651,10 @@ class Watches:
         timeout: Optional[float],
         cancel: Optional[CancelToken],
         doing: str,
+        waited: Optional[str] = None,
     ) -> Watch:
-        """A started watch of ``path`` (checked first)."""
-        self.check(sid, path, cancel)
+        """A started watch of ``path`` (checked first; ``waited``: see :meth:`check`)."""
+        self.check(sid, path, cancel, waited)
         watch = Watch(self, sid, path, recursive, timeout, cancel, doing)
         watch.start()
         with self._lock:
@@ -672,6 +699,16 @@ class Watches:
                 raise PermissionDenied(str(exc), exit_code=exc.exit_code) from exc
             raise
 
+    def _check_loop(self, sid: str, path: str, cancel: Optional[CancelToken]) -> None:
+        """Raise when ``path`` is a loop of symbolic links (one script).
+
+        Raises:
+            CommandFailed: it is, as other files calls say ``ELOOP``.
+        """
+        r = self._ctx.script_on(sid, ["-c", LINK_LOOP_SCRIPT, "capybara-loop", path], cancel)
+        if r.exit_code == _LOOP_EXIT:
+            raise _link_loop(path)
+
     def _wait(self, sid: str, path: str, guard: CancelToken, doing: str) -> FileStat:
         found = self._stat(sid, path, guard)
         if found is not None:
@@ -681,7 +718,7 @@ class Watches:
             parent = posixpath.dirname(target)
             try:
                 watch = self.open(sid, parent, recursive=False, timeout=None, cancel=guard,
-                                  doing=doing)
+                                  doing=doing, waited=target)
             except PathNotFound:
                 # Its directory is not there yet: wait for that first (the same way, one
                 # level up; "/" always exists).
@@ -696,6 +733,9 @@ class Watches:
                             found = self._stat(sid, target, guard)
                             if found is not None:
                                 break
+                            if event.path == target and event.type == "create":
+                                # made, yet not there: a link, maybe one that loops
+                                self._check_loop(sid, target, guard)
             if found is None:
                 continue  # the watch ended: its directory was removed or moved; again
             if target == path:

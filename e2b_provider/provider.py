@@ -1287,6 +1287,8 @@ class E2BSandboxProvider:
         Raises:
             InvalidArgument: bad arguments (before any I/O).
             OperationTimeout: the path did not appear within ``timeout``.
+            CommandFailed: the path is a loop of symbolic links (said at once, or as soon
+                as the link is made).
             NotADirectory: a directory on the way is a file.
             PermissionDenied: user ``sandbox`` may not reach or read a directory on the way.
             Cancelled, SandboxGoneError, SandboxPaused, TransportError, ProviderClosed.

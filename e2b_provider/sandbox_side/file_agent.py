@@ -475,12 +475,67 @@ def _record(cid: str) -> "Optional[str]":
     return os.path.join(RECORDS, cid)
 
 
-def _load(path: str) -> "Optional[Answer]":
+class BadRecord(Exception):
+    """A record's file that is not a regular file (a FIFO, a link, a device): never read,
+    since the sandbox user can put anything in a record."""
+
+
+def _open_record_file(path: str) -> "Optional[int]":
+    """A descriptor of the record file ``path``, opened without blocking (a FIFO) and
+    without following a link; None when there is no such file.
+
+    Raises:
+        BadRecord: ``path`` is not a regular file.
+    """
     try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read(1 << 20).decode("utf-8", "surrogateescape"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
+                     | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        if exc.errno == errno.ELOOP:
+            raise BadRecord("%s is a symbolic link" % os.path.basename(path)) from None
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
+            raise BadRecord("%s is not a regular file" % os.path.basename(path)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BadRecord("%s is %s, not a regular file" % (os.path.basename(path),
+                                                          type_of(mode)))
+    return fd
+
+
+def _load(path: str) -> "Optional[Answer]":
+    """A record's JSON object, or None (no such file, or not a JSON object).
+
+    Raises:
+        BadRecord: ``path`` is not a regular file.
+    """
+    try:
+        fd = _open_record_file(path)
+    except OSError:
+        return None
+    if fd is None:
+        return None
+    try:
+        chunks = []  # type: List[bytes]
+        left = 1 << 20
+        while left > 0:
+            piece = os.read(fd, left)
+            if not piece:
+                break
+            chunks.append(piece)
+            left -= len(piece)
+        value = json.loads(b"".join(chunks).decode("utf-8", "surrogateescape"))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return value if isinstance(value, dict) else None
 
 
@@ -498,9 +553,14 @@ def _stream(
     directory: str, name: str, cap: int, offset: int, limit: int
 ) -> "Tuple[int, int, bytes]":
     """(offset of the bytes returned, total written, bytes from ``offset`` on (or the
-    first kept), at most ``limit``) of
-    one stream; ``offset`` -1: the last ``cap`` bytes."""
-    for _ in range(5):  # a generation removed while it is read: read again
+    first kept), at most ``limit``) of one stream; ``offset`` -1: the last ``cap`` bytes.
+    Each generation file is opened once (without blocking or following a link) and read
+    through that descriptor, so one removed meanwhile is still read whole.
+
+    Raises:
+        BadRecord: a generation file is not a regular file.
+    """
+    for _ in range(5):  # a generation removed before it was opened: read again
         gens = []
         for entry in os.listdir(directory):
             if entry.startswith(name + ".") and entry[len(name) + 1:].isdigit():
@@ -509,52 +569,64 @@ def _stream(
             return 0, 0, b""
         gens.sort()
         gens = gens[-2:]
+        fds = {}  # type: Dict[int, int]
         try:
-            last = os.stat(os.path.join(directory, "%s.%d" % (name, gens[-1]))).st_size
-        except FileNotFoundError:
-            continue
-        total = gens[-1] * cap + last
-        first = gens[0] * cap
-        start = max(first, total - cap) if offset < 0 else max(first, offset)
-        out = []  # type: List[bytes]
-        want = max(0, min(limit, total - start))
-        pos = start
-        try:
+            for gen in gens:
+                fd = _open_record_file(os.path.join(directory, "%s.%d" % (name, gen)))
+                if fd is not None:
+                    fds[gen] = fd
+            if len(fds) < len(gens):
+                continue
+            total = gens[-1] * cap + os.fstat(fds[gens[-1]]).st_size
+            first = gens[0] * cap
+            start = max(first, total - cap) if offset < 0 else max(first, offset)
+            out = []  # type: List[bytes]
+            want = max(0, min(limit, total - start))
+            pos = start
             while want > 0:
                 gen = pos // cap
-                with open(os.path.join(directory, "%s.%d" % (name, gen)), "rb") as f:
-                    f.seek(pos - gen * cap)
-                    piece = f.read(min(want, (gen + 1) * cap - pos))
+                if gen not in fds:
+                    break  # not consecutive generations: what is there is given
+                piece = os.pread(fds[gen], min(want, (gen + 1) * cap - pos), pos - gen * cap)
                 if not piece:
                     break
                 out.append(piece)
                 pos += len(piece)
                 want -= len(piece)
-        except FileNotFoundError:
-            continue
-        return start, total, b"".join(out)
+            return start, total, b"".join(out)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
     raise OSError(errno.EAGAIN, "the record changed while it was read")
 
 
 def do_cmd_read(cid: str, out_from: int, err_from: int, limit: int) -> "Tuple[Answer, bytes]":
     """A background command's record: what it is, whether it ended, and its output from the
-    given offsets (-1: the last ``cap`` bytes)."""
+    given offsets (-1: the last ``cap`` bytes). A record with a file that is not a regular
+    file is said as ``{"error": "EBADREC", "message": ...}`` (which file)."""
     directory = _record(cid)
-    meta = _load(os.path.join(directory, "meta.json")) if directory else None
-    if directory is None or meta is None:
-        return {"absent": True}, b""
-    status = _load(os.path.join(directory, "status.json"))
-    cap = int(meta.get("cap", 1 << 20))
-    o_first, o_total, o_data = _stream(directory, "stdout", cap, out_from, limit)
-    e_first, e_total, e_data = _stream(directory, "stderr", cap, err_from, limit)
+    try:
+        meta = _load(os.path.join(directory, "meta.json")) if directory else None
+        if directory is None or meta is None:
+            return {"absent": True}, b""
+        status = _load(os.path.join(directory, "status.json"))
+        try:
+            cap = max(1, min(int(meta.get("cap", 1 << 20)), 1 << 30))
+        except (TypeError, ValueError):
+            cap = 1 << 20
+        o_first, o_total, o_data = _stream(directory, "stdout", cap, out_from, limit)
+        e_first, e_total, e_data = _stream(directory, "stderr", cap, err_from, limit)
+    except BadRecord as exc:
+        return {"error": "EBADREC", "message": str(exc)}, b""
     answer = {"meta": meta, "status": status,
               "alive": status is None and _alive(meta, cid),
               "out": [o_first, o_total, len(o_data)], "err": [e_first, e_total, len(e_data)]}
     return answer, o_data + e_data
 
 
-def do_cmd_list() -> "List[Answer]":
-    """The background commands whose supervisor still runs."""
+def do_cmd_list(bad: "Optional[List[str]]" = None) -> "List[Answer]":
+    """The background commands whose supervisor still runs. A record whose meta.json is not
+    a regular file is left out (its id added to ``bad``)."""
     found = []  # type: List[Answer]
     try:
         names = sorted(os.listdir(RECORDS))
@@ -562,9 +634,14 @@ def do_cmd_list() -> "List[Answer]":
         return found
     for cid in names:
         directory = _record(cid)
-        if directory is None or os.path.exists(os.path.join(directory, "status.json")):
+        if directory is None or os.path.lexists(os.path.join(directory, "status.json")):
             continue
-        meta = _load(os.path.join(directory, "meta.json"))
+        try:
+            meta = _load(os.path.join(directory, "meta.json"))
+        except BadRecord:
+            if bad is not None:
+                bad.append(cid)
+            continue
         if meta is not None and _alive(meta, cid):
             found.append(meta)
     return found
@@ -643,7 +720,9 @@ def handle(req: "Answer", payload: bytes, frames: Frames, job: Job = NEVER) -> N
                                    int(req["max"]))
         frames.send(rid, True, answer, data)
     elif op == "cmd_list":
-        frames.send(rid, True, {"commands": do_cmd_list()})
+        bad = []  # type: List[str]
+        commands = do_cmd_list(bad)
+        frames.send(rid, True, {"commands": commands, "bad": bad})
     else:
         frames.send(rid, True, {"error": "EINVAL", "message": "unknown operation %r" % (op,)})
 

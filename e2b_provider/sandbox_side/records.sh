@@ -8,7 +8,9 @@
 # write them (RECORDS/ID: meta.json, status.json once ended, generation files stdout.<g> and
 # stderr.<g> of CAP bytes each, the two newest kept).
 #
-# read: exit 3 when there is no such record. Else one line, "ALIVE META STATUS OF OT ON EF
+# read: exit 3 when there is no such record, 4 when a file of it is not a regular file (a
+# FIFO, a link, a device: the sandbox user can put anything in a record; standard error
+# names the file). Else one line, "ALIVE META STATUS OF OT ON EF
 # ET EN" (ALIVE 1 when the record's supervisor still runs; META and STATUS the lengths of
 # meta.json and status.json that follow, 0 for no status; for stdout OF the stream offset of
 # the bytes that follow, OT the bytes the stream has had, ON how many follow; then the same
@@ -17,10 +19,12 @@
 # each. With WAIT > 0 it first waits (up to WAIT tenths of a second) until the command has
 # output past OUT or ERR or has ended, so a follower asks again only when there is news.
 # Every file is opened before anything is printed and read through that descriptor, so a
-# generation removed meanwhile is still read whole. A read starts few processes (sed, grep,
+# generation removed meanwhile is still read whole; each is opened only if it is a regular
+# file, and never waits (see reg). A read starts few processes (sed, grep,
 # stat, cat, and a dd per generation it reads from): each costs about a millisecond.
 #
-# list: "LENGTH\n" then meta.json, for each record whose supervisor still runs.
+# list: "LENGTH\n" then meta.json, for each record whose supervisor still runs; a record
+# whose meta.json is not a regular file is left out (and named on standard error).
 export LC_ALL=C
 records=/tmp/.capybara-cmd
 
@@ -28,6 +32,33 @@ records=/tmp/.capybara-cmd
 alive() {
   case $1 in ''|*[!0-9]*) return 1;; esac
   grep -qsxzF -e "$2" "/proc/$1/cmdline"
+}
+
+# reg FD PATH: opens PATH on descriptor FD if it is a regular file (not a link, not a FIFO,
+# not a device), looked at by name before the open and through the descriptor after it. It
+# is opened for reading and writing (never written), which does not wait for a FIFO's
+# writer: a FIFO swapped in between never holds the script. Such an open makes a file that
+# is missing: meta.json and status.json are only ever replaced whole, never removed; a
+# generation file removed meanwhile is found by stray. Returns 1 when there is no such
+# file, 2 when it is not a regular file (said on standard error, as the file agent says
+# it).
+reg() {
+  if [ -L "$2" ]; then
+    echo "capybara-cmd: ${2##*/} is a symbolic link" >&2
+    return 2
+  elif [ -p "$2" ]; then
+    echo "capybara-cmd: ${2##*/} is a FIFO, not a regular file" >&2
+    return 2
+  elif [ -e "$2" ] && [ ! -f "$2" ]; then
+    echo "capybara-cmd: ${2##*/} is not a regular file" >&2
+    return 2
+  fi
+  [ -f "$2" ] || return 1
+  eval "command exec $1<>\"\$2\"" 2>/dev/null || return 1
+  [ ! -f "/proc/self/fd/$1" ] || return 0
+  eval "command exec $1<&-"
+  echo "capybara-cmd: ${2##*/} is not a regular file" >&2
+  return 2
 }
 
 # keys META: sets P (the supervisor's pid) and C (the cap) from meta.json, each as a key,
@@ -69,6 +100,15 @@ news() {
   [ "$eb" -ge 0 ] && [ $((eb * cap + $1)) -gt "$from_err" ]
 }
 
+# stray FD PATH NEWER: whether generation file PATH, open on FD, is one the open made (the
+# generation was removed before it: it is empty, and NEWER, the generation two after it,
+# whose making removes it, exists); that file is closed and removed again
+stray() {
+  [ ! -s "/proc/self/fd/$1" ] && [ -e "$3" ] || return 1
+  eval "command exec $1<&-"
+  [ -s "$2" ] || rm -f -- "$2"
+}
+
 # open NAME FD-A FD-B: opens the stream's two newest generations (consecutive ones) on the
 # descriptors; sets A and B to their numbers (-1: none)
 open() {
@@ -79,10 +119,13 @@ open() {
     [ "$A" -eq $((B - 1)) ] || A=-1
     [ "$B" -ge 0 ] || return 0
     if [ "$A" -ge 0 ]; then
-      eval "command exec $2<\"\$d/\$1.\$A\"" 2>/dev/null || continue
+      reg "$2" "$d/$1.$A"
+      case $? in 0) ;; 2) exit 4;; *) continue;; esac
+      ! stray "$2" "$d/$1.$A" "$d/$1.$((A + 2))" || continue
     fi
-    eval "command exec $3<\"\$d/\$1.\$B\"" 2>/dev/null || continue
-    return 0
+    reg "$3" "$d/$1.$B"
+    case $? in 0) ;; 2) exit 4;; *) continue;; esac
+    stray "$3" "$d/$1.$B" "$d/$1.$((B + 2))" || return 0
   done
   echo "capybara-cmd: the record changed while it was read" >&2
   exit 1
@@ -123,8 +166,10 @@ if [ "$1" = list ]; then
   for d in "$records"/*; do
     id=${d##*/}
     case $id in *[!0-9a-f]*) continue;; esac
-    [ ${#id} -eq 32 ] && [ ! -e "$d/status.json" ] && [ -f "$d/meta.json" ] || continue
-    command exec 5<"$d/meta.json" 2>/dev/null || continue
+    [ ${#id} -eq 32 ] && [ ! -e "$d/status.json" ] && [ ! -L "$d/status.json" ] || continue
+    reg 5 "$d/meta.json" 2>/dev/null
+    case $? in 0) ;; 2) echo "capybara-cmd: record $id: meta.json is not a regular file" >&2
+      continue;; *) continue;; esac
     keys /proc/self/fd/5
     alive "$P" "$id" || continue
     z=$(stat -L -c %s /proc/self/fd/5) && [ "$z" -le 1048576 ] || continue
@@ -141,7 +186,8 @@ d=$records/$id
 from_out=$3
 from_err=$4
 limit=$5
-[ -f "$d/meta.json" ] && command exec 5<"$d/meta.json" 2>/dev/null || exit 3
+reg 5 "$d/meta.json"
+case $? in 0) ;; 2) exit 4;; *) exit 3;; esac
 keys /proc/self/fd/5
 cap=$C
 [ -n "$cap" ] && [ "$cap" -ge 1 ] && [ "$cap" -le 1073741824 ] 2>/dev/null || cap=1048576
@@ -158,10 +204,8 @@ fi
 v=0
 ! alive "$P" "$id" || v=1
 st=0
-if [ -f "$d/status.json" ] && command exec 6<"$d/status.json" 2>/dev/null; then
-  st=1
-  v=0
-fi
+reg 6 "$d/status.json"
+case $? in 0) st=1 v=0;; 2) exit 4;; esac
 open stdout 3 4
 oa=$A ob=$B
 open stderr 7 8

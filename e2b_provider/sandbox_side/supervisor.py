@@ -68,8 +68,7 @@ class Log(object):
 
     def _open(self, gen):
         # type: (int) -> int
-        path = os.path.join(self.directory, "%s.%d" % (self.name, gen))
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        return create(os.path.join(self.directory, "%s.%d" % (self.name, gen)), os.O_APPEND)
 
     @property
     def total(self):
@@ -143,10 +142,27 @@ class Frames(object):
                 select.select([], [self.fd], [], max(0.0, end - time.monotonic()))
 
 
+def create(path, flags=0):
+    # type: (str, int) -> int
+    """A new regular file ``path`` of the record, open for writing. The record is the
+    sandbox user's to write: whatever was put in its place (a FIFO, whose open would wait
+    for a reader; a link, which would lead elsewhere) is removed first."""
+    for _ in range(5):
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                           | os.O_CLOEXEC | flags, 0o600)
+        except FileExistsError:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    raise OSError(errno.EEXIST, "something keeps taking the place of a record file", path)
+
+
 def write_json(directory, name, value):
     # type: (str, str, Dict[str, Any]) -> None
     tmp = os.path.join(directory, ".%s.%d" % (name, os.getpid()))
-    with open(tmp, "w") as f:
+    with os.fdopen(create(tmp), "w") as f:
         json.dump(value, f)
     os.rename(tmp, os.path.join(directory, name))
 

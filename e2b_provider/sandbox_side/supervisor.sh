@@ -42,10 +42,12 @@ fi
 mkdir -- "$dir" && mkfifo -- "$dir/.stdout" "$dir/.stderr" || exit 91
 
 # keep NAME: the stream's FIFO into its generation files (split's filter names each one
-# from the number split gives it, opens it, then removes the generation before the last)
+# from the number split gives it, removes what the sandbox user may have put there (a FIFO
+# would hold the open), opens it, then removes the generation before the last)
 keep() {
   SHELL=/bin/sh exec split -b "$cap" -d -a 12 --filter='f=${FILE##*/}; n=${f#.}; n=${n%.*}
-g=$((1${f##*.} - 1000000000000)); exec 3>>"${FILE%/*}/$n.$g"
+g=$((1${f##*.} - 1000000000000)); o=${FILE%/*}/$n.$g
+[ ! -e "$o" ] && [ ! -L "$o" ] || rm -f -- "$o"; exec 3>>"$o"
 [ "$g" -lt 2 ] || rm -f -- "${FILE%/*}/$n.$((g - 2))"; exec cat >&3 3>&-' \
     - "$dir/.$1." <"$dir/.$1" >/dev/null 2>&1 3<&-
 }
@@ -112,11 +114,13 @@ if [ "$killed" = false ] && [ "$code" -eq 137 ] && [ "$secs" -gt 0 ] &&
   [ "$ns" -ge $(((secs - 1) * 1000000000)) ]; then
   timed_out=true
 fi
+t=$dir/.status.json.$$
+[ ! -e "$t" ] && [ ! -L "$t" ] || rm -f -- "$t"
 {
   printf '{"exit_code": %d, "signal": null, "timed_out": %s, "killed": %s, ' \
     "$code" "$timed_out" "$killed"
   printf '"ended_at": %s, "stdout_total": %d, "stderr_total": %d}' \
     "$ended" "$(total stdout)" "$(total stderr)"
-} >"$dir/.status.json.$$" && mv -f -- "$dir/.status.json.$$" "$dir/status.json"
+} >"$t" && mv -f -T -- "$t" "$dir/status.json"
 rm -f -- "$dir/.stdout" "$dir/.stderr"
 exit 0
