@@ -4,9 +4,9 @@ This module owns :class:`Trees`, the provider's part behind ``upload`` and ``dow
 and the two ends of each stream on this machine: :func:`plan_upload` and
 :func:`tar_stream` (a local file or directory walked without following symbolic links,
 written as a POSIX tar stream piece by piece, so memory stays flat whatever the size), and
-:func:`extract_stream` (a tar stream from the sandbox written under the local target
-through :mod:`tarfile`'s ``data`` filter: no absolute names, no ``..``, no link or device
-leading outside the target — the sandbox is not trusted).
+:func:`extract_stream` (a tar stream from the sandbox written under the local target by
+the rules of :mod:`tarfile`'s ``data`` filter: no absolute names, no ``..``, no device, and
+no link leading outside the target in the finished tree — the sandbox is not trusted).
 
 In the sandbox the other end is :mod:`e2b_provider.sandbox_side.file_agent`:
 
@@ -667,7 +667,8 @@ class _LocalTree:
     def __init__(self, root: int, swept: Iterable[Tuple[int, int]] = ()) -> None:
         self.root = root
         self.open: OrderedDict[_Key, int] = OrderedDict()
-        self.dir_modes: List[Tuple[_Key, Optional[int], float]] = []
+        #: each directory member: its path, mode, time, and (st_dev, st_ino)
+        self.dir_modes: List[Tuple[_Key, Optional[int], float, Tuple[int, int]]] = []
         self.swept: Set[Tuple[int, int]] = set(swept)
         #: the file written last, not yet in place: (path, temporary name, member name, size)
         self.pending: Optional[Tuple[_Key, str, str, int]] = None
@@ -682,16 +683,29 @@ class _LocalTree:
 
     def close(self) -> None:
         """Give directories their modes (deepest first), then close every descriptor."""
+        last: Tuple[_Key, int] = ((), -1)  # the directory done last, held: up by ".."
         try:
-            for parts, mode, mtime in sorted(self.dir_modes, key=lambda d: -len(d[0])):
+            for parts, mode, mtime, ident in sorted(self.dir_modes, key=lambda d: -len(d[0])):
+                fd = -1
                 try:
-                    fd = self.dir_fd(parts, make=False)
-                    if mode is not None:
-                        os.chmod(fd, mode)
-                    os.utime(fd, (mtime, mtime))
+                    if last[1] >= 0 and parts == last[0][:-1]:
+                        fd = os.open("..", os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC,
+                                     dir_fd=last[1])
+                    else:
+                        fd = os.dup(self.dir_fd(parts, make=False))
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) == ident:  # not something moved there since
+                        if mode is not None:
+                            os.chmod(fd, mode)
+                        os.utime(fd, (mtime, mtime))
                 except OSError:
                     pass
+                if last[1] >= 0:
+                    os.close(last[1])
+                last = (parts, fd)
         finally:
+            if last[1] >= 0:
+                os.close(last[1])
             for fd in self.open.values():
                 os.close(fd)
             self.open.clear()
@@ -807,8 +821,8 @@ class _LocalTree:
 
     def directory(self, parts: _Key, mode: Optional[int], mtime: float) -> None:
         self.planned.pop(parts, None)
-        self.dir_fd(parts)
-        self.dir_modes.append((parts, mode, mtime))
+        st = os.fstat(self.dir_fd(parts))
+        self.dir_modes.append((parts, mode, mtime, (st.st_dev, st.st_ino)))
 
     def symlink(self, parts: _Key, target: str, name: str) -> None:
         """Keep link ``parts`` -> ``target`` (member ``name``) for :meth:`links`."""
@@ -965,7 +979,10 @@ def _unlink_quietly(name: str, dir_fd: int) -> None:
 
 
 def _parts(name: str) -> Tuple[str, ...]:
-    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    split = name.rstrip("/").split("/")  # a directory's name may end with "/"
+    if "" in split or "." in split:
+        split = [p for p in split if p not in ("", ".")]
+    parts = tuple(split)
     if not parts or ".." in parts:
         raise ValueError(f"{name!r} leaves the destination")
     return parts
@@ -1120,6 +1137,9 @@ def extract_stream(
                 os.close(tree.root)
             if staging:
                 _remove_tree(pfd, staging)
+        except OSError as exc:  # the error that stopped the download is the one to raise
+            log.warning("e2b_provider: the staging directory of %s could not be removed: %s",
+                        dest, exc)
         finally:
             os.close(pfd)
         raise
