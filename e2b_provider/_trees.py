@@ -42,6 +42,7 @@ from collections import OrderedDict
 from typing import (
     Any,
     Callable,
+    Collection,
     Dict,
     Iterable,
     Iterator,
@@ -1029,6 +1030,7 @@ def extract_stream(
     refused: List[Dict[str, Any]],
     progress: Optional[Progress] = None,
     total: Optional[int] = None,
+    settle: Optional[Callable[[], Collection[str]]] = None,
 ) -> TransferSummary:
     """Write the tar stream ``read`` gives under ``local_path``, safely. ``read(n)`` gives
     at least one and at most ``n`` bytes, ``b""`` at the end (as a raw file's ``read``).
@@ -1051,6 +1053,11 @@ def extract_stream(
     ``refused``. Temporary files and staging directories of downloads whose process is
     gone (killed) are removed from each directory written in (:func:`sweep_parts`).
 
+    ``settle``, for a sandbox that says which files it could not read whole only once the
+    stream has ended (GNU ``tar``): every file is kept under its temporary name until the
+    stream ends, then ``settle()`` gives the names of those to drop; the others are put in
+    place.
+
     Raises:
         CommandFailed: the stream holds more than ``max_bytes`` of content.
         tarfile.TarError: the stream is not a tar stream.
@@ -1063,6 +1070,7 @@ def extract_stream(
     pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
     staging = ""
     tree: Optional[_LocalTree] = None
+    held: List[Tuple[_Key, str, str, int]] = []  # with settle: the files not yet in place
     try:
         sweep_parts(pfd)
         swept = [(os.fstat(pfd).st_dev, os.fstat(pfd).st_ino)]
@@ -1087,6 +1095,9 @@ def extract_stream(
                 if tf.failed:  # the sandbox could not read it whole: what was there stays
                     tree.discard()
                     files, written = files - 1, written - pending_size
+                elif settle is not None:
+                    held.append(tree.pending)
+                    tree.pending = None
                 else:
                     try:
                         tree.commit()
@@ -1104,16 +1115,17 @@ def extract_stream(
                         "what is not needed"
                     )
                 size += member.size
+            name = member.name
             if single:
                 if not (member.isfile() or member.issym()):
                     raise CommandFailed("the sandbox sent something other than one file")
                 member = member.replace(name=os.path.basename(dest), deep=False)
-            name = member.name
+            sent, name = name, member.name
             try:
                 parts, mode = _admit(member)
                 mtime = member.mtime if member.mtime is not None else 0
                 if member.isfile():
-                    tree.file(parts, tf, 0o644 if mode is None else mode, mtime, name,
+                    tree.file(parts, tf, 0o644 if mode is None else mode, mtime, sent,
                               member.size)
                     files, written = files + 1, written + member.size
                     if progress is not None:
@@ -1125,14 +1137,32 @@ def extract_stream(
                     tree.symlink(parts, member.linkname, name)
             except (ValueError, OSError) as exc:
                 refused.append({"path": name, "message": f"refused: {exc}"})
+        if settle is not None:
+            drop = settle()
+            for one in held:  # (one put in place already is gone from under its name)
+                tree.pending = one
+                _, _, pending_name, pending_size = one
+                try:
+                    if pending_name in drop:
+                        tree.discard()
+                    else:
+                        tree.commit()
+                        continue
+                except OSError as exc:
+                    refused.append({"path": pending_name, "message": f"refused: {exc}"})
+                files, written = files - 1, written - pending_size
+            held.clear()
         links = tree.links(refused)
     except BaseException:
         try:
             if tree is not None:
-                try:
-                    tree.discard()
-                except OSError:
-                    pass
+                leftover: List[Optional[Tuple[_Key, str, str, int]]] = [tree.pending, *held]
+                for left in leftover:
+                    tree.pending = left
+                    try:
+                        tree.discard()
+                    except OSError:
+                        pass
                 tree.close()
                 os.close(tree.root)
             if staging:
@@ -1370,10 +1400,15 @@ class Trees:
                 helper.finish()
                 raise _pack_failed(remote_path, helper, head["absent"])
             refused: List[Dict[str, Any]] = []
+
+            def shrank() -> List[str]:
+                helper.finish()
+                return shrank_members(helper.stderr_lines())
+
             summary = extract_stream(
                 reader.read, local_path, single=bool(head.get("single")),
                 max_bytes=max_bytes, refused=refused, progress=progress,
-                total=_int(head.get("total")),
+                total=_int(head.get("total")), settle=shrank if shell else None,
             )
             helper.finish()
             if shell:  # tar's status: 2 when some entries could not be read
@@ -1433,7 +1468,26 @@ def _unread(helper: _Helper, remote_path: str) -> List[Dict[str, Any]]:
         if m is None or "Exiting with failure" in line.decode("utf-8", "replace"):
             continue
         rel = m.group(1) if m.group(1) is not None else m.group(2)
-        out.append({"path": posixpath.join(remote_path, rel), "message": m.group(3)})
+        said = m.group(3)
+        shrank = _SHRANK.fullmatch(m.group(0))
+        if shrank is not None:  # not written: what was there stays
+            rel, said = shrank.group(1), "the file shrank while it was read"
+        out.append({"path": posixpath.join(remote_path, rel), "message": said})
+    return out
+
+
+#: What GNU ``tar`` says of a file that shrank while it was read.
+_SHRANK = re.compile(r"(?:[^:]*/)?tar: (.*): File shrank by [0-9]+ bytes; padding with zeros")
+
+
+def shrank_members(stderr_lines: Sequence[bytes]) -> List[str]:
+    """The members GNU ``tar`` (:data:`~._scripts.PACK_SCRIPT`'s) says it sent padded with
+    zeros (they shrank while it read them), from its standard error."""
+    out = []
+    for line in stderr_lines:
+        m = _SHRANK.fullmatch(line.decode("utf-8", "surrogateescape").strip())
+        if m is not None:
+            out.append(m.group(1))
     return out
 
 

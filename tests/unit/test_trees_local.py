@@ -776,3 +776,52 @@ def test_parts_of_gone_processes_are_swept_and_no_others(box: Box) -> None:
         assert sorted(p for p in os.listdir(where) if p.startswith(".capybara")) == sorted(
             kept), where  # fmt: skip
     assert (box.outside / "file").read_bytes() == b"precious"
+
+
+def test_files_gnu_tar_says_shrank_are_dropped_once_its_stream_ends(box: Box) -> None:
+    # the shell's pack (GNU tar, no python3 in the sandbox) says which file shrank only on
+    # its standard error, once it is done: every file waits under its temporary name
+    import shutil
+    import subprocess
+
+    from e2b_provider._trees import shrank_members
+
+    tar = shutil.which("tar")
+    if tar is None or b"GNU tar" not in subprocess.run([tar, "--version"],
+                                                        capture_output=True).stdout:  # fmt: skip
+        pytest.skip(reason="needs GNU tar")
+    src = box.root / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"first")
+    (src / "big").write_bytes(os.urandom(8 << 20))  # far more than a pipe holds
+    box.dest.mkdir()
+    (box.dest / "big").write_bytes(b"the old big")
+    box.mark()
+    with subprocess.Popen([tar, "-c", "-f", "-", "-b", "2048", "--format=pax", "-C",
+                           str(src), "a", "big"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as child:  # fmt: skip
+        assert child.stdout is not None and child.stderr is not None
+        first = child.stdout.read(1 << 16)  # "a" and the start of "big": being read now
+        os.truncate(src / "big", 1000)
+        stream = io.BytesIO(first + child.stdout.read())
+        said = child.stderr.read()
+    assert child.returncode in (0, 1)
+    assert b"big: File shrank by" in said
+    refused: List[Dict[str, Any]] = []
+    summary = extract_stream(stream.read, str(box.dest), single=False, max_bytes=1 << 30,
+                             refused=refused,
+                             settle=lambda: shrank_members(said.splitlines()))  # fmt: skip
+    assert refused == [] and summary.files == 1
+    assert (box.dest / "big").read_bytes() == b"the old big"
+    assert (box.dest / "a").read_bytes() == b"first"
+    assert sorted(os.listdir(box.dest)) == ["a", "big"]
+    # cut before its end: no file is put in place
+    stream = io.BytesIO(first)
+    with pytest.raises(tarfile.ReadError):
+        extract_stream(stream.read, str(box.dest / "cut"), single=False, max_bytes=1 << 30,
+                       refused=refused, settle=lambda: [])  # fmt: skip
+    box.dest.joinpath("cut").mkdir()
+    with pytest.raises(tarfile.ReadError):
+        extract_stream(io.BytesIO(first).read, str(box.dest / "cut"), single=False,
+                       max_bytes=1 << 30, refused=refused, settle=lambda: [])  # fmt: skip
+    assert os.listdir(box.dest / "cut") == []
