@@ -6,9 +6,9 @@ and the two ends of each stream on this machine: :func:`plan_upload` and
 written as a POSIX tar stream piece by piece, so memory stays flat whatever the size and
 the number of files; each entry opened through directory descriptors, never through a
 link, and checked to be what was planned: what is not any more is left out), and
-:func:`extract_stream` (a tar stream from the sandbox written under the local target
-through :mod:`tarfile`'s ``data`` filter: no absolute names, no ``..``, no link or device
-leading outside the target — the sandbox is not trusted).
+:func:`extract_stream` (a tar stream from the sandbox written under the local target by
+the rules of :mod:`tarfile`'s ``data`` filter: no absolute names, no ``..``, no device, and
+no link leading outside the target in the finished tree — the sandbox is not trusted).
 
 In the sandbox the other end is :mod:`e2b_provider.sandbox_side.file_agent`:
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -40,7 +41,21 @@ import struct
 import tarfile
 import uuid
 from array import array
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Set, Tuple
+from collections import OrderedDict
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import attrs
 
@@ -785,6 +800,9 @@ class _TarReader:
         self._read = read
         self._left = 0
         self._pad = 0
+        #: Set when a global header said the member before it was not read whole (see
+        #: :data:`FAILED_KEY`); the caller clears it.
+        self.failed = False
 
     def _upto(self, n: int) -> bytes:
         """``n`` bytes, fewer only at the end of the stream."""
@@ -829,8 +847,10 @@ class _TarReader:
         pax: Dict[str, str] = {}
         while True:
             block = self._upto(_BLOCK)
-            if not block or block == bytes(_BLOCK):
+            if block == bytes(_BLOCK):
                 return None
+            if not block:  # cut between two members: not the end of the archive
+                raise tarfile.ReadError("unexpected end of data")
             if len(block) != _BLOCK:
                 raise tarfile.ReadError("unexpected end of data")
             if _number(block[148:156]) != sum(block) - sum(block[148:156]) + 256:
@@ -844,6 +864,8 @@ class _TarReader:
                 self._exactly(-size % _BLOCK)
                 if kind == b"x":
                     pax.update(_pax_records(data))
+                elif FAILED_KEY in _pax_records(data):
+                    self.failed = True
                 continue
             name = block[0:100].split(b"\0", 1)[0]
             prefix = block[345:500].split(b"\0", 1)[0]
@@ -862,6 +884,11 @@ class _TarReader:
             data_size = ti.size if ti.type in tarfile.REGULAR_TYPES else 0
             self._left, self._pad = data_size, -data_size % _BLOCK
             return ti
+
+
+#: The record of a global pax header that the file agent's ``pack`` writes right after a
+#: member it could not read whole (it shrank): that member is not to be written.
+FAILED_KEY = "CAPYBARA.failed"
 
 
 def _number(field: bytes) -> int:
@@ -898,68 +925,250 @@ def _pax_records(data: bytes) -> Dict[str, str]:
     return out
 
 
-def _filter() -> Callable[..., Any]:
-    data_filter = getattr(tarfile, "data_filter", None)
-    if data_filter is None:
-        raise InvalidArgument(
-            "downloads need tarfile's extraction filters (Python 3.9.17+, 3.10.12+, "
-            "3.11.4+ or 3.12+)"
-        )
-    return data_filter  # type: ignore[no-any-return]
+#: Local temporary names: ``.capybara-part-<pid>-<host>-<hex>``, ``host`` naming the machine,
+#: its boot and its pid namespace (:func:`_host_tag`), so that the owner's liveness can be
+#: told from the name alone.
+_PART = ".capybara-part-"
+_PART_NAME = re.compile(r"\.capybara-part-([0-9]{1,10})-([0-9a-f]{8})-[0-9a-f]{12}")
+#: The most symbolic links one link may lead through (the kernel's ``MAXSYMLINKS``).
+_MAX_HOPS = 40
+#: The longest member name written (``PATH_MAX`` less its NUL): deeper is refused.
+MAX_NAME_BYTES = 4095
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
+_host: List[str] = []
+
+
+def _host_tag() -> str:
+    """Eight hex digits naming this machine, its boot and this process's pid namespace:
+    a part file whose name carries them has an owner whose pid means something here."""
+    if not _host:
+        seen = [os.uname().nodename]
+        for path in ("/proc/sys/kernel/random/boot_id",):
+            try:
+                with open(path, encoding="ascii") as f:
+                    seen.append(f.read().strip())
+            except OSError:
+                seen.append("")
+        try:
+            seen.append(os.readlink("/proc/self/ns/pid"))
+        except OSError:
+            seen.append("")
+        _host.append(hashlib.sha256("\0".join(seen).encode()).hexdigest()[:8])
+    return _host[0]
+
+
+def _part_name() -> str:
+    return f"{_PART}{os.getpid()}-{_host_tag()}-{uuid.uuid4().hex[:12]}"
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs (here: the caller has checked the host tag)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def sweep_parts(dir_fd: int) -> int:
+    """Remove from directory ``dir_fd`` the temporary files (and staging directories) that
+    downloads of processes now gone left (killed: nothing could remove them); how many.
+
+    Only a name that is exactly a part name of this machine, boot and pid namespace whose
+    process is gone, owned by this user, is removed; a part of a live process, of another
+    machine or of an older version is left."""
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return 0
+    removed = 0
+    tag = _host_tag()
+    for name in names:
+        if not name.startswith(_PART):
+            continue
+        m = _PART_NAME.fullmatch(name)
+        if m is None or m.group(2) != tag or not _gone(int(m.group(1))):
+            continue
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if st.st_uid != os.geteuid():
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                _remove_tree(dir_fd, name)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+            removed += 1
+        except OSError as exc:
+            log.info("e2b_provider: could not remove %s: %s", name, exc.strerror)
+    return removed
+
+
+def _remove_tree(dir_fd: int, name: str) -> None:
+    """Remove directory ``name`` of ``dir_fd`` and everything below it, never following a
+    link, whatever its depth: one descriptor at a time (a directory's subdirectories are
+    kept by name), climbing back by ``..`` checked against the directory left."""
+    top = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    # each level: (its name, its (st_dev, st_ino), subdirectories still to remove)
+    levels: List[Tuple[str, Tuple[int, int], List[str]]] = []
+    fd = top
+    try:
+        entered = name
+        while True:
+            st = os.fstat(fd)
+            subdirs: List[str] = []
+            for entry in os.listdir(fd):
+                try:
+                    os.unlink(entry, dir_fd=fd)
+                except IsADirectoryError:
+                    subdirs.append(entry)
+                except FileNotFoundError:
+                    pass
+                except PermissionError:  # Linux's unlink of a directory
+                    if not stat_mod.S_ISDIR(os.stat(entry, dir_fd=fd,
+                                                    follow_symlinks=False).st_mode):
+                        raise
+                    subdirs.append(entry)
+            levels.append((entered, (st.st_dev, st.st_ino), subdirs))
+            while levels and not levels[-1][2]:
+                done, _, _ = levels.pop()
+                if not levels:
+                    os.close(fd)
+                    fd = -1
+                    os.rmdir(done, dir_fd=dir_fd)
+                    return
+                up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = up
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != levels[-1][1]:
+                    raise OSError(errno.EBUSY, "the tree moved while it was removed", done)
+                os.rmdir(done, dir_fd=fd)
+            entered = levels[-1][2].pop()
+            child = os.open(entered, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+_Key = Tuple[str, ...]
 
 
 class _LocalTree:
     """Writes members under one local directory through directory descriptors opened
     without following a symbolic link (``O_NOFOLLOW`` on every component), so no link —
     planted by the archive or already there — is ever gone through, however long its
-    path: the ``data`` filter decides what may be written, this decides how."""
+    path; at most :data:`_HELD` of them open at once (the most recently used), found
+    again without recursion, so any depth takes time in proportion. The admission rules
+    (:func:`_admit`) decide what may be written, this decides how.
 
-    def __init__(self, base: str) -> None:
-        self.root = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.open: Dict[Tuple[str, ...], int] = {}
-        self.dir_modes: List[Tuple[Tuple[str, ...], Optional[int], float]] = []
+    A file is written to a temporary name and kept :meth:`pending` until the next member
+    says it arrived whole (:meth:`commit`, or :meth:`discard`). Symbolic links are kept
+    until the end (:meth:`links`), when each is judged against the finished tree."""
+
+    _HELD = 64
+
+    def __init__(self, root: int, swept: Iterable[Tuple[int, int]] = ()) -> None:
+        self.root = root
+        self.open: OrderedDict[_Key, int] = OrderedDict()
+        #: each directory member: its path, mode, time, and (st_dev, st_ino)
+        self.dir_modes: List[Tuple[_Key, Optional[int], float, Tuple[int, int]]] = []
+        self.swept: Set[Tuple[int, int]] = set(swept)
+        #: the file written last, not yet in place: (path, temporary name, member name, size)
+        self.pending: Optional[Tuple[_Key, str, str, int]] = None
+        self.planned: OrderedDict[_Key, Tuple[str, str]] = OrderedDict()
+        self._sweep(root)
+
+    def _sweep(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) not in self.swept:
+            self.swept.add((st.st_dev, st.st_ino))
+            sweep_parts(fd)
 
     def close(self) -> None:
         """Give directories their modes (deepest first), then close every descriptor."""
-        for parts, mode, mtime in sorted(self.dir_modes, key=lambda d: -len(d[0])):
-            try:
-                fd = self.dir_fd(parts)
-                if mode is not None:
-                    os.chmod(fd, mode)
-                os.utime(fd, (mtime, mtime))
-            except OSError:
-                pass
-        for fd in self.open.values():
-            os.close(fd)
-        self.open.clear()
-        os.close(self.root)
+        last: Tuple[_Key, int] = ((), -1)  # the directory done last, held: up by ".."
+        try:
+            for parts, mode, mtime, ident in sorted(self.dir_modes, key=lambda d: -len(d[0])):
+                fd = -1
+                try:
+                    if last[1] >= 0 and parts == last[0][:-1]:
+                        fd = os.open("..", os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC,
+                                     dir_fd=last[1])
+                    else:
+                        fd = os.dup(self.dir_fd(parts, make=False))
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) == ident:  # not something moved there since
+                        if mode is not None:
+                            os.chmod(fd, mode)
+                        os.utime(fd, (mtime, mtime))
+                except OSError:
+                    pass
+                if last[1] >= 0:
+                    os.close(last[1])
+                last = (parts, fd)
+        finally:
+            if last[1] >= 0:
+                os.close(last[1])
+            for fd in self.open.values():
+                os.close(fd)
+            self.open.clear()
 
-    def dir_fd(self, parts: Tuple[str, ...]) -> int:
+    def dir_fd(self, parts: _Key, make: bool = True) -> int:
+        """The descriptor of directory ``parts`` (made if missing, with ``make``)."""
         if not parts:
             return self.root
         fd = self.open.get(parts)
         if fd is not None:
+            self.open.move_to_end(parts)
             return fd
-        parent = self.dir_fd(parts[:-1])
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        start = len(parts) - 1
+        fd = self.open.get(parts[:-1]) if start else self.root
+        if fd is None:  # the deepest ancestor held, else the root
+            start, fd = 0, self.root
+            for held, held_fd in self.open.items():
+                if start < len(held) < len(parts) and parts[: len(held)] == held:
+                    start, fd = len(held), held_fd
+        for depth in range(start + 1, len(parts) + 1):
+            fd = self._open_below(fd, parts[:depth], make)
+        return fd
+
+    def _open_below(self, parent: int, parts: _Key, make: bool) -> int:
+        made = False
         try:
-            fd = os.open(parts[-1], flags, dir_fd=parent)
+            fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
         except FileNotFoundError:
+            if not make:
+                raise
             os.mkdir(parts[-1], 0o777, dir_fd=parent)
-            fd = os.open(parts[-1], flags, dir_fd=parent)
+            made = True
+            fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise OSError(exc.errno, "a symbolic link or file is in the way",
                               "/".join(parts)) from None
             raise
-        if len(self.open) >= 64:
-            for old in self.open.values():
-                os.close(old)
-            self.open.clear()
+        try:
+            if made:
+                st = os.fstat(fd)
+                self.swept.add((st.st_dev, st.st_ino))
+            else:
+                self._sweep(fd)
+            while len(self.open) >= self._HELD:
+                os.close(self.open.popitem(last=False)[1])
+        except BaseException:
+            os.close(fd)
+            raise
         self.open[parts] = fd
         return fd
 
-    def _replace(self, parts: Tuple[str, ...], make: Callable[[int, str], None]) -> None:
+    def _temp(self, parts: _Key, make: Callable[[int, str], None]) -> Tuple[int, str]:
+        """``make`` a temporary file beside ``parts`` (refused if a directory is there)."""
         dfd = self.dir_fd(parts[:-1])
         try:
             old = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
@@ -967,18 +1176,16 @@ class _LocalTree:
             old = None
         if old is not None and stat_mod.S_ISDIR(old.st_mode):
             raise IsADirectoryError(errno.EISDIR, "a directory is in the way", "/".join(parts))
-        tmp = f".capybara-part-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        tmp = _part_name()
         try:
             make(dfd, tmp)
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
+            _unlink_quietly(tmp, dfd)
             raise
+        return dfd, tmp
 
-    def file(self, parts: Tuple[str, ...], src: Any, mode: int, mtime: float) -> None:
+    def file(self, parts: _Key, src: Any, mode: int, mtime: float, name: str, size: int) -> None:
+        """Write the file to a temporary name: :attr:`pending` until committed."""
         def make(dfd: int, tmp: str) -> None:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600, dir_fd=dfd)
@@ -997,21 +1204,229 @@ class _LocalTree:
             finally:
                 os.close(fd)
 
-        self._replace(parts, make)
+        self.planned.pop(parts, None)  # a later member replaces an earlier one
+        _, tmp = self._temp(parts, make)
+        self.pending = (parts, tmp, name, size)
 
-    def symlink(self, parts: Tuple[str, ...], target: str) -> None:
-        self._replace(parts, lambda dfd, tmp: os.symlink(target, tmp, dir_fd=dfd))
+    def commit(self) -> None:
+        """Rename the pending file into place."""
+        if self.pending is None:
+            return
+        parts, tmp, _, _ = self.pending
+        self.pending = None
+        dfd = self.dir_fd(parts[:-1])
+        try:
+            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            _unlink_quietly(tmp, dfd)
+            raise
 
-    def directory(self, parts: Tuple[str, ...], mode: Optional[int], mtime: float) -> None:
-        self.dir_fd(parts)
-        self.dir_modes.append((parts, mode, mtime))
+    def discard(self) -> None:
+        """Remove the pending file: what it would have replaced stays."""
+        if self.pending is not None:
+            parts, tmp, _, _ = self.pending
+            self.pending = None
+            _unlink_quietly(tmp, self.dir_fd(parts[:-1], make=False))
+
+    def directory(self, parts: _Key, mode: Optional[int], mtime: float) -> None:
+        self.planned.pop(parts, None)
+        st = os.fstat(self.dir_fd(parts))
+        self.dir_modes.append((parts, mode, mtime, (st.st_dev, st.st_ino)))
+
+    def symlink(self, parts: _Key, target: str, name: str) -> None:
+        """Keep link ``parts`` -> ``target`` (member ``name``) for :meth:`links`."""
+        self.dir_fd(parts[:-1])  # its directory, as for any member
+        self.planned.pop(parts, None)
+        self.planned[parts] = (target, name)
+
+    def links(self, refused: List[Dict[str, Any]]) -> int:
+        """Write the links kept, each only if it leads nowhere outside the root (judged
+        against the tree as it will be with all of them: see :meth:`_judge`); the others
+        go to ``refused``. How many were written."""
+        planned = self.planned
+        for parts in list(planned):
+            try:
+                st = os.stat(parts[-1], dir_fd=self.dir_fd(parts[:-1], make=False),
+                             follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                refused.append({"path": planned.pop(parts)[1], "message": f"refused: {exc}"})
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                refused.append({"path": planned.pop(parts)[1],
+                                "message": "refused: a directory is in the way"})
+        memo: Dict[_Key, Any] = {}
+        good = []
+        for parts, (_, name) in planned.items():
+            why = self._judge(parts, planned, memo, 0)
+            if why is None:
+                good.append(parts)
+            else:
+                refused.append({"path": name, "message": f"refused: {name!r} is a symbolic "
+                                f"link that {why}"})
+        written: List[_Key] = []
+        failed = False
+        for parts in good:
+            target, name = planned[parts]
+            try:
+                dfd, tmp = self._temp(parts, functools.partial(_symlink, target))
+                try:
+                    os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+                except BaseException:
+                    _unlink_quietly(tmp, dfd)
+                    raise
+                written.append(parts)
+            except OSError as exc:
+                failed = True
+                refused.append({"path": name, "message": f"refused: {exc}"})
+        self.planned = OrderedDict()
+        while failed:  # the tree is not the one judged: judge what was written again
+            failed = False
+            memo = {}
+            for parts in list(written):
+                why = self._judge(parts, {}, memo, 0)
+                if why is not None:
+                    failed = True
+                    written.remove(parts)
+                    _unlink_quietly(parts[-1], self.dir_fd(parts[:-1], make=False))
+                    name = planned[parts][1]
+                    refused.append({"path": name, "message": f"refused: {name!r} is a "
+                                    f"symbolic link that {why}"})
+        return len(written)
+
+    def _judge(self, link: _Key, planned: Dict[_Key, Tuple[str, str]], memo: Dict[_Key, Any],
+               hops: int) -> Optional[str]:
+        """Why link ``link`` (one of ``planned``, or one already there) may lead outside
+        the root, or None. Its target is followed component by component from the link's
+        directory over the tree as it will be: a directory is entered, a link is followed
+        (judged the same way, once); ``..`` may climb only out of a directory reached
+        without going through a link or something missing (a link written later could
+        change where ``..`` leads), and never above the root."""
+        seen = memo.get(link)
+        if seen is not None:
+            return "is part of a loop of links" if seen is _BUSY else seen[0]
+        if hops > _MAX_HOPS:
+            return f"leads through more than {_MAX_HOPS} links"
+        memo[link] = _BUSY
+        if link in planned:
+            target = planned[link][0]
+        else:
+            try:
+                target = os.readlink(link[-1], dir_fd=self.dir_fd(link[:-1], make=False))
+            except OSError:
+                memo[link] = ("cannot be read",)
+                return "cannot be read"
+        why, _ = self._follow(link[:-1], target, planned, memo, hops)
+        memo[link] = (why, _)
+        return why
+
+    def _follow(self, start: _Key, target: str, planned: Dict[_Key, Tuple[str, str]],
+                memo: Dict[_Key, Any], hops: int) -> Tuple[Optional[str], Optional[_Key]]:
+        """Why ``target`` followed from directory ``start`` may lead outside, or None; and
+        the directory it leads to when known (None: a file, or something missing)."""
+        if target.startswith("/"):
+            return "leads to an absolute path", None
+        cur = list(start)
+        linked, known = False, True
+        for comp in target.split("/"):
+            if comp in ("", "."):
+                continue
+            if comp == "..":
+                if linked or not known:
+                    return ("climbs (..) out of a symbolic link or of something missing, "
+                            "which may lead anywhere"), None
+                if not cur:
+                    return "leads outside the destination", None
+                cur.pop()
+                continue
+            cur.append(comp)
+            if not known:
+                continue
+            key = tuple(cur)
+            kind = "link" if key in planned else self._kind(key)
+            if kind == "dir":
+                continue
+            if kind == "link":
+                why = self._judge(key, planned, memo, hops + 1)
+                if why is not None:
+                    return f"leads through {'/'.join(key)!r}, which {why}", None
+                linked = True
+                there = memo[key][1]
+                if there is None:
+                    known = False
+                else:
+                    cur = list(there)
+                continue
+            known = False  # a file or nothing: nothing is below it now
+        return None, (tuple(cur) if known else None)
+
+    def _kind(self, key: _Key) -> str:
+        """``dir``, ``link`` or ``other`` (a file, or nothing): what ``key`` is now."""
+        try:
+            st = os.stat(key[-1], dir_fd=self.dir_fd(key[:-1], make=False),
+                         follow_symlinks=False)
+        except OSError:
+            return "other"
+        if stat_mod.S_ISDIR(st.st_mode):
+            return "dir"
+        return "link" if stat_mod.S_ISLNK(st.st_mode) else "other"
+
+
+_BUSY = object()
+
+
+def _symlink(target: str, dir_fd: int, name: str) -> None:
+    os.symlink(target, name, dir_fd=dir_fd)
+
+
+def _unlink_quietly(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
 
 
 def _parts(name: str) -> Tuple[str, ...]:
-    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    split = name.rstrip("/").split("/")  # a directory's name may end with "/"
+    if "" in split or "." in split:
+        split = [p for p in split if p not in ("", ".")]
+    parts = tuple(split)
     if not parts or ".." in parts:
         raise ValueError(f"{name!r} leaves the destination")
     return parts
+
+
+def _admit(member: tarfile.TarInfo) -> Tuple[_Key, Optional[int]]:
+    """The path and mode (None: the default) ``member`` is written with, by the rules of
+    :mod:`tarfile`'s ``data`` filter, without its look at the disk (which follows links,
+    and costs in proportion to the depth for every member): leading ``/`` stripped, no
+    ``..``; only files, directories and symbolic links (not to an absolute path; where a
+    relative one leads is judged once the tree is whole, :meth:`_LocalTree.links`); a
+    file's set-id, sticky and group/other write bits cleared, its owner's read and write
+    bits set, its execute bits only if its owner's was set.
+
+    Raises:
+        ValueError: the member is refused (why).
+    """
+    name = member.name
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        raise ValueError(f"its name is longer than {MAX_NAME_BYTES} bytes")
+    parts = _parts(name.lstrip("/"))
+    if member.isfile():
+        mode = member.mode & 0o755
+        if not mode & 0o100:
+            mode &= ~0o111
+        return parts, mode | 0o600
+    if member.isdir():
+        return parts, None
+    if member.issym():
+        if member.linkname.startswith("/"):
+            raise ValueError(f"{name!r} is a link to an absolute path")
+        return parts, None
+    if member.islnk():
+        raise ValueError(f"{name!r} is a hard link")
+    raise ValueError(f"{name!r} is a special file")
 
 
 def extract_stream(
@@ -1023,33 +1438,81 @@ def extract_stream(
     refused: List[Dict[str, Any]],
     progress: Optional[Progress] = None,
     total: Optional[int] = None,
+    settle: Optional[Callable[[], Collection[str]]] = None,
 ) -> TransferSummary:
     """Write the tar stream ``read`` gives under ``local_path``, safely. ``read(n)`` gives
     at least one and at most ``n`` bytes, ``b""`` at the end (as a raw file's ``read``).
 
     With ``single``, the stream holds one member, written to ``local_path`` itself;
-    otherwise ``local_path`` is the directory the members are written under (made if
-    missing). Each member goes through :mod:`tarfile`'s ``data`` filter (leading ``/``
-    stripped; ``..``, links leading outside or to an absolute path, devices, hard links
-    refused; set-id and group/other write bits cleared), then is written through
-    directory descriptors that never follow a link (:class:`_LocalTree`); each file to a
-    temporary name in its directory, renamed into place once whole. A member refused on
-    the way is not written: it is added to ``refused``.
+    otherwise ``local_path`` is the directory the members are written under. A directory
+    that does not exist yet is written whole or not at all: the tree goes to a staging
+    directory beside it (``.capybara-part-…``), renamed into place once the stream has
+    ended; cut, cancelled or failed, it is removed. Into one that exists, entries are
+    written one by one (a cut leaves those already written).
+
+    Each member goes through the rules of :mod:`tarfile`'s ``data`` filter (:func:`_admit`:
+    leading ``/`` stripped; ``..``, absolute links, devices, hard links refused; set-id and
+    group/other write bits cleared), then is written through directory descriptors that
+    never follow a link (:class:`_LocalTree`); each file to a temporary name in its
+    directory, renamed into place once whole (one the sandbox marked as not read whole
+    (it shrank) is dropped: what was there stays). Symbolic links are written last, each
+    only if it leads nowhere outside the destination in the finished tree, whatever the
+    order of the members. A member refused on the way is not written: it is added to
+    ``refused``. Temporary files and staging directories of downloads whose process is
+    gone (killed) are removed from each directory written in (:func:`sweep_parts`).
+
+    ``settle``, for a sandbox that says which files it could not read whole only once the
+    stream has ended (GNU ``tar``): every file is kept under its temporary name until the
+    stream ends, then ``settle()`` gives the names of those to drop; the others are put in
+    place.
 
     Raises:
         CommandFailed: the stream holds more than ``max_bytes`` of content.
         tarfile.TarError: the stream is not a tar stream.
+        OSError: the destination could not be written.
     """
-    data_filter = _filter()
-    files = dirs = links = size = 0
+    files = dirs = links = size = written = 0
     dest = os.path.abspath(local_path)
-    base = os.path.dirname(dest) if single else dest
-    os.makedirs(base, exist_ok=True)
-    tree = _LocalTree(base)
-    tf = _TarReader(read)
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    staging = ""
+    tree: Optional[_LocalTree] = None
+    held: List[Tuple[_Key, str, str, int]] = []  # with settle: the files not yet in place
     try:
+        sweep_parts(pfd)
+        swept = [(os.fstat(pfd).st_dev, os.fstat(pfd).st_ino)]
+        if single:
+            root = os.dup(pfd)
+        elif os.path.lexists(dest):
+            root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+        else:
+            staging = _part_name()
+            os.mkdir(staging, 0o777, dir_fd=pfd)
+            root = os.open(staging, _DIR_FLAGS, dir_fd=pfd)
+        try:
+            tree = _LocalTree(root, swept)
+        except BaseException:
+            os.close(root)
+            raise
+        tf = _TarReader(read)
         while True:
             member = tf.next()
+            if tree.pending is not None:
+                _, _, pending_name, pending_size = tree.pending
+                if tf.failed:  # the sandbox could not read it whole: what was there stays
+                    tree.discard()
+                    files, written = files - 1, written - pending_size
+                elif settle is not None:
+                    held.append(tree.pending)
+                    tree.pending = None
+                else:
+                    try:
+                        tree.commit()
+                    except OSError as exc:
+                        files, written = files - 1, written - pending_size
+                        refused.append({"path": pending_name, "message": f"refused: {exc}"})
+            tf.failed = False
             if member is None:
                 break
             if member.isfile():
@@ -1060,35 +1523,77 @@ def extract_stream(
                         "what is not needed"
                     )
                 size += member.size
+            name = member.name
             if single:
                 if not (member.isfile() or member.issym()):
                     raise CommandFailed("the sandbox sent something other than one file")
                 member = member.replace(name=os.path.basename(dest), deep=False)
-            name = member.name
+            sent, name = name, member.name
             try:
-                member = data_filter(member, base)
-                parts = _parts(member.name)
-                mode = member.mode  # the filter leaves None where none applies
+                parts, mode = _admit(member)
                 mtime = member.mtime if member.mtime is not None else 0
                 if member.isfile():
-                    tree.file(parts, tf,
-                              0o644 if mode is None else mode & 0o777, mtime)
-                    files += 1
+                    tree.file(parts, tf, 0o644 if mode is None else mode, mtime, sent,
+                              member.size)
+                    files, written = files + 1, written + member.size
                     if progress is not None:
                         progress(size, total)
                 elif member.isdir():
                     tree.directory(parts, None if mode is None else mode & 0o777, mtime)
                     dirs += 1
-                elif member.issym():
-                    tree.symlink(parts, member.linkname)
-                    links += 1
                 else:
-                    raise ValueError("not a file, directory or symbolic link")
-            except (tarfile.FilterError, ValueError, OSError) as exc:
+                    tree.symlink(parts, member.linkname, name)
+            except (ValueError, OSError) as exc:
                 refused.append({"path": name, "message": f"refused: {exc}"})
-    finally:
+        if settle is not None:
+            drop = settle()
+            for one in held:  # (one put in place already is gone from under its name)
+                tree.pending = one
+                _, _, pending_name, pending_size = one
+                try:
+                    if pending_name in drop:
+                        tree.discard()
+                    else:
+                        tree.commit()
+                        continue
+                except OSError as exc:
+                    refused.append({"path": pending_name, "message": f"refused: {exc}"})
+                files, written = files - 1, written - pending_size
+            held.clear()
+        links = tree.links(refused)
+    except BaseException:
+        try:
+            if tree is not None:
+                leftover: List[Optional[Tuple[_Key, str, str, int]]] = [tree.pending, *held]
+                for left in leftover:
+                    tree.pending = left
+                    try:
+                        tree.discard()
+                    except OSError:
+                        pass
+                tree.close()
+                os.close(tree.root)
+            if staging:
+                _remove_tree(pfd, staging)
+        except OSError as exc:  # the error that stopped the download is the one to raise
+            log.warning("e2b_provider: the staging directory of %s could not be removed: %s",
+                        dest, exc)
+        finally:
+            os.close(pfd)
+        raise
+    try:
         tree.close()
-    return TransferSummary(files=files, dirs=dirs, symlinks=links, bytes=size)
+        os.close(tree.root)
+        if staging:
+            try:
+                os.rename(staging, os.path.basename(dest), src_dir_fd=pfd, dst_dir_fd=pfd)
+            except OSError as exc:
+                _remove_tree(pfd, staging)
+                raise OSError(exc.errno, f"{dest} could not be put in place ({exc.strerror}); "
+                              "nothing was written", dest) from None
+    finally:
+        os.close(pfd)
+    return TransferSummary(files=files, dirs=dirs, symlinks=links, bytes=written)
 
 
 class Trees:
@@ -1317,10 +1822,15 @@ class Trees:
                 helper.finish()
                 raise _pack_failed(remote_path, helper, head["absent"])
             refused: List[Dict[str, Any]] = []
+
+            def shrank() -> List[str]:
+                helper.finish()
+                return shrank_members(helper.stderr_lines())
+
             summary = extract_stream(
                 reader.read, local_path, single=bool(head.get("single")),
                 max_bytes=max_bytes, refused=refused, progress=progress,
-                total=_int(head.get("total")),
+                total=_int(head.get("total")), settle=shrank if shell else None,
             )
             helper.finish()
             if shell:  # tar's status: 2 when some entries could not be read
@@ -1382,7 +1892,26 @@ def _unread(helper: _Helper, remote_path: str) -> List[Dict[str, Any]]:
         if m is None or "Exiting with failure" in line.decode("utf-8", "replace"):
             continue
         rel = m.group(1) if m.group(1) is not None else m.group(2)
-        out.append({"path": posixpath.join(remote_path, rel), "message": m.group(3)})
+        said = m.group(3)
+        shrank = _SHRANK.fullmatch(m.group(0))
+        if shrank is not None:  # not written: what was there stays
+            rel, said = shrank.group(1), "the file shrank while it was read"
+        out.append({"path": posixpath.join(remote_path, rel), "message": said})
+    return out
+
+
+#: What GNU ``tar`` says of a file that shrank while it was read.
+_SHRANK = re.compile(r"(?:[^:]*/)?tar: (.*): File shrank by [0-9]+ bytes; padding with zeros")
+
+
+def shrank_members(stderr_lines: Sequence[bytes]) -> List[str]:
+    """The members GNU ``tar`` (:data:`~._scripts.PACK_SCRIPT`'s) says it sent padded with
+    zeros (they shrank while it read them), from its standard error."""
+    out = []
+    for line in stderr_lines:
+        m = _SHRANK.fullmatch(line.decode("utf-8", "surrogateescape").strip())
+        if m is not None:
+            out.append(m.group(1))
     return out
 
 

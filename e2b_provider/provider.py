@@ -1385,10 +1385,11 @@ class E2BSandboxProvider:
         """Copy a sandbox file or directory tree to this machine, as one tar stream.
 
         ``local_path`` becomes the copy of ``remote_path`` (a directory is made if missing,
-        merged into if it exists). What the ``sandbox`` user cannot read is reported, not
-        copied. The sandbox is not trusted: nothing is ever written outside ``local_path``
-        (absolute names, ``..``, symbolic links leading outside or to absolute paths and
-        device files are refused by :mod:`tarfile`'s ``data`` filter and reported), and
+        merged into if it exists; a new one appears whole or not at all). What the
+        ``sandbox`` user cannot read is reported, not copied. The sandbox is not trusted:
+        nothing is ever written outside ``local_path`` (absolute names, ``..``, symbolic
+        links to absolute paths or leading outside in the finished tree, and device files
+        are refused by the rules of :mod:`tarfile`'s ``data`` filter and reported), and
         the transfer stops past ``max_bytes`` of content. One request whatever the number of
         files; memory stays flat.
 
@@ -1408,8 +1409,7 @@ class E2BSandboxProvider:
         Takes at most 120 s plus one second per MiB of ``max_bytes``.
 
         Raises:
-            InvalidArgument: a bad argument (before any I/O), or a Python without
-                :mod:`tarfile` extraction filters.
+            InvalidArgument: a bad argument (before any I/O).
             FilesFailed: some entries were not copied (``.failed``; ``.summary``).
             CommandFailed: ``remote_path`` does not exist or cannot be read, the content is
                 larger than ``max_bytes``, or the sandbox has no ``python3``.

@@ -31,7 +31,9 @@ Modes:
     (``{"total": bytes, "files": count, "single": bool}``, or ``{"absent": ...}`` and exit
     4 when ``SRC`` cannot be read), then a tar stream of ``SRC`` (a directory's contents,
     or one file): directories, regular files and symbolic links (kept as links, never
-    followed); anything else is skipped. The last line on standard error is
+    followed); anything else is skipped. A file that shrank while it was sent is padded
+    with zeros to the size in its header, and followed by a global pax header with the
+    record ``CAPYBARA.failed=1`` (the reader drops it). The last line on standard error is
     ``{"errors": [...]}`` (exit 1 if there were any).
 
 ``extract DEST END [root] [op=ID]``
@@ -964,6 +966,18 @@ def tar_header(name: str, kind: bytes, mode: int, size: int, mtime: int,
     return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def _failed_header() -> bytes:
+    record = b" CAPYBARA.failed=1\n"
+    record = b"%d" % (len(record) + 2) + record  # its length counts itself: two digits
+    return (tar_header("././@PaxHeader", b"g", 0o644, len(record), 0) + record
+            + bytes(-len(record) % 512))
+
+
+#: A global pax header saying that the member before it was not read whole (it shrank
+#: while it was sent, and was padded): the provider drops that member.
+FAILED_HEADER = _failed_header()
+
+
 class TarOut(object):
     """A tar stream written to descriptor ``fd``: headers and small files gathered in
     memory (less than twice :data:`PACK_GATHER` bytes), larger files sent straight from
@@ -1009,6 +1023,8 @@ class TarOut(object):
             if len(self.buf) >= PACK_GATHER:
                 self.flush()
         self.add(bytes(-size % 512))
+        if short:  # says so before the next member: the reader drops this one
+            self.add(FAILED_HEADER)
 
     def _send(self, fd: int, size: int) -> int:
         """Send up to ``size`` bytes of ``fd`` with ``sendfile``; what is left (the end of
