@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List
 
 import pytest
+from local_trees import removed_at_the_end
 
 from e2b_provider import (
     Cancelled,
@@ -165,6 +166,12 @@ def test_a_tree_1500_directories_deep_downloads(
     ))
     _sh(p, box, f"python3 {src}.py {src}")
     before = sorted(os.listdir("/proc/self/fd"))
+    with removed_at_the_end(tmp_path / "down"):
+        _download_deep(p, box, src, tmp_path, before)
+
+
+def _download_deep(p: E2BSandboxProvider, box: SandboxHandle, src: str, tmp_path: Path,
+                   before: List[str]) -> None:
     started = time.monotonic()
     summary = p.download(box, src, str(tmp_path / "down"))
     took = time.monotonic() - started

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from local_trees import removed_at_the_end
 
 from e2b_provider._trees import (
     Unsent,
@@ -923,6 +924,12 @@ def test_a_tree_1500_directories_deep_is_written_without_recursion(tmp_path: Pat
     dest = tmp_path / "deep"
     summary = extract_stream(io.BytesIO(data).read, str(dest), single=False,
                              max_bytes=1 << 30, refused=refused)  # fmt: skip
+    with removed_at_the_end(dest):
+        _check_deep_tree(dest, depth, before, refused, summary)
+
+
+def _check_deep_tree(dest: Path, depth: int, before: List[str],
+                     refused: List[Dict[str, Any]], summary: TransferSummary) -> None:
     assert _open_fds() == before
     assert refused == []
     assert summary == TransferSummary(files=depth, dirs=depth, symlinks=2,
@@ -1063,3 +1070,50 @@ def test_files_gnu_tar_says_shrank_are_dropped_once_its_stream_ends(box: Box) ->
         extract_stream(io.BytesIO(first).read, str(box.dest / "cut"), single=False,
                        max_bytes=1 << 30, refused=refused, settle=lambda: [])  # fmt: skip
     assert os.listdir(box.dest / "cut") == []
+
+
+# -- as strict as tarfile's data filter ------------------------------------------------------
+
+_NAMES = ["a", "a/b", "/a", "//a/b", "./a", "a/./b", "a//b", "a/../b", "../a", "a/b/../../c",
+          "a/b/../..", "..", "a\\b", "a b", "ä"]
+_LINKS = ["b", "./b", "a/b", "../b", "a/../b", "a/../../b", "..", ".", "/etc/passwd", "//x",
+          "b/../../..", "x/y/../../../z"]
+_KINDS = [tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE,
+          tarfile.BLKTYPE, tarfile.FIFOTYPE]
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(_NAMES), kind=st.sampled_from(_KINDS),
+       link=st.sampled_from(_LINKS), mode=st.integers(0, 0o7777))  # fmt: skip
+def test_a_download_refuses_what_tarfiles_data_filter_refuses_and_keeps_its_modes(
+    tmp_path_factory: pytest.TempPathFactory, name: str, kind: bytes, link: str, mode: int
+) -> None:
+    """The download's own checks (it does not call the filter: the filter's look at the disk
+    follows links and costs in proportion to the depth for every member) are at least as
+    strict as :func:`tarfile.data_filter` judging the same member, and give what it lets
+    through the filter's mode."""
+    ti, _ = _m(name, b"x", kind=kind, link=link, mode=mode)
+    nowhere = "/nonexistent-e2b-provider-test-destination"  # the filter's look finds nothing
+    try:
+        want: Optional[tarfile.TarInfo] = tarfile.data_filter(ti, nowhere)
+    except tarfile.FilterError:
+        want = None
+    box = Box(tmp_path_factory.mktemp("filter"))
+    box.dest.mkdir()
+    _, refused = box.extract(_archive((ti, b"x")))
+    box.untouched()
+    if want is None:
+        assert refused, (name, kind, link)
+        return
+    if refused:  # stricter than the filter only where this download judges more: hard
+        # links (never written), ".." in a name, a symbolic link (judged in the finished tree)
+        assert kind in (tarfile.LNKTYPE, tarfile.SYMTYPE) or ".." in name.split("/"), (
+            name, kind, link, refused)
+        return
+    written = box.dest / want.name
+    st_ = os.lstat(written)
+    if kind == tarfile.REGTYPE:
+        assert want.mode is not None
+        assert stat.S_IMODE(st_.st_mode) == want.mode, (oct(st_.st_mode), oct(want.mode))
+    elif kind == tarfile.SYMTYPE:
+        assert os.readlink(written) == link
