@@ -169,7 +169,8 @@ KILL_TAGGED_SCRIPT = (
 
 #: Kills the exec whose control path is ``$1``: marks it killed (so a wrapper that has not
 #: started yet refuses to), waits up to ~1 s for its pid file, kills its tree, then sweeps any
-#: wrapper still matching the control path.
+#: wrapper still matching the control path. The reference's text (the library kills with
+#: :data:`KILL_BATCH_SCRIPT`, which opens the mark read-write: a FIFO there does not stop it).
 KILL_SCRIPT = (
     KILL_TREE + 'c=$1; : > "$c.kill" 2>/dev/null; i=0; while [ ! -s "$c.pid" ] && [ $i -lt 20 ]; '
     'do sleep 0.05; i=$((i+1)); done; p=$(cat "$c.pid" 2>/dev/null); '
@@ -946,7 +947,8 @@ MARKED_KILL = (
 
 #: Kills the execs whose control paths are ``$@`` (at most :data:`KILL_BATCH_MAX`), as
 #: :data:`KILL_SCRIPT` does for one, in one process: marks them all killed (a wrapper not yet
-#: started refuses to), waits up to ~1 s in all for their pid files, kills each tree, sweeps
+#: started refuses to; each mark opened read-write, so a FIFO the sandbox user put there does
+#: not stop the kill), waits up to ~1 s in all for their pid files, kills each tree, sweeps
 #: their wrappers (one ``pgrep`` for all), then kills every process carrying one of their
 #: markers. The trees are killed as :data:`KILL_TREE` kills one — the process groups of the
 #: wrapper's children, the wrapper's own group, its whole session (as the groups of its
@@ -957,7 +959,7 @@ MARKED_KILL = (
 KILL_BATCH_SCRIPT = (
     KILL_TREE
     + MARKED_KILL
-    + 'for c in "$@"; do : > "$c.kill" 2>/dev/null; done; i=0; while [ $i -lt 20 ]; do w=; '
+    + 'for c in "$@"; do : <> "$c.kill" 2>/dev/null; done; i=0; while [ $i -lt 20 ]; do w=; '
     'for c in "$@"; do [ -s "$c.pid" ] || { w=1; break; }; done; [ -z "$w" ] && break; '
     'sleep 0.05; i=$((i+1)); done; r=; w=; '
     'for c in "$@"; do p=; if [ -s "$c.pid" ]; then { read -r p < "$c.pid"; } 2>/dev/null; fi; '

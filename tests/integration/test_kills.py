@@ -279,3 +279,29 @@ def test_a_kill_after_a_reboot_never_reaches_the_sandbox(emu, provider) -> None:
         assert [e["path"] for e in emu.requests(sandbox_id=h.id) if "Process" in e["path"]] == []
     finally:
         provider.destroy(h)
+
+
+#: Makes a FIFO at the kill mark of every exec running in the sandbox (the sandbox user can:
+#: the marks live in /tmp, named by the wrappers' command lines), then sleeps.
+PLANT_FIFO_KILL_MARKS = (
+    "for p in $(pgrep -f 'capybara-exec /tmp/[.]capybara-exec-'); do "
+    "c=$(tr '\\0' '\\n' < /proc/$p/cmdline 2>/dev/null | grep '^/tmp/[.]capybara-exec-' "
+    "| head -n 1); [ -n \"$c\" ] && mkfifo \"$c.kill\" 2>/dev/null; done; "
+    "echo planted; exec sleep 47{m}"
+)
+
+
+def test_a_fifo_planted_as_the_kill_mark_neither_stalls_the_kill_nor_reboots(
+    emu, reboots  # type: ignore[no-untyped-def]
+) -> None:
+    with E2BSandboxProvider(emu.config(template="base")) as p:
+        h = p.create(unique_name("fifo-mark"))
+        try:
+            m = f"{time.monotonic_ns() % 10**9}"
+            r = p.exec(h, PLANT_FIFO_KILL_MARKS.format(m=m), timeout=3.0)
+            assert r.stdout.strip() == "planted", r
+            assert r.timed_out and not r.wedged, r
+            assert reboots.started == []
+            assert wait_until(lambda: left(p, h, f"^sleep 47{m}") == 0)
+        finally:
+            p.destroy(h)
