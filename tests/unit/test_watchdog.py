@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -377,6 +378,7 @@ def test_ctrl_c_at_any_moment_never_leaves_the_watchdog_locked() -> None:
     switch = sys.getswitchinterval()
     previous = signal.signal(signal.SIGINT, on_sigint)
     sys.setswitchinterval(1e-5)  # the interrupter gets its turns often
+    gc.disable()  # an interrupt inside a collector callback would only be reported there
     interrupter = threading.Thread(target=interrupt, daemon=True)
     interrupter.start()
     give_up = time.monotonic() + 30  # a bound for the old code, which locked up
@@ -399,6 +401,7 @@ def test_ctrl_c_at_any_moment_never_leaves_the_watchdog_locked() -> None:
             pass
         signal.signal(signal.SIGINT, previous)
         sys.setswitchinterval(switch)
+        gc.enable()
     # the lock is free: another thread takes it, and the timer thread still fires
     probe = threading.Thread(target=wd.pending_count, daemon=True)
     probe.start()
