@@ -9,7 +9,10 @@ requests' heads rewritten (``Host`` and the routing headers, plus the traffic to
 the sandbox's traffic is private), and everything else — bodies, responses, and after a
 ``101 Switching Protocols`` the whole connection (WebSockets) — passed on as it comes
 (:mod:`._http1` says where messages begin and end). Memory per connection is bounded by the
-streams' flow control, not by what passes.
+streams' flow control, not by what passes. A client that shuts down its write side after
+whole requests gets their answers, then the end of the connection: that half-close is not
+passed on (E2B's edge, a Go server, cancels a request whose client's input ended); one
+inside a request, or in a tunnel, is.
 
 Bounds: at most ``max_connections`` open connections per forward (more are answered 503),
 an idle timeout per connection, a connect timeout upstream. Closing a forward, or the
@@ -472,8 +475,17 @@ class _Connection:
             data = await self.creader.read(_READ)
             self.last = self.loop.time()
             if not data:
-                if upstream.can_write_eof() and not upstream.is_closing():
-                    upstream.write_eof()
+                if self.requests.between_messages and not (
+                    self.requests.raw or self.requests.held
+                ):
+                    # the client shut down its write side after whole requests: they are
+                    # answered, then the connection ends. The half-close is not passed on:
+                    # E2B's edge (a Go server) cancels a request whose client's input ended
+                    self.closing = True
+                    if self.responses.answered_all:
+                        upstream.transport.abort()  # nothing owed: end now
+                elif upstream.can_write_eof() and not upstream.is_closing():
+                    upstream.write_eof()  # a tunnel, or a request cut short: the end passes
                 return
             try:
                 events = self.requests.feed(data)

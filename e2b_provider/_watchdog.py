@@ -64,7 +64,8 @@ class _WorkerPool:
 
     def __init__(self, workers: int) -> None:
         self._max = workers
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # taken with ``with self._lock`` (see Watchdog)
+        self._cond = threading.Condition(self._lock)
         self._jobs: Deque[Tuple[Future[Any], Callable[..., Any], Tuple[Any, ...]]] = deque()
         self._threads: List[threading.Thread] = []
         self._idle = 0
@@ -72,7 +73,7 @@ class _WorkerPool:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         fut: Future[T] = Future()
-        with self._cond:
+        with self._lock:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down")
             self._jobs.append((fut, fn, args))
@@ -88,7 +89,7 @@ class _WorkerPool:
 
     def _work(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 while not self._jobs and not self._shutdown:
                     self._idle += 1
                     self._cond.wait(MAX_IDLE_WAIT_S)
@@ -106,11 +107,11 @@ class _WorkerPool:
                 fut.set_result(result)
 
     def threads(self) -> List[threading.Thread]:
-        with self._cond:
+        with self._lock:
             return list(self._threads)
 
     def shutdown(self) -> None:
-        with self._cond:
+        with self._lock:
             self._shutdown = True
             jobs, self._jobs = self._jobs, deque()
             self._cond.notify_all()
@@ -190,7 +191,12 @@ class Watchdog:
         self._clock = clock
         self._workers = workers
         self._start_thread = start_thread
-        self._cond = threading.Condition(threading.Lock())
+        # ``with self._lock``, never ``with self._cond``: a Condition's ``__enter__`` is
+        # Python code, so a KeyboardInterrupt could come after it took the lock and before
+        # the block began, leaving the lock held for good (the timer thread, and every
+        # later call, would then wait for ever); a plain lock's is not.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: List[_Entry] = []
         self._seq = itertools.count()
         self._live = 0
@@ -239,7 +245,7 @@ class Watchdog:
         when = float(when)
         if math.isnan(when):
             raise ValueError("when must be a number, not NaN")
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the watchdog is closed")
             handle = TimerHandle(when, fn, self)
@@ -257,7 +263,7 @@ class Watchdog:
         return self.call_at(self._clock() + max(0.0, float(delay)), fn)
 
     def _cancel(self, handle: TimerHandle) -> bool:
-        with self._cond:
+        with self._lock:
             if handle._state != _PENDING:
                 return False
             handle._state = _CANCELLED
@@ -297,12 +303,12 @@ class Watchdog:
 
     def pending_count(self) -> int:
         """How many timers are scheduled and not cancelled."""
-        with self._cond:
+        with self._lock:
             return self._live
 
     def heap_size(self) -> int:
         """How many entries the heap holds, dead ones included (for tests)."""
-        with self._cond:
+        with self._lock:
             return len(self._heap)
 
     def run_due(self) -> int:
@@ -311,7 +317,7 @@ class Watchdog:
         Returns:
             How many callbacks ran.
         """
-        with self._cond:
+        with self._lock:
             due = self._pop_due(self._clock())
         for handle in due:
             self._invoke(handle)
@@ -332,7 +338,7 @@ class Watchdog:
     def _run(self) -> None:
         cond = self._cond
         while True:
-            with cond:
+            with self._lock:
                 while True:
                     if self._closed:
                         return
@@ -357,7 +363,7 @@ class Watchdog:
         Raises:
             RuntimeError: the watchdog is closed.
         """
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the watchdog is closed")
             pool = self._pool
@@ -369,7 +375,7 @@ class Watchdog:
 
     def thread_count(self) -> int:
         """How many live threads this watchdog owns (timer thread plus pool threads)."""
-        with self._cond:
+        with self._lock:
             threads: List[threading.Thread] = []
             if self._thread is not None:
                 threads.append(self._thread)
@@ -383,7 +389,7 @@ class Watchdog:
         Pending timers are cancelled, queued pool jobs are cancelled, and running pool jobs
         are not waited for.
         """
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True

@@ -420,3 +420,35 @@ def test_a_bad_request_mid_connection_ends_it_at_once(
         time.sleep(0.01)
     assert fwd.connections == 0
     fwd.close()
+
+
+def test_a_half_closed_client_gets_the_answers_it_is_owed(
+    upstream: Upstream_, relay: PortRelay
+) -> None:
+    """A client that sends whole requests and then shuts down its write side gets every
+    answer, then the end. The upstream here, as E2B's edge (a Go server), drops a request
+    whose client's input ended: the forward must not pass that half-close on."""
+    fwd = relay.open(target(upstream))
+    body = b"x" * 1000
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", fwd.local_port), timeout=10) as s:
+            s.sendall(b"GET /slow?s=0.2 HTTP/1.1\r\nHost: x\r\n\r\n"
+                      b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + body)
+            s.shutdown(socket.SHUT_WR)
+            got = b""
+            while True:
+                piece = s.recv(65536)
+                if not piece:
+                    break
+                got += piece
+        assert got.startswith(b"HTTP/1.1 200 ") and got.count(b"HTTP/1.1 200 ") == 2, got
+        assert b"slow" in got and got.endswith(b'"size": 1000, "chunked": null}'), got
+    # a client that half-closes with nothing owed: the forward ends the connection at once
+    with socket.create_connection(("127.0.0.1", fwd.local_port), timeout=10) as s:
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(65536) == b""
+    deadline = time.monotonic() + 5
+    while fwd.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fwd.connections == 0
+    fwd.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
+import signal
+import sys
 import threading
 import time
 import warnings
@@ -348,3 +351,64 @@ def test_default_is_dropped_in_a_forked_child() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert Watchdog.default() is parent
+
+
+def test_ctrl_c_at_any_moment_never_leaves_the_watchdog_locked() -> None:
+    """Ctrl-C (a KeyboardInterrupt raised in the main thread between any two steps) while
+    the main thread schedules, cancels and submits: the watchdog's lock is never left held.
+    (A ``with`` on a :class:`threading.Condition` takes the lock in a Python-level
+    ``__enter__``, where an interrupt could come before the block began: the lock stayed
+    held, the timer thread stopped and the next call on the main thread waited for ever.)"""
+    wd = Watchdog(workers=2)  # closed only when its lock is free (closing takes it)
+    main = threading.get_ident()
+    stop = threading.Event()
+    armed = [False]  # interrupts land only inside the watchdog calls below
+
+    def interrupt() -> None:
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.0002)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if armed[0]:
+            armed[0] = False  # one interrupt per arming
+            raise KeyboardInterrupt
+
+    done = interrupted = 0
+    switch = sys.getswitchinterval()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    sys.setswitchinterval(1e-5)  # the interrupter gets its turns often
+    gc.disable()  # an interrupt inside a collector callback would only be reported there
+    interrupter = threading.Thread(target=interrupt, daemon=True)
+    interrupter.start()
+    give_up = time.monotonic() + 30  # a bound for the old code, which locked up
+    try:
+        while interrupted < 2000 and time.monotonic() < give_up:
+            try:
+                armed[0] = True
+                wd.call_later(60.0, lambda: None).cancel()
+                wd.submit(lambda: None)
+                wd.pending_count()
+                armed[0] = False
+                done += 1
+            except KeyboardInterrupt:
+                interrupted += 1
+    finally:
+        armed[0] = False
+        stop.set()
+        interrupter.join(10)
+        for _ in range(10_000):  # the interrupts still on their way reach on_sigint
+            pass
+        signal.signal(signal.SIGINT, previous)
+        sys.setswitchinterval(switch)
+        gc.enable()
+    # the lock is free: another thread takes it, and the timer thread still fires
+    probe = threading.Thread(target=wd.pending_count, daemon=True)
+    probe.start()
+    probe.join(10)
+    assert not probe.is_alive(), "the watchdog's lock was left held"
+    fired = threading.Event()
+    wd.call_later(0.01, fired.set)
+    assert fired.wait(10)
+    wd.close()
+    assert interrupted >= 2000 and done > 0  # the calls went on between the interrupts

@@ -28,7 +28,7 @@ import hmac
 import logging
 import re
 import time
-from typing import Any, AsyncIterator, Dict, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, Mapping, Optional, Tuple
 
 import aiohttp
 import yarl
@@ -40,7 +40,7 @@ from .ports import HOP_BY_HOP, SANDBOX_NOT_FOUND, PortRelay, edge_502
 from .routing import api_error
 from .state import ENVD_PORT, TEMPLATE_USER, TEMPLATE_WORKDIR, SandboxRecord
 
-__all__ = ["EnvdProxy", "envd_route"]
+__all__ = ["EnvdProxy", "envd_route", "route_of", "to_a_port"]
 
 log = logging.getLogger("e2b_provider.emulator.proxy")
 
@@ -96,19 +96,30 @@ def envd_route(request: web.BaseRequest) -> Optional[Tuple[str, int]]:
     ``E2b-Sandbox-Id`` wins; otherwise a Host of the form ``<port>-<id>.<anything>``.
     A malformed id still counts as envd traffic (it is simply never found).
     """
-    sid = request.headers.get("E2b-Sandbox-Id")
+    return route_of(request.headers)
+
+
+def route_of(headers: Mapping[str, str]) -> Optional[Tuple[str, int]]:
+    """:func:`envd_route` of a request's headers."""
+    sid = headers.get("E2b-Sandbox-Id")
     if sid is not None:
-        raw_port = request.headers.get("E2b-Sandbox-Port", str(ENVD_PORT))
+        raw_port = headers.get("E2b-Sandbox-Port", str(ENVD_PORT))
         try:
             port = int(raw_port)
         except ValueError:
             port = -1
         return sid.strip(), port
-    host = (request.headers.get("Host") or "").lower()
+    host = (headers.get("Host") or "").lower()
     match = _HOST_RE.match(host)
     if match:
         return match.group(2), int(match.group(1))
     return None
+
+
+def to_a_port(headers: Mapping[str, str]) -> bool:
+    """Whether a request with these headers goes to a sandbox port other than envd's."""
+    route = route_of(headers)
+    return route is not None and route[1] != ENVD_PORT
 
 
 def basic_user(header: Optional[str]) -> Optional[str]:

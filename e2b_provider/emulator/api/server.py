@@ -33,9 +33,10 @@ from aiohttp import web
 from .control import ControlPlane
 from .errors import BadRequest
 from .faults import FaultError, FaultRegistry
+from .half_close import HalfCloseRunner
 from .logs import KilledLogs
 from .metrics import MetricSample, MetricsHistory
-from .proxy import EnvdProxy, envd_route
+from .proxy import EnvdProxy, envd_route, to_a_port
 from .routing import Handler, api_error
 from .state import (
     DEFAULT_DOMAIN,
@@ -192,8 +193,9 @@ class EmulatorServer:
         os.makedirs(self.state_dir, exist_ok=True)
         for leftover in self.volumes.load():  # volumes destroyed while mounted, last run
             self._runtime_module.remove_tree(leftover)
-        runner = web.AppRunner(
+        runner = HalfCloseRunner(
             self.build_app(),
+            keeps=to_a_port,  # a sandbox port's request is answered after a half-close
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=2.0,
