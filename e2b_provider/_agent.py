@@ -183,6 +183,9 @@ class AgentSession:
         self._events = events
         self._decoder = decoder
         self._lock = threading.Lock()
+        # taken as ``with self._lock``, never ``with self._changed``: a Condition's
+        # ``__enter__`` is Python code, and a KeyboardInterrupt between its taking the lock and
+        # the block would leave the lock held for good (as the watchdog's once was)
         self._changed = threading.Condition(self._lock)
         self._reader = threading.Lock()
         self._calls: Dict[int, _Call] = {}
@@ -335,10 +338,10 @@ class AgentSession:
                     self._lead(call, deadline, cancel, settling)
                 finally:
                     self._reader.release()
-                    with self._changed:
+                    with self._lock:
                         self._changed.notify_all()
             else:
-                with self._changed:
+                with self._lock:
                     if not call.done and self._ended is None:
                         self._changed.wait(_SLICE_S)
 
@@ -419,7 +422,7 @@ class AgentSession:
                 return
             if not frames:
                 return
-            with self._changed:
+            with self._lock:
                 for f in frames:
                     c = self._calls.get(f.id)
                     if c is None or c.done:
@@ -436,7 +439,7 @@ class AgentSession:
     def end(self, why: str) -> None:
         """End the session: every waiting call gets :class:`AgentLost`; the stream is
         shut down (the agent itself idles out, or is told to exit by :meth:`goodbye`)."""
-        with self._changed:
+        with self._lock:
             if self._ended is not None:
                 return
             self._ended = why
