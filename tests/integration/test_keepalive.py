@@ -74,7 +74,9 @@ def test_timed_out_execs_leave_no_sockets_behind(
         # The aborted streams' sockets are closed at once; what stays is the pool (the
         # stream's and the kill job's connections at most), not one more per timeout.
         assert max(counts) <= 3, counts
-    assert _open_sockets() == before
+    # none of this provider's is left; the module's shared provider (whose sockets were
+    # counted in ``before``) may close a pooled connection meanwhile, never open one here
+    assert _open_sockets() <= before
 
 
 def test_output_past_the_cap_is_exact(
