@@ -353,6 +353,11 @@ def test_default_is_dropped_in_a_forked_child() -> None:
     assert Watchdog.default() is parent
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 10),
+    reason="Python 3.9 may run a signal handler after a with block ended and before its "
+    "__exit__ (bpo-29988, fixed in 3.10): no Python-level lock is safe there (README, Ctrl-C)",
+)
 def test_ctrl_c_at_any_moment_never_leaves_the_watchdog_locked() -> None:
     """Ctrl-C (a KeyboardInterrupt raised in the main thread between any two steps) while
     the main thread schedules, cancels and submits: the watchdog's lock is never left held.
