@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
+from waiting import wait_until
 
 from e2b_provider import _scripts as scripts
 from e2b_provider._background import _BAD_RECORD_EXIT, _KILL, _parse_list, _parse_read
@@ -147,6 +148,10 @@ def test_a_listing_leaves_a_fifo_meta_out_and_names_it(records: Path) -> None:
     cid = uuid.uuid4().hex
     runs = subprocess.Popen(["/bin/sh", "-c", "sleep 60; :", "capybara-bg", cid])
     try:
+        # its arguments are the shell's once it has started (before, the forked child's are
+        # this test's, and the listing rightly takes the record for one that ended)
+        wait_until(lambda: cid.encode() in Path(f"/proc/{runs.pid}/cmdline").read_bytes(),
+                   10, "the shell to start")
         (records / cid).mkdir()
         (records / cid / "meta.json").write_text(json.dumps({"id": cid, "pid": runs.pid}))
         bad, _ = _record(records)
