@@ -604,7 +604,7 @@ class Background:
                 f"command {value[:120]} belongs to sandbox {owner}, not to sandbox {sid}"
             )
         r = self.read(sid, cid, 0, 0, 0, cancel)
-        found = supervisor_of(self._processes(sid, cancel), cid)
+        found = supervisor_of(self._ctx.processes(sid, cancel), cid)
         meta = dict(r.meta)
         if found is None:
             return Command(self, sid, cid, meta, live=False)
@@ -615,12 +615,10 @@ class Background:
         meta["pid"], meta["ctl"] = found
         return Command(self, sid, cid, meta)
 
-    def _processes(self, sid: str, cancel: Optional[CancelToken]) -> List[Dict[str, Any]]:
-        """envd's list of the processes it runs in the sandbox."""
-        return self._ctx.on_target(
-            sid, cancel, lambda t: self._ctx.envd(t).list_processes(token=cancel))
-
-    def list(self, sid: str, cancel: Optional[CancelToken]) -> List[CommandInfo]:
+    def list(self, sid: str, cancel: Optional[CancelToken],
+             processes: Callable[[], List[Dict[str, Any]]]) -> List[CommandInfo]:
+        """The commands that run, by their records, each checked against envd's process list
+        (``processes()``, asked only when there is a record)."""
         metas: List[Any]
         if self.lacks_python(sid):
             metas = self._list_by_script(sid, cancel)
@@ -638,12 +636,12 @@ class Background:
                 metas = self._list_by_script(sid, cancel)
         if not metas:
             return []
-        processes = self._processes(sid, cancel)
+        listed = processes()
         out = []
         for meta in metas:
             try:
                 cid = str(meta["id"])
-                found = supervisor_of(processes, cid)
+                found = supervisor_of(listed, cid)
                 if found is None:
                     # envd runs no supervisor of that id: it just ended, or the record was
                     # made in the sandbox

@@ -22,7 +22,7 @@ import math
 import os
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 import attrs
 
@@ -369,6 +369,11 @@ class ProviderContext:
     def envd(self, target: Target) -> EnvdClient:
         """The envd client for ``target``."""
         return EnvdClient(self.transport, target)
+
+    def processes(self, sid: str, cancel: Optional[CancelToken]) -> List[Dict[str, Any]]:
+        """envd's list of the processes it runs in sandbox ``sid`` (``process.Process/List``:
+        each one's pid, tag and the config it was started with)."""
+        return self.on_target(sid, cancel, lambda t: self.envd(t).list_processes(token=cancel))
 
     def on_target(
         self,

@@ -1099,13 +1099,14 @@ class Terminals:
 
     # -- listing -----------------------------------------------------------------------------
 
-    def list(self, sid: str, cancel: Optional[CancelToken]) -> List[CommandInfo]:
+    def list(self, sid: str, cancel: Optional[CancelToken],
+             processes: Callable[[], List[Dict[str, Any]]]) -> List[CommandInfo]:
         """The terminals that run in the sandbox, whoever opened them: the processes envd
         lists (only a holder of the sandbox's access token can start one) that it started
         with this library's terminal wrapper and a control path as tag, with when each
         started (the kernel's account, one script)."""
         ctx = self.ctx
-        listed = ctx.on_target(sid, cancel, lambda t: ctx.envd(t).list_processes(token=cancel))
+        listed = processes()
         found: Dict[int, Tuple[str, str]] = {}
         for p in listed:
             term = _listed_terminal(p)

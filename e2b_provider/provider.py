@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from typing import (
+    Any,
     BinaryIO,
     Callable,
     Dict,
@@ -898,10 +899,17 @@ class E2BSandboxProvider:
             Cancelled, SandboxGoneError, CommandFailed, E2BProviderError.
         """
         sid = self._open_sandbox(sandbox, cancel)
+        listed: List[List[Dict[str, Any]]] = []
+
+        def processes() -> List[Dict[str, Any]]:  # envd's list, asked once for both parts
+            if not listed:
+                listed.append(self._ctx.processes(sid, cancel))
+            return listed[0]
+
         with self._doing(f"listing background commands in sandbox {sid}", sid=sid):
-            found = self._background.list(sid, cancel)
+            found = self._background.list(sid, cancel, processes)
         with self._doing(f"listing terminals in sandbox {sid}", sid=sid):
-            found += self._terminals.list(sid, cancel)
+            found += self._terminals.list(sid, cancel, processes)
         return sorted(found, key=lambda c: c.started_at)
 
     # -- files ----------------------------------------------------------------------------
