@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
 from typing import Any, Iterator, List
 
 import pytest
 
-from e2b_provider import E2BSandboxProvider, SandboxHandle
+from e2b_provider import E2BSandboxProvider, OperationTimeout, SandboxHandle, Terminal
 from e2b_provider._exec import run_process
 
 
@@ -65,3 +67,21 @@ def no_file_agent(p: E2BSandboxProvider) -> E2BSandboxProvider:
     background to take a fault a test arms for the next stream."""
     p._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
     return p
+
+
+def until(t: Terminal, pattern: str, timeout: float = 60.0) -> str:
+    """Read terminal ``t`` until its output (decoded) matches ``pattern``; return what came."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while re.search(pattern, seen.decode("utf-8", "replace")) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {pattern!r} within {timeout:g} s in {seen[-300:]!r}")
+        try:
+            data = t.read(timeout=left)
+        except OperationTimeout:
+            continue
+        if not data:
+            raise AssertionError(f"the terminal ended without {pattern!r}: {seen[-300:]!r}")
+        seen += data
+    return seen.decode("utf-8", "replace")

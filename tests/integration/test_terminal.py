@@ -34,27 +34,9 @@ from e2b_provider.errors import (
     OperationTimeout,
 )
 
-from .conftest import root
+from .conftest import root, until
 
 pytestmark = pytest.mark.integration
-
-
-def until(t: Terminal, pattern: str, timeout: float = 30.0) -> str:
-    """Read ``t`` until its output (decoded) matches ``pattern``; return what came."""
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while re.search(pattern, seen.decode("utf-8", "replace")) is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no {pattern!r} within {timeout:g} s in {seen!r}")
-        try:
-            data = t.read(timeout=left)
-        except OperationTimeout:
-            continue
-        if not data:
-            raise AssertionError(f"the terminal ended without {pattern!r}: {seen!r}")
-        seen += data
-    return seen.decode("utf-8", "replace")
 
 
 def marked(p: E2BSandboxProvider, h: SandboxHandle, t: Terminal) -> str:

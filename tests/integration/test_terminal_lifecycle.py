@@ -31,37 +31,18 @@ from e2b_provider._terminal import TERMINAL_WRAPPER, _listed_terminal
 from e2b_provider.errors import (
     CommandNotFound,
     InvalidArgument,
-    OperationTimeout,
     SandboxGoneError,
     SandboxPaused,
     TransportTimeout,
 )
 
-from .conftest import count_requests, root, unique_name
+from .conftest import count_requests, root, unique_name, until
 
 pytestmark = pytest.mark.integration
 
 #: The silence bound of a stream of a provider with ``keepalive_seconds=1`` (twice the
 #: keepalive plus 10 s).
 SILENCE_BOUND = 12.0
-
-
-def until(t: Terminal, pattern: str, timeout: float = 60.0) -> str:
-    """Read ``t`` until its output (decoded) matches ``pattern``; return what came."""
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while re.search(pattern, seen.decode("utf-8", "replace")) is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no {pattern!r} within {timeout:g} s in {seen[-300:]!r}")
-        try:
-            data = t.read(timeout=left)
-        except OperationTimeout:
-            continue
-        if not data:
-            raise AssertionError(f"the terminal ended without {pattern!r}: {seen[-300:]!r}")
-        seen += data
-    return seen.decode("utf-8", "replace")
 
 
 def cli_env(emulator) -> Dict[str, str]:  # type: ignore[no-untyped-def]
