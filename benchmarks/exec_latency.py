@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List
 
 import _bench as b
 
-from e2b_provider import _scripts as scripts
+from e2b_provider.protocol import scripts as scripts
 
 #: The reference plugin's exec wrapper (``$1`` control path, ``$2`` command, ``$3`` seconds).
 REFERENCE_WRAPPER = (

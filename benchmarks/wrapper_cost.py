@@ -31,8 +31,8 @@ from typing import Dict, List
 import _bench as b
 
 from e2b_provider import E2BSandboxProvider
-from e2b_provider import _scripts as scripts
 from e2b_provider.emulator import Emulator
+from e2b_provider.protocol import scripts as scripts
 
 #: The reference's wrapper ends with this; ``no rm`` ends with KEEP_PID instead.
 TAIL = 's=$?; rm -f "$c.pid"; exit $s'

@@ -1,7 +1,7 @@
 """e2b-provider: run agent workloads in E2B sandboxes from blocking Python code.
 
 Public names are re-exported here; nothing else lives in this module. They are imported on
-first use (PEP 562), so ``import e2b_provider.cli`` (the command line) starts without loading
+first use (PEP 562), so ``import e2b_provider.cli.entry`` (the command line) starts without loading
 the whole library first, and a Ctrl-C during start-up stays a one-line message.
 """
 
@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any, Dict, List
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from ._background import Command, CommandInfo, CommandOutput
-    from ._terminal import Terminal
-    from ._watch import Watch
     from .cancel import CancelReason, CancelToken, Deadline
+    from .commands.background import Command, CommandInfo, CommandOutput
+    from .commands.terminals import Terminal
     from .config import DeploymentConfig
     from .errors import (
         AuthenticationError,
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
         TransportTimeout,
         UnsafePath,
     )
+    from .files.watch import Watch
     from .models import (
         DirEntry,
         ExecResult,
@@ -64,12 +64,12 @@ _HOMES: Dict[str, str] = {
     "CancelReason": ".cancel",
     "CancelToken": ".cancel",
     "Cancelled": ".errors",
-    "Command": "._background",
+    "Command": ".commands.background",
     "CommandEnded": ".errors",
     "CommandFailed": ".errors",
-    "CommandInfo": "._background",
+    "CommandInfo": ".commands.background",
     "CommandNotFound": ".errors",
-    "CommandOutput": "._background",
+    "CommandOutput": ".commands.background",
     "ConfigError": ".errors",
     "Conflict": ".errors",
     "Deadline": ".cancel",
@@ -98,12 +98,12 @@ _HOMES: Dict[str, str] = {
     "SandboxLimits": ".models",
     "SandboxPaused": ".errors",
     "SandboxSummary": ".models",
-    "Terminal": "._terminal",
+    "Terminal": ".commands.terminals",
     "TransferSummary": ".models",
     "TransportError": ".errors",
     "TransportTimeout": ".errors",
     "UnsafePath": ".errors",
-    "Watch": "._watch",
+    "Watch": ".files.watch",
 }
 
 

@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import attrs
 
 from . import errors
-from ._validate import HOSTNAME_RE, MAX_HOSTNAME_CHARS, check_hostname, show
 from .errors import ConfigError, InvalidArgument
+from .protocol.validate import HOSTNAME_RE, MAX_HOSTNAME_CHARS, check_hostname, show
 
 __all__ = [
     "DEFAULT_DOMAIN",

@@ -6,12 +6,15 @@ leftover-command cleanup (kill_all, kill_tagged), ``exec`` with output budget, t
 cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and file operations
 (read_file, write_file, stat). It is a thin facade: it documents and validates every call
 before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
-its API client: :mod:`._lifecycle` (whole sandboxes), :mod:`._commands` (exec and its kill
-job), :mod:`._background` (commands that outlive the call), :mod:`._terminal` (interactive
-terminals), :mod:`._files` and :mod:`._trees` (files), :mod:`._watch` (watching
-directories), all sharing one :mod:`._context` (clients, watchdog, bounds).
-It speaks no HTTP itself. Every error a call raises is said in the caller's terms — what was
-being done, to which sandbox and path, and what to do (:mod:`._messages`).
+its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
+:mod:`e2b_provider.commands.shell` (exec and its kill job), :mod:`e2b_provider.commands.background`
+(commands that outlive the call),
+:mod:`e2b_provider.commands.terminals` (interactive terminals), :mod:`e2b_provider.files.files` and
+:mod:`e2b_provider.files.trees` (files),
+:mod:`e2b_provider.files.watch` (watching directories), all sharing one
+:mod:`e2b_provider.core.context` (clients, watchdog, bounds). It speaks no HTTP itself. Every error
+a call raises is said in the caller's terms — what was being done, to which sandbox and path, and
+what to do (:mod:`e2b_provider.core.messages`).
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ from typing import (
     Union,
 )
 
-from . import _validate as v
-from ._agent import FileAgents
-from ._background import Background, Command, CommandInfo
-from ._commands import Commands, read_stdin_source
-from ._context import Bounds, ProviderContext
-from ._files import ACCESS_HINT, Files
-from ._lifecycle import Lifecycle, ResumeOutcome
-from ._messages import (
+from ._watchdog import Watchdog
+from .cancel import CancelToken, Deadline
+from .commands.background import Background, Command, CommandInfo
+from .commands.shell import Commands, read_stdin_source
+from .commands.terminals import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
+from .config import DeploymentConfig
+from .core.context import Bounds, ProviderContext
+from .core.file_agents import FileAgents
+from .core.messages import (
     cwd_refused,
     is_ambiguous,
     looks_like_sandbox_id,
@@ -50,13 +54,6 @@ from ._messages import (
     scrub,
     unknown_sandbox_id,
 )
-from ._ports import ForwardLimits, Ports, check_port
-from ._terminal import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
-from ._trees import Progress, Trees
-from ._watch import Watch, Watches
-from ._watchdog import Watchdog
-from .cancel import CancelToken, Deadline
-from .config import DeploymentConfig
 from .errors import (
     Cancelled,
     CommandFailed,
@@ -66,6 +63,9 @@ from .errors import (
     SandboxGoneError,
     TransportError,
 )
+from .files.files import ACCESS_HINT, Files
+from .files.trees import Progress, Trees
+from .files.watch import Watch, Watches
 from .models import (
     DirEntry,
     ExecResult,
@@ -77,6 +77,9 @@ from .models import (
     SandboxSummary,
     TransferSummary,
 )
+from .ports.relay import ForwardLimits, Ports, check_port
+from .protocol import validate as v
+from .sandboxes.lifecycle import Lifecycle, ResumeOutcome
 
 __all__ = ["E2BSandboxProvider"]
 
@@ -254,8 +257,9 @@ class E2BSandboxProvider:
 
     @contextlib.contextmanager
     def _doing(self, doing: str, lost: str = "", sid: Optional[str] = None) -> Iterator[None]:
-        """Say every error of the block in the caller's terms (see :mod:`._messages`;
-        ``lost`` is said when the answer was lost); a connection error caused by
+        """Say every error of the block in the caller's terms (see
+        :mod:`e2b_provider.core.messages`; ``lost`` is said when the answer was lost); a connection
+        error caused by
         :meth:`close` running meanwhile is ProviderClosed, and one caused by the deletion
         of sandbox ``sid`` meanwhile (one look-up of its state) is SandboxGoneError."""
         began = time.monotonic()

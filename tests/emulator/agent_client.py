@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import pytest
 import waiting
 
-from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message, encode_envelope
 
 Body = Union[bytes, Iterable[bytes], None]
 

@@ -30,10 +30,10 @@ from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
-from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.emulator.agent.filesystem import go_mode_string, rfc3339
 from e2b_provider.emulator.agent.process import DEFAULT_PATH, exit_info_from_status
 from e2b_provider.emulator.agent.rpc import basic_username
+from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message
 
 from .agent_client import (
     ROOT_ON_LINUX,

@@ -28,9 +28,9 @@ from urllib.parse import quote
 
 import pytest
 
-from e2b_provider._connect import encode_envelope
 from e2b_provider.emulator.agent import gohttp
 from e2b_provider.emulator.agent.watch import MAX_PENDING
+from e2b_provider.protocol.connect import encode_envelope
 
 from .agent_client import (
     ROOT_ON_LINUX,

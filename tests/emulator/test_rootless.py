@@ -243,7 +243,7 @@ def _as_user(
 SCRIPT = textwrap.dedent(
     r"""
     import asyncio, base64, http.client, json, os, socket, sys, time
-    from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
+    from e2b_provider.protocol.connect import EnvelopeDecoder, Message, encode_envelope
     from e2b_provider.emulator.api.volume_files import IdMap, VolumeRoot
     from e2b_provider.emulator.runtime import linux, sandbox_id_extents
     from e2b_provider.emulator.runtime import (

@@ -29,7 +29,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, cast
 import pytest
 
 import e2b_provider
-from e2b_provider._connect import EnvelopeDecoder, Message, encode_envelope
 from e2b_provider.emulator import runtime
 from e2b_provider.emulator.runtime import (
     IsolationUnavailable,
@@ -42,6 +41,7 @@ from e2b_provider.emulator.runtime import (
     linux,
     namespaces,
 )
+from e2b_provider.protocol.connect import EnvelopeDecoder, Message, encode_envelope
 
 try:
     check_isolation()

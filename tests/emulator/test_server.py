@@ -27,9 +27,9 @@ import requests
 import urllib3
 from waiting import last_request, wait_until
 
-from e2b_provider._connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.emulator import Emulator, EmulatorError, EmulatorUnavailable
 from e2b_provider.errors import ProtocolError
+from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message
 
 pytestmark = pytest.mark.integration
 

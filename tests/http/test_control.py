@@ -12,9 +12,8 @@ import pytest
 from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer, assert_no_secret
 from waiting import wait_until
 
-from e2b_provider._http import HttpResponse, Transport
 from e2b_provider.cancel import CancelToken
-from e2b_provider.control import (
+from e2b_provider.clients.control import (
     GUEST_UNRESPONSIVE,
     ControlPlane,
     ListedSandbox,
@@ -33,6 +32,7 @@ from e2b_provider.errors import (
     SandboxGoneError,
 )
 from e2b_provider.models import Target
+from e2b_provider.transport.http import HttpResponse, Transport
 
 SID = "iabcdefghij0123456789"
 
@@ -76,7 +76,7 @@ def cp(server: ScriptedServer, transport: Transport) -> Iterator[ControlPlane]:
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> List[float]:
     """The waits (seconds) the client makes between tries; each is still made for real."""
-    import e2b_provider.control as control
+    import e2b_provider.clients.control as control
 
     seen: List[float] = []
     real = control._wait
@@ -301,7 +301,7 @@ def test_attach_cancel_during_409_wait(
     server: ScriptedServer, cp: ControlPlane, waits: List[float],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import e2b_provider.control as control
+    import e2b_provider.clients.control as control
 
     # a 30 s wait between tries: one not ended by the cancel takes far past the bound
     monkeypatch.setattr(control, "CONNECT_CONFLICT_WAIT_S", 30.0)
@@ -464,7 +464,7 @@ def test_list_pages_and_encodes_metadata_like_the_reference(
 
 def test_list_page_bound(server: ScriptedServer, cp: ControlPlane,
                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import e2b_provider.control as control
+    import e2b_provider.clients.control as control
 
     monkeypatch.setattr(control, "LIST_MAX_PAGES", 5)
     server.on("GET", "/v2/sandboxes", answer(200, [], {"x-next-token": "again"}))

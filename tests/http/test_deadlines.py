@@ -19,15 +19,15 @@ from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer
 from waiting import thread_blocked_in, wait_until
 
 from e2b_provider import DeploymentConfig, E2BSandboxProvider
-from e2b_provider._connect import encode_envelope
-from e2b_provider._exec import run_process
-from e2b_provider._http import Transport
 from e2b_provider._watchdog import Watchdog
 from e2b_provider.cancel import CancelToken, Deadline
-from e2b_provider.control import ControlPlane
-from e2b_provider.envd import EnvdClient
+from e2b_provider.clients.control import ControlPlane
+from e2b_provider.clients.envd import EnvdClient
+from e2b_provider.core.run_engine import run_process
 from e2b_provider.errors import Conflict, E2BHttpError, TransportError, TransportTimeout
 from e2b_provider.models import Target
+from e2b_provider.protocol.connect import encode_envelope
+from e2b_provider.transport.http import Transport
 
 SID = "iabcdefghij0123456789"
 #: The peer's pace: one byte (or one piece) this often. It is the peer's behaviour, not a

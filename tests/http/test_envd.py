@@ -14,10 +14,7 @@ import pytest
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 from waiting import wait_until
 
-from e2b_provider._connect import encode_envelope
-from e2b_provider._http import Transport
-from e2b_provider._process import DataEvent, EndEvent, KeepaliveEvent, StartEvent
-from e2b_provider.envd import EnvdClient
+from e2b_provider.clients.envd import EnvdClient
 from e2b_provider.errors import (
     AuthenticationError,
     E2BHttpError,
@@ -27,6 +24,9 @@ from e2b_provider.errors import (
     TransportError,
 )
 from e2b_provider.models import Target
+from e2b_provider.protocol.connect import encode_envelope
+from e2b_provider.protocol.process_events import DataEvent, EndEvent, KeepaliveEvent, StartEvent
+from e2b_provider.transport.http import Transport
 
 SID = "isandbox0123456789abc"
 START = "/process.Process/Start"

@@ -13,10 +13,8 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 
-from e2b_provider._connect import EndStream, EnvelopeDecoder, Message, encode_envelope
-from e2b_provider._http import RawStream, Transport
 from e2b_provider.cancel import CancelToken, Deadline
-from e2b_provider.envd import EnvdClient
+from e2b_provider.clients.envd import EnvdClient
 from e2b_provider.errors import (
     Cancelled,
     E2BHttpError,
@@ -27,6 +25,8 @@ from e2b_provider.errors import (
     TransportTimeout,
 )
 from e2b_provider.models import Target
+from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from e2b_provider.transport.http import RawStream, Transport
 
 SID = "isandbox0123456789abc"
 START = "/process.Process/Start"

@@ -8,12 +8,12 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, client_sockets
 
-from e2b_provider._connect import encode_envelope
-from e2b_provider._http import Transport
-from e2b_provider._process import DataEvent, EndEvent, StartEvent
-from e2b_provider.envd import EnvdClient
+from e2b_provider.clients.envd import EnvdClient
 from e2b_provider.errors import ProtocolError, RemoteError
 from e2b_provider.models import Target
+from e2b_provider.protocol.connect import encode_envelope
+from e2b_provider.protocol.process_events import DataEvent, EndEvent, StartEvent
+from e2b_provider.transport.http import Transport
 
 START = "/process.Process/Start"
 

@@ -24,7 +24,7 @@ import pytest
 import requests
 from aiohttp import web
 
-from e2b_provider._ports import ForwardLimits, PortRelay, Upstream, port_address
+from e2b_provider.ports.relay import ForwardLimits, PortRelay, Upstream, port_address
 
 TOKEN = "traffic-secret-123456"
 

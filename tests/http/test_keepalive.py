@@ -14,10 +14,10 @@ from typing import Callable, Iterator, List
 import pytest
 from server import Request, Responder, ScriptedServer, client_sockets
 
-import e2b_provider._http as http_mod
-from e2b_provider._http import Stream, Transport
+import e2b_provider.transport.http as http_mod
 from e2b_provider.cancel import CancelToken
 from e2b_provider.errors import Cancelled, ProtocolError, TransportError, TransportTimeout
+from e2b_provider.transport.http import Stream, Transport
 
 
 def _ok(q: Request, r: Responder) -> None:

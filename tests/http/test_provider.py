@@ -21,8 +21,8 @@ from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer
 from waiting import thread_blocked_in, wait_until
 
 from e2b_provider import DeploymentConfig, E2BHttpError, E2BSandboxProvider, OperationTimeout
-from e2b_provider._connect import encode_envelope
 from e2b_provider._watchdog import Watchdog
+from e2b_provider.protocol.connect import encode_envelope
 
 SID = "iabcdefghij0123456789"
 CONNECT = f"/v2/sandboxes/{SID}/connect"

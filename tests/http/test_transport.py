@@ -19,13 +19,6 @@ from server import (
 )
 from waiting import thread_blocked_in, wait_until
 
-from e2b_provider._http import (
-    HttpResponse,
-    Transport,
-    error_from_response,
-    map_transport_errors,
-    safe_url,
-)
 from e2b_provider.cancel import CancelReason, CancelToken
 from e2b_provider.errors import (
     AuthenticationError,
@@ -37,6 +30,13 @@ from e2b_provider.errors import (
     ProtocolError,
     TransportError,
     TransportTimeout,
+)
+from e2b_provider.transport.http import (
+    HttpResponse,
+    Transport,
+    error_from_response,
+    map_transport_errors,
+    safe_url,
 )
 
 SECRET_HEADERS = {"X-API-KEY": API_KEY, "X-Access-Token": ACCESS_TOKEN}

@@ -10,7 +10,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from e2b_provider import E2BSandboxProvider, OperationTimeout, SandboxHandle, Terminal
-from e2b_provider._exec import run_process
+from e2b_provider.core.run_engine import run_process
 
 
 @pytest.fixture

@@ -30,8 +30,8 @@ from e2b_provider import (
     FileContent,
     SandboxHandle,
 )
-from e2b_provider._agent import MAX_INLINE_FILE
-from e2b_provider._scripts import COMMIT_PREFIX, INLINE_WRITE_MAX
+from e2b_provider.core.file_agents import MAX_INLINE_FILE
+from e2b_provider.protocol.scripts import COMMIT_PREFIX, INLINE_WRITE_MAX
 
 from .conftest import root, unique_name
 from .test_leftovers import agents, processes, staged

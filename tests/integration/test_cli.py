@@ -15,7 +15,7 @@ from typing import IO, Dict, Iterator, List
 import pytest
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
-from e2b_provider.cli import parser
+from e2b_provider.cli.entry import parser
 from e2b_provider.emulator.__main__ import _parser as emulator_parser
 
 from .conftest import unique_name

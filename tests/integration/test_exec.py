@@ -11,8 +11,8 @@ import pytest
 from waiting import wait_until
 
 from e2b_provider import CancelToken, E2BSandboxProvider, InvalidArgument, SandboxHandle
-from e2b_provider import _scripts as scripts
-from e2b_provider._exec import RunOutcome, run_process
+from e2b_provider.core.run_engine import RunOutcome, run_process
+from e2b_provider.protocol import scripts as scripts
 
 pytestmark = pytest.mark.integration
 

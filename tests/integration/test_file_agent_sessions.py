@@ -23,7 +23,7 @@ from e2b_provider import (
     FileContent,
     SandboxHandle,
 )
-from e2b_provider._agent import AGENT_TAG_PREFIX, WITHDRAW_SECONDS
+from e2b_provider.core.file_agents import AGENT_TAG_PREFIX, WITHDRAW_SECONDS
 
 from .conftest import root, unique_name
 
@@ -197,7 +197,7 @@ def test_pause_and_resume_keep_files_working(
 def test_an_idle_agent_exits_and_the_next_call_starts_another(
     provider: E2BSandboxProvider, fresh: SandboxHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from e2b_provider import _agent
+    from e2b_provider.core import file_agents as _agent
 
     monkeypatch.setattr(_agent, "AGENT_IDLE_SECONDS", 1)
     p = provider
@@ -222,7 +222,7 @@ def test_a_sandbox_that_cannot_run_the_agent_gets_the_scripts(
     """A template without python3: the agent's start exits 127 (as ``nice`` does for a
     program it cannot find). Single files then take the per-call scripts, batches a loop
     of them, listings a script."""
-    from e2b_provider import _agent
+    from e2b_provider.core import file_agents as _agent
 
     monkeypatch.setattr(_agent, "source", lambda name: "import sys; sys.exit(127)")
     caplog.set_level(logging.INFO, logger="e2b_provider")

@@ -23,8 +23,8 @@ from e2b_provider import (
     SandboxHandle,
     UnsafePath,
 )
-from e2b_provider import _scripts as scripts
-from e2b_provider._agent import AGENT_TAG_PREFIX, MAX_INLINE_FILE
+from e2b_provider.core.file_agents import AGENT_TAG_PREFIX, MAX_INLINE_FILE
+from e2b_provider.protocol import scripts as scripts
 
 from .conftest import count_requests, root
 
@@ -283,7 +283,7 @@ def test_a_file_that_shrinks_while_it_is_read_is_never_a_network_error(
     length it had then): the read gives what the file holds now, never a transport error
     with network advice. The file is cut at the worst moment: right after envd answered
     the large read's GET, before its body is read."""
-    from e2b_provider.envd import EnvdClient
+    from e2b_provider.clients.envd import EnvdClient
 
     p = shared_provider
     data = os.urandom(48 << 20)

@@ -20,7 +20,7 @@ import pytest
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
-from e2b_provider._connect import encode_envelope
+from e2b_provider.protocol.connect import encode_envelope
 
 SERVER = Path(__file__).resolve().parents[1] / "support" / "sandbox_server.py"
 PORT = 8000

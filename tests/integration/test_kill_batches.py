@@ -15,7 +15,7 @@ from typing import List
 import pytest
 
 from e2b_provider import E2BSandboxProvider, ExecResult
-from e2b_provider import _scripts as scripts
+from e2b_provider.protocol import scripts as scripts
 
 from .conftest import root, unique_name
 

@@ -264,14 +264,14 @@ def test_a_timeout_after_close_is_not_reported_wedged(emu, reboots) -> None:  # 
 def test_a_kill_after_a_reboot_never_reaches_the_sandbox(emu, provider) -> None:  # type: ignore[no-untyped-def]
     # A kill that waited while its sandbox was rebooted must not act there: a pid file left
     # from before may name another process by now. The batcher drops it unsent.
-    from e2b_provider._kills import KillBatcher
+    from e2b_provider.commands.kills import KillBatcher
 
     h = provider.create(unique_name("afterboot"))
     try:
         target = provider._ctx.leases.get(h.id, need=60, lease_seconds=300, cancel=None)
         batcher = KillBatcher(provider._ctx, rebooted_since=lambda sid, t: True)
         emu.clear_requests()
-        from e2b_provider import _scripts as scripts
+        from e2b_provider.protocol import scripts as scripts
 
         ctl = scripts.control_path()
         fut = batcher.kill(target, ctl, time.monotonic(), 5.0, lambda: 12345)

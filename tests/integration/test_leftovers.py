@@ -32,8 +32,8 @@ from e2b_provider import (
     SandboxHandle,
     _files,
 )
-from e2b_provider import _scripts as scripts
-from e2b_provider._agent import AGENT_TAG_PREFIX
+from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
+from e2b_provider.protocol import scripts as scripts
 
 from .conftest import root, unique_name
 
@@ -172,7 +172,8 @@ CLIENT = textwrap.dedent(
     """
     import json, os, signal, sys
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from e2b_provider import DeploymentConfig, E2BSandboxProvider, _agent
+    from e2b_provider import DeploymentConfig, E2BSandboxProvider
+    from e2b_provider.core import file_agents as _agent
     cfg, sid, what, idle = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     _agent.AGENT_IDLE_SECONDS = float(idle)
     data = os.urandom(8 << 20)

@@ -26,8 +26,7 @@ import pytest
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle, Terminal
-from e2b_provider._http import Transport
-from e2b_provider._terminal import TERMINAL_WRAPPER, _listed_terminal
+from e2b_provider.commands.terminals import TERMINAL_WRAPPER, _listed_terminal
 from e2b_provider.errors import (
     CommandNotFound,
     InvalidArgument,
@@ -35,6 +34,7 @@ from e2b_provider.errors import (
     SandboxPaused,
     TransportTimeout,
 )
+from e2b_provider.transport.http import Transport
 
 from .conftest import count_requests, root, unique_name, until
 

@@ -27,7 +27,7 @@ from e2b_provider import (
     E2BSandboxProvider,
     SandboxHandle,
 )
-from e2b_provider import _scripts as scripts
+from e2b_provider.protocol import scripts as scripts
 
 from .conftest import root, unique_name
 

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider._agent_protocol import (
+from e2b_provider.errors import ProtocolError
+from e2b_provider.protocol.agent_frames import (
     MAX_FRAME_DATA,
     MAX_FRAME_JSON,
     Frame,
     FrameDecoder,
     encode_request,
 )
-from e2b_provider.errors import ProtocolError
 from e2b_provider.sandbox_side import file_agent
 
 

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from e2b_provider import InvalidArgument, ProtocolError
-from e2b_provider import _scripts as scripts
-from e2b_provider._command_records import (
+from e2b_provider.protocol import scripts as scripts
+from e2b_provider.protocol.command_records import (
     FRAME,
     RECORDS,
     FrameDecoder,

@@ -23,11 +23,11 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from e2b_provider import _scripts as scripts
-from e2b_provider._background import _parse_list, _parse_read
-from e2b_provider._command_records import RECORDS, FrameDecoder
-from e2b_provider._exec import RunOutcome
+from e2b_provider.commands.background import _parse_list, _parse_read
+from e2b_provider.core.run_engine import RunOutcome
 from e2b_provider.errors import ProtocolError
+from e2b_provider.protocol import scripts as scripts
+from e2b_provider.protocol.command_records import RECORDS, FrameDecoder
 from e2b_provider.sandbox_side import file_agent, source
 
 pytestmark = pytest.mark.skipif(

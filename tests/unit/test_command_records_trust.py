@@ -23,10 +23,10 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 from waiting import wait_until
 
-from e2b_provider import _scripts as scripts
-from e2b_provider._background import _BAD_RECORD_EXIT, _KILL, _parse_list, _parse_read
-from e2b_provider._command_records import COMMAND_TAG_PREFIX, RECORDS, supervisor_of
-from e2b_provider._exec import RunOutcome
+from e2b_provider.commands.background import _BAD_RECORD_EXIT, _KILL, _parse_list, _parse_read
+from e2b_provider.core.run_engine import RunOutcome
+from e2b_provider.protocol import scripts as scripts
+from e2b_provider.protocol.command_records import COMMAND_TAG_PREFIX, RECORDS, supervisor_of
 from e2b_provider.sandbox_side import file_agent, source
 
 from .test_command_records_sh import shell_args

@@ -1,4 +1,4 @@
-"""Unit tests of the sans-IO Connect envelope codec (e2b_provider._connect)."""
+"""Unit tests of the sans-IO Connect envelope codec (e2b_provider.protocol.connect)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e2b_provider._connect import (
+from e2b_provider.errors import ProtocolError
+from e2b_provider.protocol.connect import (
     FLAG_COMPRESSED,
     FLAG_END_STREAM,
     MAX_MESSAGE_BYTES,
@@ -20,7 +21,6 @@ from e2b_provider._connect import (
     Message,
     encode_envelope,
 )
-from e2b_provider.errors import ProtocolError
 
 FAST = settings(
     max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

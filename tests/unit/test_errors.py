@@ -9,11 +9,11 @@ from typing import Any, Callable, List, Tuple
 
 import pytest
 
-from e2b_provider import _validate as v
 from e2b_provider import errors as e
 from e2b_provider.cancel import CancelReason
 from e2b_provider.config import DeploymentConfig
 from e2b_provider.models import SandboxLimits
+from e2b_provider.protocol import validate as v
 
 SECRET = "e2b_unit_test_secret_9f8e7d6c5b4a"
 TOKEN = "envd-token-unit-test-1234567890"
@@ -307,9 +307,9 @@ def test_a_secret_held_twice_stays_until_both_owners_are_gone() -> None:
 
 
 def test_targets_and_clients_keep_their_tokens_known_only_while_they_exist() -> None:
-    from e2b_provider._http import Transport
-    from e2b_provider.envd import EnvdClient
+    from e2b_provider.clients.envd import EnvdClient
     from e2b_provider.models import Target
+    from e2b_provider.transport.http import Transport
 
     gc.collect()
     before = e.known_secrets()

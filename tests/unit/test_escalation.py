@@ -1,11 +1,12 @@
-"""Tests for e2b_provider._escalation: the pure kill -> grace -> wedged state machine."""
+"""Tests for e2b_provider.protocol.escalation: the pure kill -> grace -> wedged state machine."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
 
-from e2b_provider._escalation import (
+from e2b_provider.cancel import CancelReason
+from e2b_provider.protocol.escalation import (
     AbortStream,
     ArmGrace,
     Escalation,
@@ -14,7 +15,6 @@ from e2b_provider._escalation import (
     State,
     SubmitKill,
 )
-from e2b_provider.cancel import CancelReason
 
 
 def state_of(esc: Escalation) -> State:

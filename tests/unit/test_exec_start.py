@@ -20,11 +20,11 @@ from typing import Any, Iterator, List, Optional
 
 import pytest
 
-from e2b_provider._exec import run_process
-from e2b_provider._http import Transport
 from e2b_provider._watchdog import Watchdog
 from e2b_provider.cancel import CancelToken, Deadline
+from e2b_provider.core.run_engine import run_process
 from e2b_provider.errors import Cancelled, E2BHttpError, TransportError, TransportTimeout
+from e2b_provider.transport.http import Transport
 
 
 @pytest.fixture

@@ -26,8 +26,8 @@ from typing import IO, Dict, Iterator, List
 import pytest
 
 from e2b_provider import InvalidArgument
-from e2b_provider import _messages as messages
-from e2b_provider import _scripts as S
+from e2b_provider.core import messages as messages
+from e2b_provider.protocol import scripts as S
 
 
 def sh(args: List[str]) -> subprocess.CompletedProcess[bytes]:

@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import pytest
 
-from e2b_provider._http1 import (
+from e2b_provider.protocol.http1 import (
     BODY,
     END,
     HEAD,

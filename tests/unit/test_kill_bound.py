@@ -1,4 +1,4 @@
-"""Tests for the kill batch's bound (e2b_provider._kills._Bound), on a fake clock.
+"""Tests for the kill batch's bound (e2b_provider.commands.kills._Bound), on a fake clock.
 
 A batch gives up ``bound`` seconds after it started, unless its script has not started yet
 while the sandbox answered other requests: then it waits one more bound (up to a cap). Once
@@ -11,9 +11,9 @@ from typing import Iterator, List
 
 import pytest
 
-from e2b_provider._kills import _Answers, _Bound
 from e2b_provider._watchdog import Watchdog
 from e2b_provider.cancel import CancelToken
+from e2b_provider.commands.kills import _Answers, _Bound
 
 from .fakeclock import FakeClock
 

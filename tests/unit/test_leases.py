@@ -1,4 +1,4 @@
-"""Unit tests of the lease cache (e2b_provider._leases), on a fake clock."""
+"""Unit tests of the lease cache (e2b_provider.core.leases), on a fake clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable, List, Optional, Tuple
 import pytest
 
 from e2b_provider import Cancelled, CancelToken, E2BHttpError, SandboxGoneError
-from e2b_provider._leases import LeaseCache
+from e2b_provider.core.leases import LeaseCache
 from e2b_provider.models import Target
 
 from .fakeclock import FakeClock

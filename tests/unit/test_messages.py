@@ -1,5 +1,5 @@
-"""What users read: errors said in their terms, without internal names (e2b_provider._messages),
-and the bounded per-key locks the provider's parts share (e2b_provider._context.KeyedLocks)."""
+"""What users read: errors said in their terms, without internal names (e2b_provider.core.messages),
+and the bounded per-key locks the provider's parts share (e2b_provider.core.context.KeyedLocks)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import List
 
 import pytest
 
-from e2b_provider import _messages as m
 from e2b_provider import errors as e
-from e2b_provider._context import KeyedLocks
 from e2b_provider.cancel import CancelReason, CancelToken
+from e2b_provider.core import messages as m
+from e2b_provider.core.context import KeyedLocks
 from e2b_provider.emulator.api.faults import TrailerCut
 
 

@@ -3,9 +3,9 @@
 General JSON takes ~30 times its size as Python objects: one legal 16 MiB envelope of
 ``[{},{},...]`` peaked at ~450 MiB while parsed. Only messages of at most 64 KiB are parsed as
 JSON now; a larger one must be a plain output message, read in place
-(:func:`~e2b_provider._process.parse_output_message`), or it is refused unparsed. The peaks
-are measured with tracemalloc while a :class:`~e2b_provider.envd.ProcessStream` reads the
-bytes in 64 KiB pieces, as it reads a socket.
+(:func:`~e2b_provider.protocol.process_events.parse_output_message`), or it is refused unparsed. The
+peaks are measured with tracemalloc while a :class:`~e2b_provider.clients.envd.ProcessStream` reads
+the bytes in 64 KiB pieces, as it reads a socket.
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider._connect import (
+from e2b_provider.clients.envd import ProcessStream
+from e2b_provider.errors import ProtocolError
+from e2b_provider.protocol.connect import (
     MAX_JSON_BYTES,
     MAX_MESSAGE_BYTES,
     EnvelopeDecoder,
     Parsed,
     encode_envelope,
 )
-from e2b_provider._process import (
+from e2b_provider.protocol.process_events import (
     DataEvent,
     event_from_wire,
     parse_output_message,
     parse_plain_stdout,
 )
-from e2b_provider.envd import ProcessStream
-from e2b_provider.errors import ProtocolError
 
 MIB = 1 << 20
 END = encode_envelope({}, end_stream=True)
@@ -183,7 +183,7 @@ def test_stderr_of_an_impossible_length_is_named() -> None:
 @pytest.mark.parametrize("text", [b"-AAA", b"_AAA", b"AA-_", b"-A"])
 def test_url_safe_base64_is_decoded_wherever_it_starts(text: bytes) -> None:
     # the in-place decoder's own contract: buf[start:end], also from the buffer's first byte
-    from e2b_provider._process import _b64_in_place
+    from e2b_provider.protocol.process_events import _b64_in_place
 
     expected = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
     assert _b64_in_place(bytearray(text), 0, len(text), "data.stdout") == expected
@@ -279,7 +279,7 @@ def test_anything_but_plain_stdout_is_left_to_json(payload: bytes) -> None:
 
 
 def test_a_process_stream_reads_plain_stdout_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2b_provider import _connect
+    from e2b_provider.protocol import connect as _connect
 
     parsed: List[bytes] = []
     real = _connect._parse_json

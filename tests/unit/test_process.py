@@ -1,4 +1,5 @@
-"""Unit tests of envd process events, exit codes and the output budget (e2b_provider._process)."""
+"""Unit tests of envd process events, exit codes and the output budget
+(e2b_provider.protocol.process_events)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider._process import (
+from e2b_provider.errors import InvalidArgument, ProtocolError
+from e2b_provider.protocol.process_events import (
     SIGNALS,
     DataEvent,
     EndEvent,
@@ -21,7 +23,6 @@ from e2b_provider._process import (
     exit_code_of,
     is_output_message,
 )
-from e2b_provider.errors import InvalidArgument, ProtocolError
 
 FAST = settings(max_examples=80, deadline=None, database=None)
 
@@ -486,7 +487,7 @@ def test_budget_cap_is_read_only() -> None:
     cap=st.integers(min_value=0, max_value=60),
 )
 def test_live_text_pieces_add_up_to_the_result(chunks: List[bytes], cap: int) -> None:
-    from e2b_provider._process import LiveText
+    from e2b_provider.protocol.process_events import LiveText
 
     budget = OutputBudget(cap)
     live = LiveText()
@@ -499,7 +500,7 @@ def test_live_text_pieces_add_up_to_the_result(chunks: List[bytes], cap: int) ->
 
 
 def test_live_text_never_splits_a_character() -> None:
-    from e2b_provider._process import LiveText
+    from e2b_provider.protocol.process_events import LiveText
 
     live = LiveText()
     euro = "€".encode()
@@ -510,7 +511,7 @@ def test_live_text_never_splits_a_character() -> None:
 
 
 def test_live_text_finish_drops_a_cut_character_only_when_truncated() -> None:
-    from e2b_provider._process import LiveText
+    from e2b_provider.protocol.process_events import LiveText
 
     euro = "€".encode()
     cut = LiveText()
@@ -584,7 +585,7 @@ def test_truncated_decode_drops_a_cut_sequence_by_its_lead_byte(cut: bytes, kept
 
 
 def test_live_text_finish_takes_everything_pending() -> None:
-    from e2b_provider._process import LiveText
+    from e2b_provider.protocol.process_events import LiveText
 
     live = LiveText()
     assert live.feed(b"ab\xc3") == "ab"  # the partial character waits

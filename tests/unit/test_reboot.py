@@ -1,4 +1,5 @@
-"""Tests for e2b_provider._reboot: the sans-IO reboot planner (e2b-protocol.md section 12)."""
+"""Tests for e2b_provider.protocol.reboot_plan: the sans-IO reboot planner (e2b-protocol.md section
+12)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider._reboot import (
+from e2b_provider.protocol.reboot_plan import (
     MAX_STEPS,
     MEMORY_OVERRIDE_DISABLED,
     Answer,

@@ -1,4 +1,5 @@
-"""Tests for e2b_provider._scripts: byte-exact reference scripts, run for real under /bin/sh.
+"""Tests for e2b_provider.protocol.scripts: byte-exact reference scripts, run for real under
+/bin/sh.
 
 The process tests start real ``setsid``/``sh``/``bash``/``sleep`` processes on this host. Each
 test uses fresh control paths (uuid4) and a unique marker in every process it starts, and the
@@ -24,8 +25,8 @@ from typing import IO, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from e2b_provider import _scripts as S
 from e2b_provider.errors import InvalidArgument
+from e2b_provider.protocol import scripts as S
 
 #: The reference bundle, in ``shared/reference/`` beside the clone (CI lays a copy of
 #: ``shared/`` next to its clone): the first such file found walking up from the repository.
@@ -345,7 +346,7 @@ def _run_wrapper(
     wrapper: str, ctl: str, command: str, env: Dict[str, str], lang: bool = True
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``command`` as envd runs an exec: under ``wrapper`` with envd's environment
-    (``env`` as :func:`~e2b_provider._scripts.exec_env` makes it for the lean wrapper, plus
+    (``env`` as :func:`~e2b_provider.protocol.scripts.exec_env` makes it for the lean wrapper, plus
     the marker for both); its exit status and output."""
     if wrapper == "EXEC_WRAPPER":
         args = ["-w", "/bin/sh", "-c", S.EXEC_WRAPPER, "capybara-exec", ctl, command, "60"]

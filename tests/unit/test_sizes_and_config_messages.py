@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from e2b_provider import ConfigError, DeploymentConfig, SandboxHandle, SandboxLimits
-from e2b_provider import _validate as v
-from e2b_provider._messages import looks_like_sandbox_id
+from e2b_provider.core.messages import looks_like_sandbox_id
+from e2b_provider.protocol import validate as v
 
 KEY = "e2b_" + "0123456789abcdef" * 2 + "01234567"  # e2b_ and 40 hex digits, like E2B's
 

@@ -15,8 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
-from e2b_provider import _scripts as scripts
-from e2b_provider._terminal import (
+from e2b_provider.commands.terminals import (
     DEFAULT_TERM,
     TERMINAL_WRAPPER,
     is_terminal_id,
@@ -25,6 +24,7 @@ from e2b_provider._terminal import (
     terminal_id,
 )
 from e2b_provider.errors import InvalidArgument
+from e2b_provider.protocol import scripts as scripts
 
 
 def test_a_terminal_id_names_its_pid_and_control_path() -> None:

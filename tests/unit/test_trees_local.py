@@ -21,7 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from local_trees import removed_at_the_end
 
-from e2b_provider._trees import (
+from e2b_provider.cancel import CancelToken
+from e2b_provider.errors import Cancelled, CommandFailed, InvalidArgument
+from e2b_provider.files.trees import (
     Unsent,
     extract_stream,
     plan_upload,
@@ -29,8 +31,6 @@ from e2b_provider._trees import (
     tar_stream,
     tree_bound,
 )
-from e2b_provider.cancel import CancelToken
-from e2b_provider.errors import Cancelled, CommandFailed, InvalidArgument
 from e2b_provider.models import TransferSummary
 
 END = ".capybara-end-0123456789abcdef"
@@ -674,7 +674,7 @@ def test_a_stream_cut_in_any_pieces_is_written_the_same(
 ) -> None:
     # the stream comes in pieces of whatever size envd's events have: headers, pax records
     # and file data cut anywhere give the same tree as the stream read whole
-    from e2b_provider._trees import _Chunks
+    from e2b_provider.files.trees import _Chunks
 
     data = _archive(_m("d", kind=tarfile.DIRTYPE, mode=0o755), _m("d/f", b"f" * 3000),
                     _m("d/" + "long" * 40, b"pax-named"), _m("d/l", kind=tarfile.SYMTYPE,
@@ -701,7 +701,7 @@ def test_a_stream_cut_in_any_pieces_is_written_the_same(
 
 
 def test_the_first_line_of_a_stream_in_pieces() -> None:
-    from e2b_provider._trees import _Chunks
+    from e2b_provider.files.trees import _Chunks
 
     feed = iter([b'{"total"', b"", b': 1}\nab', b"cd"])
     reader = _Chunks(lambda: next(feed, None))
@@ -765,7 +765,7 @@ def test_headers_are_what_tarfile_writes(
 ) -> None:
     # the fast header of a plain member and tarfile's own, byte for byte (and the PAX
     # headers of the rest, which go through tarfile)
-    from e2b_provider._trees import _header, _Item, _length
+    from e2b_provider.files.trees import _header, _Item, _length
 
     rel = "/".join([name] * (depth + 1))
     item = _Item(rel, mode, mtime, size if kind == "file" else 0,
@@ -993,7 +993,7 @@ def test_a_new_directory_cut_half_way_is_not_there_at_all(box: Box, cut: float) 
 
 
 def test_parts_of_gone_processes_are_swept_and_no_others(box: Box) -> None:
-    from e2b_provider import _trees
+    from e2b_provider.files import trees as _trees
 
     tag = _trees._host_tag()
     child = __import__("subprocess").Popen(["true"])
@@ -1029,7 +1029,7 @@ def test_files_gnu_tar_says_shrank_are_dropped_once_its_stream_ends(box: Box) ->
     import shutil
     import subprocess
 
-    from e2b_provider._trees import shrank_members
+    from e2b_provider.files.trees import shrank_members
 
     tar = shutil.which("tar")
     if tar is None or b"GNU tar" not in subprocess.run([tar, "--version"],

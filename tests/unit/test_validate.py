@@ -1,4 +1,5 @@
-"""Unit tests of input validation (e2b_provider._validate): good and bad values per validator."""
+"""Unit tests of input validation (e2b_provider.protocol.validate): good and bad values per
+validator."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider import _validate as v
 from e2b_provider.errors import E2BProviderError, InvalidArgument
 from e2b_provider.models import SandboxLimits
+from e2b_provider.protocol import validate as v
 
 FAST = settings(max_examples=100, deadline=None, database=None)
 
@@ -560,7 +561,14 @@ def test_message_shows_invisible_characters_escaped() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["_validate.py", "config.py", "_process.py", "_connect.py", "cancel.py", "_messages.py"],
+    [
+        "protocol/validate.py",
+        "config.py",
+        "protocol/process_events.py",
+        "protocol/connect.py",
+        "cancel.py",
+        "core/messages.py",
+    ],
 )
 def test_pure_modules_import_no_network_stack(module: str) -> None:
     import ast
@@ -568,7 +576,7 @@ def test_pure_modules_import_no_network_stack(module: str) -> None:
 
     import e2b_provider
 
-    source = pathlib.Path(e2b_provider.__file__).with_name(module).read_text("utf-8")
+    source = (pathlib.Path(e2b_provider.__file__).parent / module).read_text("utf-8")
     imported: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):

@@ -14,9 +14,9 @@ from typing import Any, Iterator, List, Optional
 import pytest
 
 from e2b_provider import FileEvent, PathNotFound, ProtocolError, RemoteError
-from e2b_provider._connect import encode_envelope
-from e2b_provider._watch import MAX_RESTARTS, Watch, event_path, parse_message
 from e2b_provider._watchdog import Watchdog
+from e2b_provider.files.watch import MAX_RESTARTS, Watch, event_path, parse_message
+from e2b_provider.protocol.connect import encode_envelope
 
 
 def test_messages() -> None:
@@ -114,7 +114,7 @@ def make() -> Iterator[Any]:
             stream = scripted.pop(0)
             opened.append(stream)
             w._stream = stream  # type: ignore[assignment]
-            from e2b_provider._connect import EnvelopeDecoder
+            from e2b_provider.protocol.connect import EnvelopeDecoder
 
             w._decoder = EnvelopeDecoder()
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tup
 
 import attrs
 
-from ..._process import SIGNALS
+from ...protocol.process_events import SIGNALS
 from . import journal
 from .rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
 
@@ -93,7 +93,8 @@ _OOM_SCORE = 100
 _map_order = random.Random()
 
 # Go's syscall signal table (linux), by number: what ProcessState.String() prints after
-# "signal: ". The client side parses the same table back (``e2b_provider._process.SIGNALS``).
+# "signal: ". The client side parses the same table back
+# (``e2b_provider.protocol.process_events.SIGNALS``).
 _GO_SIGNALS: Mapping[int, str] = {number: name for name, number in SIGNALS.items()}
 
 _SIGNALS_BY_NAME: Mapping[str, int] = {

@@ -24,8 +24,8 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple
 import attrs
 from aiohttp import web
 
-from ..._connect import EnvelopeDecoder, Message, encode_envelope
 from ...errors import ProtocolError
+from ...protocol.connect import EnvelopeDecoder, Message, encode_envelope
 
 __all__ = [
     "CODE_TO_HTTP",

@@ -1,0 +1,1 @@
+"""Clients of E2B's two APIs: the control plane (REST) and envd (Connect RPC and /files)."""

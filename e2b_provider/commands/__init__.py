@@ -1,0 +1,1 @@
+"""The commands resource: exec, background commands, terminals and their kills."""

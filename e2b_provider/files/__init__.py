@@ -1,0 +1,1 @@
+"""The files resource: single files, trees (upload and download) and watches."""

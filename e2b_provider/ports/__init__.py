@@ -1,0 +1,1 @@
+"""The ports resource: addresses of sandbox ports and the local port-forward relay."""

@@ -1,0 +1,1 @@
+"""The sans-IO core: wire formats, plans and scripts as pure values; no sockets, no threads."""

@@ -1,0 +1,1 @@
+"""The sandboxes resource: create, resume, suspend, destroy and list whole sandboxes."""

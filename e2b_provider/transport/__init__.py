@@ -1,0 +1,1 @@
+"""HTTP transport, the only folder importing requests and urllib3: abortable requests, streams."""
