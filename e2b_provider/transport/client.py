@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, Union
 
 import requests
 import requests.utils
@@ -44,17 +44,25 @@ import urllib3
 from .._version import __version__
 from .._watchdog import TimerHandle, Watchdog
 from ..cancel import CancelToken, Deadline
-from ..errors import Cancelled, ConfigError, ProtocolError, TransportError, TransportTimeout
+from ..errors import (
+    Cancelled,
+    ConfigError,
+    E2BProviderError,
+    ProtocolError,
+    TransportError,
+    TransportTimeout,
+)
 from .direct import Answer, KnownRequests, Response, send_direct
 from .errors import map_transport_errors, redirect_error, safe_url
-from .pool import MIN_WAIT, AbortSlot, Adapter, HTTPPool, answer_sock, publishing
+from .pool import MIN_WAIT_SECONDS, AbortSlot, Adapter, HTTPPool, answer_sock, publishing
 from .raw_stream import RawStream, read_head, send_on_own_connection
 from .response import HttpResponse, lower_headers
 from .stream import READ_CHUNK, Stream
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_MAX_BODY", "Transport"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT_SECONDS", "DEFAULT_MAX_BODY", "Transport"]
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
+#: Seconds to establish a connection (TCP and TLS) unless told otherwise.
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 #: Largest buffered body :meth:`Transport.request` accepts unless told otherwise.
 DEFAULT_MAX_BODY = 1 << 20
 
@@ -66,6 +74,29 @@ def _overrun(operation: str, url: str, limit: Deadline, began: float) -> str:
     total = limit.at - began
     return (f"E2B {operation} timed out: {safe_url(url)} gave no complete answer "
             f"within {total:.3g} s")
+
+
+def _stopped_error(
+    token: Optional[CancelToken], overrun: Callable[[], str]
+) -> E2BProviderError:
+    """Why an opening whose abort slot fired stops: :class:`Cancelled` when ``token`` fired,
+    else its deadline passed (:class:`TransportTimeout`, ``overrun()`` its message)."""
+    if token is not None and token.cancelled:
+        return Cancelled(token.reason)
+    return TransportTimeout(overrun())
+
+
+def _overrun_error(
+    slot: AbortSlot,
+    exc: BaseException,
+    overrun: Callable[[], str],
+    kinds: Union[Type[BaseException], Tuple[Type[BaseException], ...]],
+) -> Optional[TransportTimeout]:
+    """The :class:`TransportTimeout` to raise instead of ``exc``, an error of ``kinds`` that
+    an opening raised once its deadline shut it down (None: raise ``exc`` as it is)."""
+    if slot.expired and isinstance(exc, kinds) and not isinstance(exc, TransportTimeout):
+        return TransportTimeout(overrun())
+    return None
 
 
 def _positive(value: float, name: str) -> float:
@@ -140,7 +171,7 @@ class Transport:
         *,
         pool_connections: int = 32,
         pool_maxsize: int = 256,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         user_agent: str = f"e2b-provider/{__version__}",
         watchdog: Optional[Watchdog] = None,
     ) -> None:
@@ -256,7 +287,7 @@ class Transport:
         """
         self._check_open(operation)
         read_timeout = _positive(read_timeout, "read_timeout")
-        left = max(limit.remaining(), MIN_WAIT)
+        left = max(limit.remaining(), MIN_WAIT_SECONDS)
         return min(connect_timeout or self._connect_timeout, left), min(read_timeout, left)
 
     def _checked_headers(self, headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -493,7 +524,8 @@ class Transport:
                 # that gets a byte at a time ends too.
                 sock = answer_sock(resp.raw)
                 if sock is not None:
-                    sock.settimeout(max(min(read_timeout, limit.remaining()), MIN_WAIT))
+                    wait = min(read_timeout, limit.remaining())
+                    sock.settimeout(max(wait, MIN_WAIT_SECONDS))
                 chunk = resp.raw.read(READ_CHUNK, decode_content=True)
                 if not chunk:
                     break
@@ -569,9 +601,7 @@ class Transport:
                 timer = None
             if slot.fired:
                 resp.close()
-                if token is not None and token.cancelled:
-                    raise Cancelled(token.reason)
-                raise TransportTimeout(overrun())
+                raise _stopped_error(token, overrun)
             sock = answer_sock(resp.raw)
             if sock is not None:
                 sock.settimeout(read_timeout)  # reads wait as long as asked, not what was left
@@ -579,13 +609,11 @@ class Transport:
             if timer is not None:
                 timer.cancel()
             slot.finish()
-            if slot.expired and isinstance(exc, TransportError):
-                if isinstance(exc, TransportTimeout):
-                    raise
-                raise TransportTimeout(overrun()) from exc
+            timeout = _overrun_error(slot, exc, overrun, TransportError)
+            if timeout is not None:
+                raise timeout from exc
             raise
         return Stream(resp, operation, slot, timer=timer, overrun=overrun)
-
 
     def open_raw_stream(
         self,
@@ -618,6 +646,7 @@ class Transport:
         read_timeout = _positive(read_timeout, "read_timeout")
         began = time.monotonic()
         limit = self._limit(deadline, read_timeout, operation)
+        overrun = functools.partial(_overrun, operation, url, limit, began)
         slot = AbortSlot()
         timer = self._arm(slot, limit)
         proxies: Dict[str, str] = {}
@@ -634,7 +663,7 @@ class Transport:
                     pool = get(prep, self._verify, proxies=proxies, cert=None)
                 else:  # requests before 2.32.2
                     pool = self._adapter.get_connection(prep.url, proxies)
-                left = max(limit.remaining(), MIN_WAIT)
+                left = max(limit.remaining(), MIN_WAIT_SECONDS)
                 conn = pool._new_conn()
                 conn.timeout = min(connect_timeout or self._connect_timeout, left)
                 send_on_own_connection(conn, pool, method, prep, body=data, headers=send)
@@ -642,10 +671,9 @@ class Transport:
         except BaseException as exc:
             if conn is not None:
                 conn.close()
-            if slot.expired and isinstance(exc, (TransportError, ProtocolError)):
-                if isinstance(exc, TransportTimeout):
-                    raise
-                raise TransportTimeout(_overrun(operation, url, limit, began)) from exc
+            timeout = _overrun_error(slot, exc, overrun, (TransportError, ProtocolError))
+            if timeout is not None:
+                raise timeout from exc
             raise
         finally:
             if timer is not None:
@@ -653,9 +681,7 @@ class Transport:
             slot.finish()  # from here on no deadline or cancel can reach the connection
         if slot.fired:  # it did just before: the socket is shut down
             conn.close()
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason)
-            raise TransportTimeout(_overrun(operation, url, limit, began))
+            raise _stopped_error(token, overrun)
         return RawStream(conn, head, framer, body, ended, operation=operation, url=url,
                          read_timeout=read_timeout)
 

@@ -10,7 +10,7 @@ with the same exceptions, chained the same way, and so with the same messages.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 
 import requests
 import requests.utils
@@ -25,38 +25,44 @@ __all__ = ["KNOWN_MAX", "Answer", "KnownRequests", "Response", "requests_error",
 KNOWN_MAX = 4096
 
 
+#: What ``HTTPAdapter.send`` raises for the reason of a urllib3 ``MaxRetryError`` (the first
+#: class that matches; any other reason: ``ConnectionError``).
+_RETRY_REASONS: Tuple[Tuple[Type[BaseException], Type[BaseException]], ...] = (
+    (urllib3.exceptions.ResponseError, requests.exceptions.RetryError),
+    (urllib3.exceptions.ProxyError, requests.exceptions.ProxyError),
+    (urllib3.exceptions.SSLError, requests.exceptions.SSLError),
+)
+#: What ``HTTPAdapter.send`` raises for the other urllib3 errors it maps (the first class
+#: that matches; any other error is raised unchanged).
+_ERRORS: Tuple[Tuple[Type[BaseException], Type[BaseException]], ...] = (
+    (urllib3.exceptions.ClosedPoolError, requests.exceptions.ConnectionError),
+    (urllib3.exceptions.ProxyError, requests.exceptions.ProxyError),
+    (urllib3.exceptions.SSLError, requests.exceptions.SSLError),
+    (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ReadTimeout),
+    (urllib3.exceptions.InvalidHeader, requests.exceptions.InvalidHeader),
+)
+
+
 def requests_error(exc: BaseException) -> BaseException:
     """The ``requests`` exception ``HTTPAdapter.send`` raises for the urllib3 (or socket)
     error ``exc`` of ``urlopen`` (``exc`` itself when it raises that unchanged), so that a
     request sent by :func:`send_direct` fails with the same
     exceptions, chained the same way, and so with the same messages."""
-    rex = requests.exceptions
-    u3 = urllib3.exceptions
-    if isinstance(exc, (u3.ProtocolError, OSError)):
-        return rex.ConnectionError(exc)
-    if isinstance(exc, u3.MaxRetryError):
+    if isinstance(exc, (urllib3.exceptions.ProtocolError, OSError)):
+        return requests.exceptions.ConnectionError(exc)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
         reason = exc.reason
-        if isinstance(reason, u3.ConnectTimeoutError) and not isinstance(
-            reason, u3.NewConnectionError
+        if isinstance(reason, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
+            reason, urllib3.exceptions.NewConnectionError
         ):
-            return rex.ConnectTimeout(exc)
-        if isinstance(reason, u3.ResponseError):
-            return rex.RetryError(exc)
-        if isinstance(reason, u3.ProxyError):
-            return rex.ProxyError(exc)
-        if isinstance(reason, u3.SSLError):
-            return rex.SSLError(exc)
-        return rex.ConnectionError(exc)
-    if isinstance(exc, u3.ClosedPoolError):
-        return rex.ConnectionError(exc)
-    if isinstance(exc, u3.ProxyError):
-        return rex.ProxyError(exc)
-    if isinstance(exc, u3.SSLError):
-        return rex.SSLError(exc)
-    if isinstance(exc, u3.ReadTimeoutError):
-        return rex.ReadTimeout(exc)
-    if isinstance(exc, u3.InvalidHeader):
-        return rex.InvalidHeader(exc)
+            return requests.exceptions.ConnectTimeout(exc)
+        for cause, raised in _RETRY_REASONS:
+            if isinstance(reason, cause):
+                return raised(exc)
+        return requests.exceptions.ConnectionError(exc)
+    for cause, raised in _ERRORS:
+        if isinstance(exc, cause):
+            return raised(exc)
     return exc
 
 

@@ -41,7 +41,7 @@ from ..cancel import CancelToken, Deadline
 
 __all__ = [
     "IDLE_CONNECTION_SECONDS",
-    "MIN_WAIT",
+    "MIN_WAIT_SECONDS",
     "AbortSlot",
     "Adapter",
     "HTTPPool",
@@ -53,7 +53,7 @@ __all__ = [
 _QUICKACK: Optional[int] = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 #: The shortest socket timeout set when a deadline is about to pass (0 would mean
 #: non-blocking).
-MIN_WAIT = 0.001
+MIN_WAIT_SECONDS = 0.001
 
 _tls = threading.local()
 
@@ -232,7 +232,7 @@ class _AbortableHTTPConnection(urllib3.connection.HTTPConnection):
         # deadline instead (the watchdog shuts the socket down when it passes).
         limit: Optional[Deadline] = getattr(_tls, "limit", None)
         if limit is not None and self.sock is not None:
-            self.sock.settimeout(max(limit.remaining(), MIN_WAIT))
+            self.sock.settimeout(max(limit.remaining(), MIN_WAIT_SECONDS))
         super().send(data)
 
     def getresponse(self) -> Any:

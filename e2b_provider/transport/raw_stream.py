@@ -23,7 +23,7 @@ from ..cancel import Deadline
 from ..errors import ProtocolError, TransportError, TransportTimeout
 from ..protocol.http1 import BODY, END, Framer, FramingError, Head
 from .errors import map_transport_errors, safe_url
-from .pool import MIN_WAIT
+from .pool import MIN_WAIT_SECONDS
 from .stream import READ_CHUNK, OneReaderStream
 
 __all__ = ["RawStream", "read_head", "send_on_own_connection"]
@@ -264,7 +264,7 @@ def read_head(
     head: Optional[Head] = None
     ended = False
     while True:
-        sock.settimeout(max(limit.remaining(), MIN_WAIT))
+        sock.settimeout(max(limit.remaining(), MIN_WAIT_SECONDS))
         data = sock.recv(READ_CHUNK)
         try:
             events = framer.feed(data) if data else framer.eof()
