@@ -261,15 +261,17 @@ class Transport:
             raise TransportTimeout(f"E2B {operation} timed out: no time was left to send it")
         return limit
 
-    def _arm(self, slot: AbortSlot, limit: Deadline) -> Optional[TimerHandle]:
-        """Have the watchdog shut the request down when ``limit`` passes."""
+    def _arm(self, limit: Deadline) -> Tuple[AbortSlot, Optional[TimerHandle]]:
+        """A new request's abort slot, and the watchdog's timer that fires it (shuts the
+        request down) when ``limit`` passes (None: ``limit`` never passes)."""
+        slot = AbortSlot()
         left = limit.remaining()
         if left == math.inf:
-            return None
+            return slot, None
         wd = self._watchdog
         if wd is None or wd.closed:
             wd = Watchdog.default()
-        return wd.call_later(left, slot.expire)
+        return slot, wd.call_later(left, slot.expire)
 
     def _timeouts(
         self,
@@ -469,8 +471,7 @@ class Transport:
         """
         began = time.monotonic()
         limit = self._limit(deadline, read_timeout, operation)
-        slot = AbortSlot()
-        timer = self._arm(slot, limit)
+        slot, timer = self._arm(limit)
         try:
             with publishing(slot, token, limit):
                 resp = self._send(
@@ -587,8 +588,7 @@ class Transport:
         limit = self._limit(deadline, read_timeout, operation)
         # Its message is made only if the deadline passes.
         overrun = functools.partial(_overrun, operation, url, limit, began)
-        slot = AbortSlot()
-        timer = self._arm(slot, limit)
+        slot, timer = self._arm(limit)
         try:
             with publishing(slot, token, limit):
                 resp = self._send(
@@ -647,8 +647,7 @@ class Transport:
         began = time.monotonic()
         limit = self._limit(deadline, read_timeout, operation)
         overrun = functools.partial(_overrun, operation, url, limit, began)
-        slot = AbortSlot()
-        timer = self._arm(slot, limit)
+        slot, timer = self._arm(limit)
         proxies: Dict[str, str] = {}
         conn: Any = None
         try:
