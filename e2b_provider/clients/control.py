@@ -53,7 +53,7 @@ from ..errors import (
 from ..models import Target
 from ..protocol import validate as _validate
 from ..transport.client import Transport
-from ..transport.errors import error_from_response, parse_error_body
+from ..transport.error_mapping import error_from_response, parse_error_body
 from ..transport.response import HttpResponse
 
 __all__ = [

@@ -54,7 +54,7 @@ from ..protocol.process_events import (
     parse_plain_stdout,
 )
 from ..transport.client import Transport
-from ..transport.errors import error_from_response, parse_error_body
+from ..transport.error_mapping import error_from_response, parse_error_body
 from ..transport.raw_stream import RawStream
 from ..transport.response import HttpResponse
 from ..transport.stream import Stream

@@ -8,7 +8,7 @@ error status, the streaming :meth:`Transport.open_stream` whose
 :class:`~e2b_provider.transport.stream.Stream` can be aborted from any thread, and
 :meth:`Transport.open_raw_stream`, whose :class:`~e2b_provider.transport.raw_stream.RawStream`
 has a connection of its own. Every failure goes through
-:func:`~e2b_provider.transport.errors.map_transport_errors`; a cancel shuts the request's
+:func:`~e2b_provider.transport.error_mapping.map_transport_errors`; a cancel shuts the request's
 socket down through its abort slot (see :mod:`e2b_provider.transport.pool`).
 
 Deadlines: every request has a total bound (its :class:`~e2b_provider.cancel.Deadline`), not
@@ -52,8 +52,8 @@ from ..errors import (
     TransportError,
     TransportTimeout,
 )
-from .direct import Answer, KnownRequests, Response, send_direct
-from .errors import map_transport_errors, redirect_error, safe_url
+from .direct_send import Answer, KnownRequests, Response, send_direct
+from .error_mapping import map_transport_errors, redirect_error, safe_url
 from .pool import MIN_WAIT_SECONDS, AbortSlot, Adapter, HTTPPool, answer_sock, publishing
 from .raw_stream import RawStream, read_head, send_on_own_connection
 from .response import HttpResponse, lower_headers

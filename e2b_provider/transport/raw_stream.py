@@ -22,7 +22,7 @@ import urllib3.util.proxy
 from ..cancel import Deadline
 from ..errors import ProtocolError, TransportError, TransportTimeout
 from ..protocol.http1 import BODY, END, Framer, FramingError, Head
-from .errors import map_transport_errors, safe_url
+from .error_mapping import map_transport_errors, safe_url
 from .pool import MIN_WAIT_SECONDS
 from .stream import READ_CHUNK, OneReaderStream
 

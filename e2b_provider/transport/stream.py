@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from .._watchdog import TimerHandle
 from ..errors import E2BProviderError, ProtocolError, TransportError, TransportTimeout
-from .direct import Response
-from .errors import map_transport_errors
+from .direct_send import Response
+from .error_mapping import map_transport_errors
 from .pool import AbortSlot, answer_sock, quickack
 from .response import lower_headers
 
