@@ -147,7 +147,7 @@ class Transport:
     the workload: ``pool_connections`` is the number of hosts kept (every E2B sandbox is
     its own host), ``pool_maxsize`` the connections kept per host (concurrent commands on
     one sandbox). Connections are kept alive between requests (idle ones for at most
-    :data:`IDLE_CONNECTION_SECONDS`).
+    :data:`~e2b_provider.transport.pool.IDLE_CONNECTION_SECONDS`).
 
     The environment is read as ``requests`` reads it, but once: the proxies
     (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, lower case first) and the CA bundle
