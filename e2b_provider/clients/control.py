@@ -5,7 +5,7 @@ they return (:class:`SandboxInfo`, :class:`ListedSandbox`), the retry policy for
 server marks as retryable, the reference's 409 handling on connect (with the November API's
 permanent ``error_code`` values), and :meth:`ControlPlane.target_for`, which turns an answer
 into an envd :class:`~e2b_provider.models.Target` and refuses a sandbox without an envd
-access token. All I/O goes through :class:`~e2b_provider.transport.http.Transport`.
+access token. All I/O goes through :class:`~e2b_provider.transport.client.Transport`.
 
 Retries (E2B SDK policy): an answer with ``Should-Retry: true``, or without that header and
 with status 429, 502, 503 or 504, is retried up to 3 times after 0.2, 0.5 and 1 s (or the
@@ -52,7 +52,9 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import validate as _validate
-from ..transport.http import HttpResponse, Transport, error_from_response, parse_error_body
+from ..transport.client import Transport
+from ..transport.error_mapping import error_from_response, parse_error_body
+from ..transport.response import HttpResponse
 
 __all__ = [
     "CALL_TIMEOUT_S",

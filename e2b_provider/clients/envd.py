@@ -6,12 +6,12 @@ Connect server stream, ``process.Process/SendSignal`` as a unary Connect call,
 :class:`ProcessStream`, the iterator of process events read from a ``Start`` answer. Every
 request carries ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port: 49983`` and ``X-Access-Token``;
 redirects are never followed (the transport refuses them). All I/O goes through
-:class:`~e2b_provider.transport.http.Transport`; framing and event parsing are the sans-IO
+:class:`~e2b_provider.transport.client.Transport`; framing and event parsing are the sans-IO
 :mod:`e2b_provider.protocol.connect` and :mod:`e2b_provider.protocol.process_events` (a watch's
 events: :mod:`e2b_provider.files.watch`). A terminal's process (``Start`` with ``pty``, and
-``Connect`` to it) is opened as a
-:class:`~e2b_provider.transport.http.RawStream` instead, which its reader reads with a timeout of
-its own; ``SendInput`` with ``input.pty``, ``Update`` (resize) and ``List`` serve it.
+``Connect`` to it) is opened as a :class:`~e2b_provider.transport.raw_stream.RawStream`
+instead, which its reader reads with a timeout of its own; ``SendInput`` with ``input.pty``,
+``Update`` (resize) and ``List`` serve it.
 
 No message built here contains the access token.
 """
@@ -53,14 +53,11 @@ from ..protocol.process_events import (
     parse_output_message,
     parse_plain_stdout,
 )
-from ..transport.http import (
-    HttpResponse,
-    RawStream,
-    Stream,
-    Transport,
-    error_from_response,
-    parse_error_body,
-)
+from ..transport.client import Transport
+from ..transport.error_mapping import error_from_response, parse_error_body
+from ..transport.raw_stream import RawStream
+from ..transport.response import HttpResponse
+from ..transport.stream import Stream
 
 __all__ = [
     "ENVD_PORT",
@@ -521,7 +518,7 @@ class EnvdClient:
         ``pty: {size: {cols, rows}}`` (envd gives it a new session whose controlling
         terminal is the pty, on its standard input, output and error).
 
-        The answer is returned as a :class:`~e2b_provider.transport.http.RawStream` of Connect
+        The answer is returned as a :class:`~e2b_provider.transport.raw_stream.RawStream` of Connect
         envelopes (its events: start, data with ``pty`` bytes, keepalive, end), on a
         connection of its own, opened within :data:`START_OPEN_SECONDS`; it ends with
         :class:`TransportTimeout` after ``2 * keepalive_seconds + 10`` seconds of silence.
@@ -560,7 +557,7 @@ class EnvdClient:
         token: Optional[CancelToken] = None,
     ) -> RawStream:
         """Follow a terminal's process from now on: ``POST /process.Process/Connect``, as a
-        :class:`~e2b_provider.transport.http.RawStream` (see :meth:`start_pty`). envd keeps no
+        :class:`~e2b_provider.transport.raw_stream.RawStream` (see :meth:`start_pty`). envd keeps no
         output: the stream carries a start event, then what the process writes from now on,
         then its end (a process that ended within the last 30 s: start and end only).
 

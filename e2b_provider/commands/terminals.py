@@ -29,8 +29,8 @@ A kill by pid through envd (root) is sent only while envd lists that pid as the 
 forgotten and given to another process (see :mod:`e2b_provider.commands.kills`).
 
 Output is read on the caller's thread, straight from the ``Start`` (or ``Connect``) stream
-(:class:`~e2b_provider.transport.http.RawStream`: a timed-out read loses nothing), in slices of
-:data:`_SLICE_S` so cancels and deadlines are seen promptly. No thread per terminal: the
+(:class:`~e2b_provider.transport.raw_stream.RawStream`: a timed-out read loses nothing), in
+slices of :data:`_SLICE_S` so cancels and deadlines are seen promptly. No thread per terminal: the
 terminal's timeout is a watchdog timer, its kills run on the watchdog's worker pool.
 
 The ``id`` of a terminal (``<sandbox id>:pty-<pid>-<32 hex>``) names its envd pid and its
@@ -93,7 +93,7 @@ from ..protocol.process_events import (
     parse_output_message,
 )
 from ..sandboxes.lifecycle import Lifecycle
-from ..transport.http import RawStream
+from ..transport.raw_stream import RawStream
 from .background import CommandInfo
 from .kills import KillBatcher
 

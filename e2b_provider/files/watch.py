@@ -73,7 +73,7 @@ from ..errors import (
 from ..models import FileEvent, FileEventType, FileStat, Target
 from ..protocol import scripts as scripts
 from ..protocol.connect import EndStream, EnvelopeDecoder, Item, Message
-from ..transport.http import Stream
+from ..transport.stream import Stream
 from .files import ACCESS_HINT, Files
 
 __all__ = [

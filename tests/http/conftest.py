@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 from server import ScriptedServer
 
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 
 @pytest.fixture

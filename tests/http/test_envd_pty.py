@@ -26,7 +26,8 @@ from e2b_provider.errors import (
 )
 from e2b_provider.models import Target
 from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message, encode_envelope
-from e2b_provider.transport.http import RawStream, Transport
+from e2b_provider.transport.client import Transport
+from e2b_provider.transport.raw_stream import RawStream
 
 SID = "isandbox0123456789abc"
 START = "/process.Process/Start"

@@ -13,7 +13,7 @@ from e2b_provider.errors import ProtocolError, RemoteError
 from e2b_provider.models import Target
 from e2b_provider.protocol.connect import encode_envelope
 from e2b_provider.protocol.process_events import DataEvent, EndEvent, StartEvent
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 START = "/process.Process/Start"
 

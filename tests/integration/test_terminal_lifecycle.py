@@ -34,7 +34,7 @@ from e2b_provider.errors import (
     SandboxPaused,
     TransportTimeout,
 )
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 from .conftest import count_requests, root, unique_name, until
 
