@@ -21,11 +21,10 @@ No message built here contains the access token.
 from __future__ import annotations
 
 import base64
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..cancel import CancelToken, Deadline
 from ..errors import E2BProviderError, InvalidArgument, ProtocolError
-from ..protocol.connect import encode_envelope
 from ..transport.http import (
     HttpResponse,
     RawStream,
@@ -45,6 +44,9 @@ from .envd_requests import (
     check_pid,
     check_timeout,
     check_user,
+    connect_request,
+    pty_size,
+    start_request,
     within,
 )
 from .envd_streams import PTY_OPERATION, START_OPERATION, ProcessStream, WatchStream
@@ -67,58 +69,6 @@ LIST_BODY_BYTES = 64 << 20
 SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _CONNECT_OP = "process connect"
 _WATCH_OP = "filesystem watch"
-
-
-def _process_config(
-    cmd: object, args: Sequence[str], envs: Optional[Mapping[str, str]], cwd: object
-) -> Dict[str, Any]:
-    """A Start request's ``process``: ``cmd``, ``args`` and, when given, ``envs`` and
-    ``cwd``, checked."""
-    if not isinstance(cmd, str) or not cmd:
-        raise InvalidArgument("cmd must be a non-empty string")
-    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-        raise InvalidArgument("args must be a sequence of strings")
-    process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
-    if envs is not None:
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
-            raise InvalidArgument("envs must map strings to strings")
-        process["envs"] = dict(envs)
-    if cwd is not None:
-        if not isinstance(cwd, str):
-            raise InvalidArgument("cwd must be a string")
-        process["cwd"] = cwd
-    return process
-
-
-def _start_request(
-    user: str,
-    cmd: object,
-    args: Sequence[str],
-    envs: Optional[Mapping[str, str]],
-    cwd: object,
-    keepalive_seconds: int,
-) -> Dict[str, Any]:
-    """A Start request (its ``process``), the arguments of every start checked."""
-    check_user(user)
-    process = _process_config(cmd, args, envs, cwd)
-    check_keepalive(keepalive_seconds)
-    return {"process": process}
-
-
-def _connect_request(pid: int, user: str, keepalive_seconds: int) -> Dict[str, Any]:
-    """A Connect request (to process ``pid``), the arguments of every connect checked."""
-    check_pid(pid)
-    check_user(user)
-    check_keepalive(keepalive_seconds)
-    return {"process": {"pid": pid}}
-
-
-def _pty_size(cols: object, rows: object) -> Dict[str, Any]:
-    """A request's ``pty`` field for a terminal of ``cols`` x ``rows``, checked."""
-    for name, n in (("cols", cols), ("rows", rows)):
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
-            raise InvalidArgument(f"{name} must be an int from 1 to 65535")
-    return {"size": {"cols": cols, "rows": rows}}
 
 
 class EnvdClient(EnvdFiles):
@@ -180,14 +130,15 @@ class EnvdClient(EnvdFiles):
             ProtocolError: a 200 answer that is not a Connect stream.
             Cancelled, TransportError, TransportTimeout.
         """
-        request = _start_request(user, cmd, args, envs, cwd, keepalive_seconds)
+        request = start_request(user, cmd, args, envs, cwd, keepalive_seconds)
         request["stdin"] = bool(stdin)
         if tag is not None:
             if not isinstance(tag, str) or not tag:
                 raise InvalidArgument("tag must be a non-empty string")
             request["tag"] = tag
-        return self._open_events("Start", request, user, keepalive_seconds, token,
-                                 START_OPERATION)
+        opening = self._stream_opening("/process.Process/Start", request, user,
+                                       keepalive_seconds, token, START_OPERATION)
+        return ProcessStream(self._open_stream(*opening), operation=START_OPERATION)
 
     def connect(
         self,
@@ -209,9 +160,10 @@ class EnvdClient(EnvdFiles):
             RemoteError: (from iteration) envd does not know the pid (``not_found``).
             ProtocolError, Cancelled, TransportError, TransportTimeout.
         """
-        request = _connect_request(pid, user, keepalive_seconds)
-        return self._open_events("Connect", request, user, keepalive_seconds, token,
-                                 _CONNECT_OP)
+        request = connect_request(pid, user, keepalive_seconds)
+        opening = self._stream_opening("/process.Process/Connect", request, user,
+                                       keepalive_seconds, token, _CONNECT_OP)
+        return ProcessStream(self._open_stream(*opening), operation=_CONNECT_OP)
 
     def watch_dir(
         self,
@@ -257,10 +209,11 @@ class EnvdClient(EnvdFiles):
         if server_timeout is not None:
             ms = check_timeout(server_timeout, "server_timeout") * 1000.0
             extra["Connect-Timeout-Ms"] = str(max(1, min(int(ms), 9_999_999_999)))
-        return WatchStream(self._open_stream(
+        opening = self._stream_opening(
             "/filesystem.Filesystem/WatchDir", {"path": path, "recursive": bool(recursive)},
             user, keepalive_seconds, token, _WATCH_OP, extra,
-        ))
+        )
+        return WatchStream(self._open_stream(*opening))
 
     def start_pty(
         self,
@@ -295,9 +248,9 @@ class EnvdClient(EnvdFiles):
             ProtocolError: a 200 answer that is not a Connect stream.
             Cancelled, TransportError, TransportTimeout.
         """
-        request = _start_request(user, cmd, args, envs, cwd, keepalive_seconds)
+        request = start_request(user, cmd, args, envs, cwd, keepalive_seconds)
         # As the SDK's pty.create: no stdin field (envd ignores it for a terminal).
-        request["pty"] = _pty_size(cols, rows)
+        request["pty"] = pty_size(cols, rows)
         if tag is not None:
             request["tag"] = tag
         extra: Dict[str, str] = {}
@@ -307,7 +260,10 @@ class EnvdClient(EnvdFiles):
             ):
                 raise InvalidArgument("timeout_ms must be a positive int of at most 10 digits")
             extra["Connect-Timeout-Ms"] = str(timeout_ms)
-        return self._open_raw("Start", request, user, keepalive_seconds, token, extra)
+        return self._open_raw(*self._stream_opening(
+            "/process.Process/Start", request, user, keepalive_seconds, token, PTY_OPERATION,
+            extra,
+        ))
 
     def connect_pty(
         self,
@@ -326,23 +282,17 @@ class EnvdClient(EnvdFiles):
             InvalidArgument, E2BHttpError, ProtocolError, Cancelled, TransportError,
             TransportTimeout.
         """
-        request = _connect_request(pid, user, keepalive_seconds)
-        return self._open_raw("Connect", request, user, keepalive_seconds, token, {})
+        request = connect_request(pid, user, keepalive_seconds)
+        return self._open_raw(*self._stream_opening(
+            "/process.Process/Connect", request, user, keepalive_seconds, token, PTY_OPERATION
+        ))
 
-    def _open_raw(
-        self,
-        method: str,
-        request: Dict[str, Any],
-        user: str,
-        keepalive_seconds: int,
-        token: Optional[CancelToken],
-        extra: Mapping[str, str],
-    ) -> RawStream:
-        url, opening = self._opening(f"/process.Process/{method}", request, user,
-                                     keepalive_seconds, token, PTY_OPERATION, extra)
+    def _open_raw(self, url: str, opening: Dict[str, Any]) -> RawStream:
+        """Open one Connect server stream of envd as a raw stream (``opening``: see
+        :meth:`_stream_opening`); its answer checked (200, Connect)."""
         stream = self._transport.open_raw_stream("POST", url, **opening)
         check_connect_answer(
-            stream, PTY_OPERATION, lambda: stream.read_all(ERROR_BODY_BYTES, timeout=5.0)
+            stream, opening["operation"], lambda: stream.read_all(ERROR_BODY_BYTES, timeout=5.0)
         )
         return stream
 
@@ -365,7 +315,7 @@ class EnvdClient(EnvdFiles):
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         check_pid(pid)
-        body = {"process": {"pid": pid}, "pty": _pty_size(cols, rows)}
+        body = {"process": {"pid": pid}, "pty": pty_size(cols, rows)}
         resp = self._rpc("Update", body, "terminal resize", token, timeout)
         if not resp.ok:
             raise error_from_response(resp, "terminal resize")
@@ -393,60 +343,15 @@ class EnvdClient(EnvdFiles):
             raise ProtocolError("E2B process list: 'processes' is not a list")
         return [p for p in found if isinstance(p, dict)]
 
-    def _open_events(
-        self,
-        method: str,
-        request: Dict[str, Any],
-        user: str,
-        keepalive_seconds: int,
-        token: Optional[CancelToken],
-        operation: str,
-    ) -> ProcessStream:
-        stream = self._open_stream(f"/process.Process/{method}", request, user,
-                                   keepalive_seconds, token, operation)
-        return ProcessStream(stream, operation=operation)
-
-    def _open_stream(
-        self,
-        route: str,
-        request: Dict[str, Any],
-        user: str,
-        keepalive_seconds: int,
-        token: Optional[CancelToken],
-        operation: str,
-        extra: Optional[Mapping[str, str]] = None,
-    ) -> Stream:
-        """Open one Connect server stream of envd; its answer checked (200, Connect)."""
-        url, opening = self._opening(route, request, user, keepalive_seconds, token,
-                                     operation, extra or {})
+    def _open_stream(self, url: str, opening: Dict[str, Any]) -> Stream:
+        """Open one Connect server stream of envd (``opening``: see :meth:`_stream_opening`);
+        its answer checked (200, Connect)."""
         stream = self._transport.open_stream("POST", url, **opening)
         check_connect_answer(
-            stream, operation, lambda: stream.read_all(ERROR_BODY_BYTES, truncate=True)
+            stream, opening["operation"],
+            lambda: stream.read_all(ERROR_BODY_BYTES, truncate=True),
         )
         return stream
-
-    def _opening(
-        self,
-        route: str,
-        request: Dict[str, Any],
-        user: str,
-        keepalive_seconds: int,
-        token: Optional[CancelToken],
-        operation: str,
-        extra: Mapping[str, str],
-    ) -> Tuple[str, Dict[str, Any]]:
-        """The URL and arguments that open one Connect server stream of envd (buffered or
-        raw): the opening within :data:`START_OPEN_SECONDS`, then each read within twice
-        the keepalive plus 10 s."""
-        headers = self._stream_headers(user, keepalive_seconds, extra)
-        return f"{self._base}{route}", {
-            "headers": headers,
-            "data": encode_envelope(request),
-            "read_timeout": 2.0 * keepalive_seconds + 10.0,
-            "token": token,
-            "operation": operation,
-            "deadline": Deadline.after(START_OPEN_SECONDS),
-        }
 
     def _rpc(
         self,

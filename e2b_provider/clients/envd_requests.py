@@ -2,20 +2,23 @@
 
 This module owns the facts of envd's API the client relies on (its port, the keepalive asked
 for, the bounds of an opening and of an error answer), the checks of the arguments envd is
-sent (user, path, pid, keepalive, timeouts), the check of a Connect stream's answer, and
+sent (user, path, pid, keepalive, timeouts), the bodies of ``Start`` and ``Connect`` (and a
+terminal's size), the check of a Connect stream's answer, and
 :class:`EnvdBase`, the part of the envd client every call uses: the target, its base URL and
 the headers (``E2b-Sandbox-Id``, ``E2b-Sandbox-Port: 49983``, ``X-Access-Token``; for a
-Connect server stream also its content type, the user and the keepalive).
+Connect server stream also its content type, the user and the keepalive) and the opening of
+a Connect server stream (its URL, body and bounds).
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from ..cancel import Deadline
+from ..cancel import CancelToken, Deadline
 from ..errors import InvalidArgument, ProtocolError
 from ..models import Target
+from ..protocol.connect import encode_envelope
 from ..transport.http import HttpResponse, RawStream, Stream, Transport, error_from_response
 
 __all__ = [
@@ -30,6 +33,10 @@ __all__ = [
     "check_pid",
     "check_timeout",
     "check_user",
+    "connect_request",
+    "process_config",
+    "pty_size",
+    "start_request",
     "within",
 ]
 
@@ -89,6 +96,58 @@ def within(timeout: object) -> Dict[str, Any]:
     return {"read_timeout": t, "deadline": Deadline.after(t)}
 
 
+def process_config(
+    cmd: object, args: Sequence[str], envs: Optional[Mapping[str, str]], cwd: object
+) -> Dict[str, Any]:
+    """A Start request's ``process``: ``cmd``, ``args`` and, when given, ``envs`` and
+    ``cwd``, checked."""
+    if not isinstance(cmd, str) or not cmd:
+        raise InvalidArgument("cmd must be a non-empty string")
+    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+        raise InvalidArgument("args must be a sequence of strings")
+    process: Dict[str, Any] = {"cmd": cmd, "args": list(args)}
+    if envs is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
+            raise InvalidArgument("envs must map strings to strings")
+        process["envs"] = dict(envs)
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            raise InvalidArgument("cwd must be a string")
+        process["cwd"] = cwd
+    return process
+
+
+def start_request(
+    user: str,
+    cmd: object,
+    args: Sequence[str],
+    envs: Optional[Mapping[str, str]],
+    cwd: object,
+    keepalive_seconds: int,
+) -> Dict[str, Any]:
+    """A Start request (its ``process``), the arguments of every start checked."""
+    check_user(user)
+    process = process_config(cmd, args, envs, cwd)
+    check_keepalive(keepalive_seconds)
+    return {"process": process}
+
+
+def connect_request(pid: int, user: str, keepalive_seconds: int) -> Dict[str, Any]:
+    """A Connect request (to process ``pid``), the arguments of every connect checked."""
+    check_pid(pid)
+    check_user(user)
+    check_keepalive(keepalive_seconds)
+    return {"process": {"pid": pid}}
+
+
+def pty_size(cols: object, rows: object) -> Dict[str, Any]:
+    """A request's ``pty`` field for a terminal of ``cols`` x ``rows``, checked."""
+    for name, n in (("cols", cols), ("rows", rows)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF:
+            raise InvalidArgument(f"{name} must be an int from 1 to 65535")
+    return {"size": {"cols": cols, "rows": rows}}
+
+
 def check_connect_answer(
     stream: Union[Stream, RawStream], operation: str, error_body: Callable[[], bytes]
 ) -> None:
@@ -131,6 +190,29 @@ class EnvdBase:
     def target(self) -> Target:
         """The target this client talks to."""
         return self._target
+
+    def _stream_opening(
+        self,
+        route: str,
+        request: Dict[str, Any],
+        user: str,
+        keepalive_seconds: int,
+        token: Optional[CancelToken],
+        operation: str,
+        extra: Optional[Mapping[str, str]] = None,
+    ) -> Tuple[str, Dict[str, Any]]:
+        """The URL and arguments that open one Connect server stream of envd (buffered or
+        raw), sending ``request`` as ``user``: the opening within
+        :data:`START_OPEN_SECONDS`, then each read within twice the keepalive plus 10 s."""
+        headers = self._stream_headers(user, keepalive_seconds, extra or {})
+        return f"{self._base}{route}", {
+            "headers": headers,
+            "data": encode_envelope(request),
+            "read_timeout": 2.0 * keepalive_seconds + 10.0,
+            "token": token,
+            "operation": operation,
+            "deadline": Deadline.after(START_OPEN_SECONDS),
+        }
 
     def _stream_headers(
         self, user: str, keepalive_seconds: int, extra: Mapping[str, str]
