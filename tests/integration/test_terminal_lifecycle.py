@@ -26,7 +26,8 @@ import pytest
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle, Terminal
-from e2b_provider.commands.terminals import TERMINAL_WRAPPER, _listed_terminal
+from e2b_provider.commands.terminal_wrapper import TERMINAL_WRAPPER
+from e2b_provider.commands.terminal_wrapper import listed_terminal as _listed_terminal
 from e2b_provider.errors import (
     CommandNotFound,
     InvalidArgument,
