@@ -73,7 +73,9 @@ from ..errors import (
 from ..models import Target, TransferSummary
 from ..protocol import scripts as scripts
 from ..sandbox_side import source
-from .files import ACCESS_HINT, Files, _Helper, unsafe_path
+from .answers import ACCESS_HINT, unsafe_path
+from .files import Files
+from .helper import Helper
 
 __all__ = [
     "Progress",
@@ -1707,7 +1709,7 @@ class Trees:
                 *scripts.tree_upload_args(dest, fifo, end, skills, op_id, source("file_agent"),
                                           prepare=self._files.needs_staging(sid))]
 
-        def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        def body(helper: Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
             length = tar_length(plan, end)  # while the sandbox makes the FIFO
             unsent = Unsent()
             ready = helper.first_line() == b"ready"
@@ -1749,7 +1751,7 @@ class Trees:
                 raise _upload_failed("the upload did not arrive whole", helper, dest)
             return _outcome(plan, summary, helper, dest, unsent)
 
-        return self._files._helped(target, op_id, argv, fifo, cancel, deadline, body)
+        return self._files.ops.helped(target, op_id, argv, fifo, cancel, deadline, body)
 
     def download(
         self,
@@ -1807,7 +1809,7 @@ class Trees:
             argv = ["python3", "-I", "-S", "-X", "utf8", "-c", source("file_agent"), "pack",
                     remote_path, scripts.fileop_name(op_id), *exclude]
 
-        def body(helper: _Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
+        def body(helper: Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
             reader = _Chunks(helper.next_output)
             line = reader.read_line(64 * 1024)
             try:
@@ -1843,13 +1845,13 @@ class Trees:
                 raise _pack_failed(remote_path, helper, None)
             return summary, list(tail.get("errors") or []) + refused
 
-        return self._files._helped(
+        return self._files.ops.helped(
             target, op_id, argv, "", cancel, deadline, body, user=scripts.SANDBOX_USER
         )
 
 
 def _outcome(
-    plan: UploadPlan, summary: Dict[str, Any], helper: _Helper, dest: str, unsent: Unsent
+    plan: UploadPlan, summary: Dict[str, Any], helper: Helper, dest: str, unsent: Unsent
 ) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
     """What a complete upload wrote, and the entries not sent (``unsent``) or that the
     sandbox refused."""
@@ -1884,7 +1886,7 @@ class _NoPython(Exception):
 _UNREAD = re.compile(r"(?:find: '\./(.*)'|tar: (.*?)(?:: Cannot \w+)?): ([^:]+)")
 
 
-def _unread(helper: _Helper, remote_path: str) -> List[Dict[str, Any]]:
+def _unread(helper: Helper, remote_path: str) -> List[Dict[str, Any]]:
     """The entries :data:`~e2b_provider.protocol.scripts.PACK_SCRIPT` reported as not read, as the
     file agent's ``pack`` reports them (``{"path", "message"}``)."""
     out: List[Dict[str, Any]] = []
@@ -1916,7 +1918,7 @@ def shrank_members(stderr_lines: Sequence[bytes]) -> List[str]:
     return out
 
 
-def _stderr_json(helper: _Helper) -> Optional[Dict[str, Any]]:
+def _stderr_json(helper: Helper) -> Optional[Dict[str, Any]]:
     """The last line of the helper's standard error, as a JSON object (or None)."""
     lines = helper.stderr_lines()
     if not lines:
@@ -1932,7 +1934,7 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _summary(helper: _Helper) -> Optional[Dict[str, Any]]:
+def _summary(helper: Helper) -> Optional[Dict[str, Any]]:
     for line in reversed(helper.outcome().stdout.splitlines()):
         try:
             value = json.loads(line.decode("utf-8", "surrogateescape"))
@@ -1943,7 +1945,7 @@ def _summary(helper: _Helper) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _refusal(helper: _Helper) -> Optional[E2BProviderError]:
+def _refusal(helper: Helper) -> Optional[E2BProviderError]:
     """The error for an upload the sandbox refused as a whole (``/skills`` rules), if so."""
     summary = _summary(helper)
     if summary is None or not summary.get("refused"):
@@ -1966,7 +1968,7 @@ def _transfer(summary: Dict[str, Any]) -> TransferSummary:
         raise ProtocolError("the sandbox sent a malformed upload summary") from None
 
 
-def _upload_failed(what: str, helper: _Helper, dest: str) -> E2BProviderError:
+def _upload_failed(what: str, helper: Helper, dest: str) -> E2BProviderError:
     """The error for an upload to ``dest`` that did not complete: refused under
     ``/skills``, a destination the user may not write into, or what its helper said."""
     refused = _refusal(helper)
@@ -1986,7 +1988,7 @@ def _upload_failed(what: str, helper: _Helper, dest: str) -> E2BProviderError:
     return _helper_failed(what, helper, dest)
 
 
-def _helper_failed(what: str, helper: _Helper, dest: str) -> CommandFailed:
+def _helper_failed(what: str, helper: Helper, dest: str) -> CommandFailed:
     """The error for an upload to ``dest`` whose helper failed: why, in the user's terms
     (no temporary or staging name, no program's traceback), from its standard error."""
     text = helper.outcome().stderr.decode("utf-8", "replace")
@@ -2003,7 +2005,7 @@ def _helper_failed(what: str, helper: _Helper, dest: str) -> CommandFailed:
 
 
 def _pack_failed(
-    remote_path: str, helper: _Helper, absent: Optional[Dict[str, Any]]
+    remote_path: str, helper: Helper, absent: Optional[Dict[str, Any]]
 ) -> CommandFailed:
     if isinstance(absent, dict):
         if absent.get("missing"):

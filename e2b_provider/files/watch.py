@@ -74,7 +74,8 @@ from ..models import FileEvent, FileEventType, FileStat, Target
 from ..protocol import scripts as scripts
 from ..protocol.connect import EndStream, EnvelopeDecoder, Item, Message
 from ..transport.http import Stream
-from .files import ACCESS_HINT, Files
+from .answers import ACCESS_HINT
+from .files import Files
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
