@@ -1,10 +1,11 @@
 """Files in a sandbox: read (capped), write (as the sandbox user), stat, list.
 
 This module owns :class:`Files`, the provider's part that reads, writes and examines files
-with the sandbox user's permissions: it gives each call its bound
-(:data:`~e2b_provider.core.context.FILE_OP_TIMEOUT`) and hands it to the part that does the
-work (:mod:`~e2b_provider.files.reads`, :mod:`~e2b_provider.files.writes`,
-:mod:`~e2b_provider.files.listing`, over :mod:`~e2b_provider.files.fileops`). Arguments
+with the sandbox user's permissions. It brings its parts together
+(:mod:`~e2b_provider.files.reads`, :mod:`~e2b_provider.files.writes`,
+:mod:`~e2b_provider.files.listing`, over :mod:`~e2b_provider.files.fileops`; each call
+bound by :data:`~e2b_provider.core.context.FILE_OP_TIMEOUT`) and owns what concerns a whole
+sandbox: what it lacks, its staging directory, the sweep of its file operations. Arguments
 arrive validated (the provider facade checks them). Every path keeps the reference's
 semantics: reads and stats as user ``sandbox``; writes by ``sandbox`` (parents created by
 it, the file owned by it), or by root with mode 0644 under ``/skills``.
@@ -54,16 +55,12 @@ directory on the way is closed to the user is "permission denied", not None.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
-from ..cancel import CancelToken, Deadline
-from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed, silence_is_timeout
-from ..core.file_agents import FileAgents
-from ..errors import CommandFailed, E2BProviderError
-from ..models import DirEntry, FileContent, FileStat
+from ..cancel import CancelToken
+from ..core.context import script_failed, silence_is_timeout
 from ..protocol import scripts as scripts
-from .facts import STAGED, SandboxFacts
-from .fileops import FileOps
+from .facts import STAGED
 from .listing import Listing
 from .reads import Reads
 from .writes import Writes
@@ -71,29 +68,14 @@ from .writes import Writes
 __all__ = ["Files"]
 
 
-def _bound() -> Deadline:
-    """A new file operation's deadline: :data:`FILE_OP_TIMEOUT` from now."""
-    return Deadline.after(FILE_OP_TIMEOUT)
-
-
-class Files:
+class Files(Reads, Writes, Listing):
     """Read, write, stat and list files as the sandbox user (arguments already validated).
 
-    The work is done by its parts: :class:`~e2b_provider.files.reads.Reads`,
-    :class:`~e2b_provider.files.writes.Writes` and :class:`~e2b_provider.files.listing.Listing`,
-    over :attr:`ops` (the processes of each file operation, and their clean-up).
+    Its parts do the work: :class:`~e2b_provider.files.reads.Reads` (``read``,
+    ``read_many``, ``stat``), :class:`~e2b_provider.files.writes.Writes` (``write``,
+    ``write_many``) and :class:`~e2b_provider.files.listing.Listing` (``list_dir``), over
+    :attr:`ops` (the processes of each file operation, and their clean-up).
     """
-
-    def __init__(self, ctx: ProviderContext, agents: FileAgents) -> None:
-        self._ctx = ctx
-        self._agents = agents
-        self._facts = SandboxFacts()
-        ctx.on_fork(self._facts.forget_all)
-        #: Runs file operations' scripts and helpers, and cleans up after them.
-        self.ops = FileOps(ctx)
-        self._reads = Reads(ctx, agents, self._facts, self.ops, _bound)
-        self._writes = Writes(ctx, agents, self._facts, self.ops, _bound)
-        self._listing = Listing(agents, self.ops, _bound)
 
     # -- what a sandbox lacks -------------------------------------------------------------
 
@@ -119,52 +101,11 @@ class Files:
         else:
             self._facts.forget(sid, STAGED)
 
-    # -- the operations -------------------------------------------------------------------
-
-    def read(
-        self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
-    ) -> Optional[FileContent]:
-        """The file's first ``max_bytes`` (None: missing or a directory)."""
-        return self._reads.read(sid, path, max_bytes, cancel)
-
-    def read_many(
-        self,
-        sid: str,
-        paths: List[str],
-        max_bytes: int,
-        cancel: Optional[CancelToken],
-    ) -> Tuple[Dict[str, Optional[FileContent]], Dict[str, CommandFailed]]:
-        """Read every path (at most ``max_bytes`` each): the contents (None: missing or a
-        directory) and the failures, by path."""
-        return self._reads.read_many(sid, paths, max_bytes, cancel)
-
-    def stat(self, sid: str, path: str, cancel: Optional[CancelToken]) -> Optional[FileStat]:
-        """The file's size and kind (None: missing)."""
-        return self._reads.stat(sid, path, cancel)
-
-    def write(self, sid: str, path: str, payload: bytes, cancel: Optional[CancelToken]) -> None:
-        """Write ``payload`` to ``path`` (atomically)."""
-        self._writes.write(sid, path, payload, cancel)
-
-    def write_many(
-        self,
-        sid: str,
-        files: List[Tuple[str, bytes]],
-        cancel: Optional[CancelToken],
-    ) -> Dict[str, E2BProviderError]:
-        """Write every file (each atomically); the failures, by path (empty: all written)."""
-        return self._writes.write_many(sid, files, cancel)
-
-    def list_dir(
-        self, sid: str, path: str, depth: int, cancel: Optional[CancelToken]
-    ) -> Optional[List[DirEntry]]:
-        """The entries below ``path`` down to ``depth`` levels, as the sandbox user sees
-        them; None when ``path`` does not exist."""
-        return self._listing.list_dir(sid, path, depth, cancel)
+    # -- the whole sandbox ----------------------------------------------------------------
 
     def sweep(self, sid: str, cancel: Optional[CancelToken]) -> None:
         """Kill every file operation's processes in the sandbox and remove staged FIFOs."""
-        deadline = _bound()
+        deadline = self._bound()
         args = scripts.fileop_cleanup_args("")
         with silence_is_timeout():
             r = self._ctx.on_target(
@@ -174,7 +115,6 @@ class Files:
             )
         if r.exit_code != 0:
             raise script_failed("the clean-up script failed", r)
-
 
     def forget(self, sid: str) -> None:
         """Drop what is kept about a sandbox that is being paused or destroyed."""

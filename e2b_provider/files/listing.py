@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import datetime
 import posixpath
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..cancel import CancelToken, Deadline
-from ..core.file_agents import AgentUnavailable, FileAgents
+from ..core.file_agents import AgentUnavailable
 from ..errors import CommandFailed, ProtocolError
 from ..models import DirEntry
 from ..protocol import scripts as scripts
 from .answers import ACCESS_HINT, absent, closed_dir, script_error
-from .fileops import FileOps
+from .file_part import FilePart
 
 #: Output kept from the listing script (about 100 bytes an entry; past it the listing is
 #: cut at the last whole entry, as the agent cuts one at a million entries).
@@ -27,14 +27,8 @@ _LIST_OUTPUT = 128 << 20
 _FIND_KINDS = {"f": "file", "d": "dir", "l": "symlink"}
 
 
-class Listing:
+class Listing(FilePart):
     """List directories as the sandbox user (arguments already validated)."""
-
-    def __init__(self, agents: FileAgents, ops: FileOps, bound: Callable[[], Deadline]) -> None:
-        self._agents = agents
-        self._ops = ops
-        #: A new file operation's deadline.
-        self._bound = bound
 
     def list_dir(
         self, sid: str, path: str, depth: int, cancel: Optional[CancelToken]
@@ -72,7 +66,7 @@ class Listing:
         """:meth:`list_dir` without the file agent (no ``python3``): GNU ``find`` as the
         sandbox user, its records put in the agent's order (level by level, sorted by name
         within each directory)."""
-        r = self._ops.script(sid, scripts.SANDBOX_USER, scripts.list_args(path, depth),
+        r = self.ops.script(sid, scripts.SANDBOX_USER, scripts.list_args(path, depth),
                          _LIST_OUTPUT, cancel, deadline)
         if r.exit_code == 3:
             return None

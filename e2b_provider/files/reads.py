@@ -17,11 +17,11 @@ import re
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..cancel import CancelToken, Deadline
-from ..core.context import STDERR_ROOM, ProviderContext
-from ..core.file_agents import AgentUnavailable, FileAgents
+from ..core.context import STDERR_ROOM
+from ..core.file_agents import AgentUnavailable
 from ..core.messages import is_ambiguous
 from ..errors import (
     CommandFailed,
@@ -42,8 +42,7 @@ from .answers import (
     stat_of,
     timed_out,
 )
-from .facts import SandboxFacts
-from .fileops import FileOps
+from .file_part import FilePart
 from .helper import HELPER_GRACE_SECONDS, Helper
 
 log = logging.getLogger("e2b_provider")
@@ -58,23 +57,8 @@ class _Slow(Exception):
     """The fast path cannot serve this call; take the reference's path."""
 
 
-class Reads:
+class Reads(FilePart):
     """Read and stat files as the sandbox user (arguments already validated)."""
-
-    def __init__(
-        self,
-        ctx: ProviderContext,
-        agents: FileAgents,
-        facts: SandboxFacts,
-        ops: FileOps,
-        bound: Callable[[], Deadline],
-    ) -> None:
-        self._ctx = ctx
-        self._agents = agents
-        self._facts = facts
-        self._ops = ops
-        #: A new file operation's deadline.
-        self._bound = bound
 
     def read(
         self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
@@ -84,7 +68,7 @@ class Reads:
             return self._read(sid, path, max_bytes, cancel)
         except E2BProviderError as exc:
             if is_ambiguous(exc):
-                self._ops.settle_lost(sid, exc, began, cancel, f"reading {path}", retry=False)
+                self.ops.settle_lost(sid, exc, began, cancel, f"reading {path}", retry=False)
             raise
 
     def _read(
@@ -100,7 +84,7 @@ class Reads:
         fast = want > scripts.LARGE_READ_MIN and not self._facts.lacks(sid, "python3")
         # the probe never asks for the fast path when the threshold is ``want`` itself
         args = scripts.read_probe_args(path, want, scripts.LARGE_READ_MIN if fast else want)
-        r = self._ops.script(sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline)
+        r = self.ops.script(sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline)
         if r.exit_code == scripts.LARGE_READ_EXIT and fast:
             try:
                 return self._ctx.on_target(
@@ -108,7 +92,7 @@ class Reads:
                 )
             except _Slow:
                 args = scripts.read_probe_args(path, want, want)
-                r = self._ops.script(
+                r = self.ops.script(
                     sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline
                 )
         if r.exit_code in (3, 4):
@@ -132,13 +116,13 @@ class Reads:
                     pass
                 else:
                     return stat_of(path, answer)
-            r = self._ops.script(
+            r = self.ops.script(
                 sid, scripts.SANDBOX_USER, scripts.stat_probe_args(path), STDERR_ROOM, cancel,
                 deadline,
             )
         except E2BProviderError as exc:
             if is_ambiguous(exc):
-                self._ops.settle_lost(sid, exc, began, cancel, f"examining {path}", retry=False)
+                self.ops.settle_lost(sid, exc, began, cancel, f"examining {path}", retry=False)
             raise
         if r.exit_code == 3:
             return None
@@ -315,7 +299,7 @@ class Reads:
                 raise _Slow()
             return capped_content(data, max_bytes)
 
-        return self._ops.helped(target, op_id, argv, "", cancel, deadline, body)
+        return self.ops.helped(target, op_id, argv, "", cancel, deadline, body)
 
 
 def _stop_holder(helper: Helper, deadline: Deadline) -> bool:

@@ -18,15 +18,15 @@ import uuid
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from ..cancel import CancelToken, Deadline
-from ..core.context import STDERR_ROOM, ProviderContext
-from ..core.file_agents import MAX_INLINE_FILE, MAX_PAYLOAD, AgentUnavailable, FileAgents
+from ..core.context import STDERR_ROOM
+from ..core.file_agents import MAX_INLINE_FILE, MAX_PAYLOAD, AgentUnavailable
 from ..core.messages import is_ambiguous
 from ..errors import CommandFailed, E2BHttpError, E2BProviderError, UnsafePath
 from ..models import Target
 from ..protocol import scripts as scripts
 from .answers import script_error, write_results
-from .facts import STAGED, SandboxFacts
-from .fileops import FileOps
+from .facts import STAGED
+from .file_part import FilePart
 from .helper import HELPER_GRACE_SECONDS, SETTLE_SECONDS, Helper
 
 log = logging.getLogger("e2b_provider")
@@ -37,23 +37,8 @@ _RETRY_MIN_SECONDS = 1.0
 _T = TypeVar("_T")
 
 
-class Writes:
+class Writes(FilePart):
     """Write files as the sandbox user (arguments already validated)."""
-
-    def __init__(
-        self,
-        ctx: ProviderContext,
-        agents: FileAgents,
-        facts: SandboxFacts,
-        ops: FileOps,
-        bound: Callable[[], Deadline],
-    ) -> None:
-        self._ctx = ctx
-        self._agents = agents
-        self._facts = facts
-        self._ops = ops
-        #: A new file operation's deadline.
-        self._bound = bound
 
     def write(self, sid: str, path: str, payload: bytes, cancel: Optional[CancelToken]) -> None:
         deadline = self._bound()
@@ -81,7 +66,7 @@ class Writes:
                 if not is_ambiguous(exc):
                     raise
                 again = attempt == 1 and deadline.remaining() >= _RETRY_MIN_SECONDS
-                self._ops.settle_lost(sid, exc, began, cancel,
+                self.ops.settle_lost(sid, exc, began, cancel,
                              f"{what} (it may or may not have been written)", retry=again)
                 log.info("e2b_provider: the answer to %s in sandbox %s was lost (%s); "
                          "writing again", what, sid, exc)
@@ -115,7 +100,7 @@ class Writes:
         if len(payload) <= scripts.INLINE_WRITE_MAX and not self._facts.lacks(sid, "base64"):
             user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
             args = scripts.inline_write_args(path, payload, skills)
-            r = self._ops.script(sid, user, args, STDERR_ROOM, cancel, deadline, commit=True)
+            r = self.ops.script(sid, user, args, STDERR_ROOM, cancel, deadline, commit=True)
             if r.exit_code == 0:
                 return
             if r.exit_code != scripts.MISSING_TOOL_EXIT:
@@ -218,7 +203,7 @@ class Writes:
                 # envd answered, so no upload is on its way: stop the script (it may wait
                 # for a writer that never came), then say what it said.
                 helper.posted = False
-                self._ops.cleanup_now(target, helper.op_id, fifo, helper.pid, interrupted=False)
+                self.ops.cleanup_now(target, helper.op_id, fifo, helper.pid, interrupted=False)
                 helper.finish()
                 out = helper.outcome()
                 if out.stderr.strip():
@@ -238,5 +223,5 @@ class Writes:
             if helper.exit_code != 0:
                 raise script_error("the write script failed", helper.outcome())
 
-        self._ops.helped(target, op_id, argv, fifo, cancel, deadline, body, done=lambda: None)
+        self.ops.helped(target, op_id, argv, fifo, cancel, deadline, body, done=lambda: None)
 
