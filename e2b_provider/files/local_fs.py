@@ -26,6 +26,9 @@ O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | O_CLOEXEC
 
 
+#: Local temporary names: ``.capybara-part-<pid>-<host>-<hex>``, ``host`` naming the machine,
+#: its boot and its pid namespace (:func:`_host_tag`), so that the owner's liveness can be
+#: told from the name alone.
 _PART = ".capybara-part-"
 _PART_NAME = re.compile(r"\.capybara-part-([0-9]{1,10})-([0-9a-f]{8})-[0-9a-f]{12}")
 _host: List[str] = []

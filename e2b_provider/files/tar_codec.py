@@ -422,8 +422,3 @@ def _pax_records(data: bytes) -> Dict[str, str]:
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return out
-
-
-#: Local temporary names: ``.capybara-part-<pid>-<host>-<hex>``, ``host`` naming the machine,
-#: its boot and its pid namespace (:func:`_host_tag`), so that the owner's liveness can be
-#: told from the name alone.

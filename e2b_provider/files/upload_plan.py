@@ -27,16 +27,17 @@ from .local_fs import DIR_OPEN, O_CLOEXEC
 
 log = logging.getLogger("e2b_provider")
 
-#: A directory of a tree is opened with these flags, by name in its parent's descriptor
-#: (never through a symbolic link), and a file with these (nor waiting, should a FIFO have
-#: taken its place); each is then checked to be what was planned (see :func:`opened_entries`).
+#: A file of a tree is opened with these flags (a directory with
+#: :data:`~e2b_provider.files.local_fs.DIR_OPEN`), by name in its directory's descriptor:
+#: never through a symbolic link, nor waiting, should a FIFO have taken its place; each is
+#: then checked to be what was planned (see :func:`opened_entries`).
 _FILE_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | O_CLOEXEC
 #: Directory descriptors a walk of a tree keeps open at most (others are opened again).
 _OPEN_DIRS = 32
 #: An entry's kind, in a plan.
 _FILE, _DIR, _LINK = 0, 1, 2
-#: What :func:`opened_entries` gives for a directory or link to send as planned, and for an entry
-#: not to be sent.
+#: What :func:`opened_entries` gives for a directory or link to send as planned, and for an
+#: entry not to be sent.
 SENT, SKIP = -1, -2
 #: Why an entry is not sent: it is not what was planned, or is not there any more.
 _REPLACED = "it was replaced or removed on this machine after the upload listed it"
@@ -116,9 +117,9 @@ class UploadPlan:
 
 @attrs.define
 class Unsent:
-    """What :func:`tar_stream` did not send as planned: each entry left out (or sent
-    damaged), as ``(relative name, why)``, and what the entries left out add up to (their
-    own and those below a directory left out, which are not named)."""
+    """What :func:`~e2b_provider.files.tar_codec.tar_stream` did not send as planned: each
+    entry left out (or sent damaged), as ``(relative name, why)``, and what the entries left
+    out add up to (their own and those below a directory left out, which are not named)."""
 
     entries: List[Tuple[str, str]] = attrs.Factory(list)
     files: int = 0
