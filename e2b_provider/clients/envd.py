@@ -12,8 +12,8 @@ followed (the transport refuses them). All I/O goes through
 watch's messages as a :class:`~e2b_provider.clients.envd_streams.WatchStream`. A terminal's
 process (``Start`` with ``pty``, and ``Connect`` to it) is opened as a
 :class:`~e2b_provider.transport.raw_stream.RawStream` instead, which its reader reads with a
-timeout of its own through a :class:`~e2b_provider.clients.envd_streams.PtyStream`; ``SendInput`` with
-``input.pty``, ``Update`` (resize) and ``List`` serve it.
+timeout of its own through a :class:`~e2b_provider.clients.envd_streams.PtyStream`;
+``SendInput`` with ``input.pty``, ``Update`` (resize) and ``List`` serve it.
 
 No message built here contains the access token.
 """

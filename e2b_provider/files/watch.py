@@ -76,7 +76,8 @@ from ..errors import (
 from ..models import FileEvent, FileEventType, FileStat, Target
 from ..protocol import scripts as scripts
 from ..protocol.connect import EndStream
-from .files import ACCESS_HINT, Files
+from .answers import ACCESS_HINT
+from .files import Files
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
