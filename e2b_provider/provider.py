@@ -54,6 +54,7 @@ from .core.messages import (
     scrub,
     unknown_sandbox_id,
 )
+from .core.reboot import Reboots
 from .errors import (
     Cancelled,
     CommandFailed,
@@ -202,13 +203,14 @@ class E2BSandboxProvider:
             watchdog=watchdog,
             bounds=bounds,
         )
-        self._lifecycle = Lifecycle(ctx)
-        self._commands = Commands(ctx, self._lifecycle)
+        reboots = Reboots(ctx)
+        self._lifecycle = Lifecycle(ctx, reboots)
+        self._commands = Commands(ctx, reboots)
         agents = FileAgents(ctx)
         self._files = Files(ctx, agents)
         self._trees = Trees(ctx, self._files)
         self._background = Background(ctx, agents)
-        self._terminals = Terminals(ctx, self._lifecycle)
+        self._terminals = Terminals(ctx, reboots)
         self._ports = Ports(ctx)
         self._watches = Watches(ctx, self._files)
         ctx.on_fork(self._lifecycle.after_fork)

@@ -63,6 +63,7 @@ from ..cancel import CancelReason, CancelToken, Deadline
 from ..clients.envd import START_OPEN_SECONDS
 from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed
 from ..core.messages import describe, mark_worded
+from ..core.reboot import Reboots
 from ..errors import (
     Cancelled,
     CommandEnded,
@@ -92,7 +93,6 @@ from ..protocol.process_events import (
     event_from_wire,
     parse_output_message,
 )
-from ..sandboxes.lifecycle import Lifecycle
 from ..transport.http import RawStream
 from .background import CommandInfo
 from .kills import KillBatcher
@@ -919,13 +919,12 @@ class Terminals:
 
     Args:
         ctx: the provider's shared state.
-        lifecycle: for the kills' "rebooted since" check.
+        reboots: for the kills' "rebooted since" check.
     """
 
-    def __init__(self, ctx: ProviderContext, lifecycle: Lifecycle) -> None:
+    def __init__(self, ctx: ProviderContext, reboots: Reboots) -> None:
         self.ctx = ctx
-        self.kills = KillBatcher(ctx, lifecycle.rebooted_since)
-        ctx.on_fork(self.kills.after_fork)
+        self.kills = KillBatcher(ctx, reboots.rebooted_since)
 
     # -- open ---------------------------------------------------------------------------------
 

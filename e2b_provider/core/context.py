@@ -44,6 +44,7 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import scripts as scripts
+from ..protocol.validate import MAX_TIMEOUT_SECONDS
 from ..transport.http import Transport
 from .leases import LeaseCache
 from .messages import command_failed, script_reason
@@ -63,7 +64,6 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-MAX_TIMEOUT_SECONDS = 86400
 #: File operations and the reference's scripts are bounded by this (reference: 120 s).
 FILE_OP_TIMEOUT = 120.0
 #: Room kept for a script's standard error.
