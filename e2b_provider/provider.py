@@ -44,7 +44,8 @@ from .commands.arguments import (
     check_terminal_command,
     command_env,
 )
-from .commands.background import Background, Command, CommandInfo
+from .commands.background import Background
+from .commands.command import Command, CommandInfo
 from .commands.shell import Commands, read_stdin_source
 from .commands.terminals import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
 from .config import DeploymentConfig
