@@ -4,9 +4,10 @@ This module owns :class:`E2BSandboxProvider`, the Python port of the reference p
 ``createE2BSandbox``: lifecycle by name (create, resume, suspend, destroy, destroy_by_name),
 leftover-command cleanup (kill_all, kill_tagged), ``exec`` with output budget, timeout,
 cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and file operations
-(read_file, write_file, stat). It is a thin facade: it documents and validates every call
-before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
-its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
+(read_file, write_file, stat). It is a thin facade: it documents every call and checks its
+arguments before any I/O (with the checks of :mod:`e2b_provider.commands.arguments` and
+:mod:`e2b_provider.files.arguments`), then hands it to one of its parts, composed by resource
+as docker-py composes its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
 :mod:`e2b_provider.commands.shell` (exec and its kill job), :mod:`e2b_provider.commands.background`
 (commands that outlive the call),
 :mod:`e2b_provider.commands.terminals` (interactive terminals), :mod:`e2b_provider.files.files` and
@@ -14,7 +15,7 @@ its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
 :mod:`e2b_provider.files.watch` (watching directories), all sharing one
 :mod:`e2b_provider.core.context` (clients, watchdog, bounds). It speaks no HTTP itself. Every error
 a call raises is said in the caller's terms — what was being done, to which sandbox and path, and
-what to do (:mod:`e2b_provider.core.messages`).
+what to do (:mod:`e2b_provider.core.calls`, :mod:`e2b_provider.core.messages`).
 """
 
 from __future__ import annotations
@@ -37,19 +38,13 @@ from typing import (
 
 from ._watchdog import Watchdog
 from .cancel import CancelToken, Deadline
-from .commands.arguments import (
-    check_callbacks,
-    check_kept_output,
-    check_tags,
-    check_terminal_command,
-    command_env,
-)
+from .commands import arguments as ca
 from .commands.background import Background
 from .commands.command import Command, CommandInfo
 from .commands.shell import Commands, read_stdin_source
 from .commands.terminals import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
 from .config import DeploymentConfig
-from .core.calls import Calls, sandbox_id
+from .core.calls import Calls
 from .core.context import ProviderContext, checked_bounds
 from .core.file_agents import FileAgents
 from .core.reboot import Reboots
@@ -69,7 +64,7 @@ from .models import (
     SandboxSummary,
     TransferSummary,
 )
-from .ports.relay import ForwardLimits, Ports, check_port
+from .ports.relay import Ports, check_port, forward_limits
 from .protocol import validate as v
 from .sandboxes.lifecycle import Lifecycle, ResumeOutcome
 
@@ -438,9 +433,8 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        tag_list = check_tags(tags)
+        sid = self._calls.open_sandbox(sandbox)
+        tag_list = ca.check_tags(tags)
         v.check_cancel(cancel)
         if not tag_list:
             return
@@ -543,13 +537,10 @@ class E2BSandboxProvider:
             Exception: whatever ``on_stdout`` or ``on_stderr`` raised, after the remote
                 command was killed (bounded).
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        v.check_text(command, "command")
-        v.check_timeout(timeout)
-        v.check_max_bytes(max_output_bytes, "max_output_bytes")
-        run_env = command_env(cwd, env, tag)
-        check_callbacks(on_stdout, on_stderr)
+        sid = self._calls.open_sandbox(sandbox)
+        run_env = ca.exec_env(
+            command, timeout, max_output_bytes, cwd, env, tag, on_stdout, on_stderr
+        )
         read_stdin = read_stdin_source(stdin) if stdin is not None else None
         v.check_cancel(cancel)
         began = time.monotonic()
@@ -627,15 +618,8 @@ class E2BSandboxProvider:
                 the sandbox user's own, say).
             Cancelled, SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        v.check_text(command, "command")
-        if timeout is not None:
-            v.check_timeout(timeout)
-        check_kept_output(max_output_bytes)
-        run_env = command_env(cwd, env, tag)
-        if not isinstance(stdin, bool):
-            raise InvalidArgument("stdin must be True or False")
+        sid = self._calls.open_sandbox(sandbox)
+        run_env = ca.start_env(command, timeout, max_output_bytes, cwd, env, tag, stdin)
         v.check_cancel(cancel)
         doing = f"starting a background command in sandbox {sid}"
         with self._calls.doing(
@@ -732,14 +716,8 @@ class E2BSandboxProvider:
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
             KeyboardInterrupt: after what may have started was killed (bounded).
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        if command is not None:
-            check_terminal_command(command)
-        v.check_terminal_size(cols, rows)
-        if timeout is not None:
-            v.check_timeout(timeout)
-        run_env = command_env(cwd, env, None)
+        sid = self._calls.open_sandbox(sandbox)
+        run_env = ca.terminal_env(command, cols, rows, timeout, cwd, env)
         v.check_cancel(cancel)
         doing = f"opening a terminal in sandbox {sid}"
         with self._calls.doing(
@@ -943,8 +921,7 @@ class E2BSandboxProvider:
             SandboxGoneError, ProviderClosed, Cancelled: as for :meth:`write_file` (some
                 files may have been written).
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
+        sid = self._calls.open_sandbox(sandbox)
         items = fa.checked_files(files)
         v.check_cancel(cancel)
         with self._calls.doing(
@@ -983,8 +960,7 @@ class E2BSandboxProvider:
             OperationTimeout, SandboxPaused, SandboxGoneError, ProviderClosed, Cancelled:
                 as for :meth:`read_file`.
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
+        sid = self._calls.open_sandbox(sandbox)
         wanted = fa.check_paths(paths)
         v.check_max_bytes(max_bytes, "max_bytes")
         v.check_cancel(cancel)
@@ -1205,12 +1181,8 @@ class E2BSandboxProvider:
             OperationTimeout, SandboxPaused, TransportError, SandboxGoneError,
             ProviderClosed, Cancelled.
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        src = fa.local_path(local_path, "local_path")
-        v.check_path(remote_path)
-        patterns = fa.exclude_patterns(exclude)
-        fa.check_progress(progress)
+        sid = self._calls.open_sandbox(sandbox)
+        src, patterns = fa.upload_arguments(local_path, remote_path, exclude, progress)
         v.check_cancel(cancel)
         what = f"uploading {src} to {remote_path} in sandbox {sid}"
         with self._calls.doing(what, "some files may have been written", sid=sid):
@@ -1267,13 +1239,9 @@ class E2BSandboxProvider:
             OperationTimeout, SandboxPaused, TransportError, SandboxGoneError,
             ProviderClosed, Cancelled.
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        v.check_path(remote_path)
-        dst = fa.local_path(local_path, "local_path")
-        patterns = fa.exclude_patterns(exclude)
-        fa.check_download_bytes(max_bytes)
-        fa.check_progress(progress)
+        sid = self._calls.open_sandbox(sandbox)
+        dst, patterns = fa.download_arguments(remote_path, local_path, exclude, max_bytes,
+                                              progress)
         v.check_cancel(cancel)
         what = f"downloading {remote_path} from sandbox {sid} to {dst}"
         with self._calls.doing(what, "some files may have been written", sid=sid):
@@ -1376,21 +1344,9 @@ class E2BSandboxProvider:
             InvalidArgument: a bad argument (before any I/O), or ``local_port`` taken.
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
-        self._calls.check_open()
-        sid = sandbox_id(sandbox)
-        check_port(port)
-        if local_port != 0:
-            check_port(local_port, "local_port")
-        elif isinstance(local_port, bool) or not isinstance(local_port, int):
-            raise InvalidArgument(f"local_port must be an int, not {local_port!r}")
-        if (isinstance(max_connections, bool) or not isinstance(max_connections, int)
-                or not 1 <= max_connections <= 10000):
-            raise InvalidArgument("max_connections must be an int from 1 to 10000")
-        v.check_timeout(idle_timeout, name="idle_timeout")
+        sid = self._calls.open_sandbox(sandbox)
+        limits = forward_limits(port, local_port, max_connections, idle_timeout)
         v.check_cancel(cancel)
-        limits = ForwardLimits(
-            max_connections=max_connections, idle_timeout=float(idle_timeout)
-        )
         with self._calls.doing(f"forwarding port {port} of sandbox {sid}", sid=sid):
             opened = self._ports.forward(sid, port, local_port, limits, cancel)
         try:

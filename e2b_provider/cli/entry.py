@@ -102,7 +102,7 @@ try:
     )
 
     from .._version import __version__
-    from ..commands.command import Command
+    from ..commands.background import Command
     from ..commands.terminals import Terminal
     from ..config import DeploymentConfig
     from ..errors import CommandEnded, E2BProviderError, InvalidArgument, OperationTimeout

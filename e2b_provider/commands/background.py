@@ -88,11 +88,12 @@ from ..protocol.command_records import (
 )
 from ..protocol.process_events import DataEvent, EndEvent
 from ..sandbox_side import source
-from .command import Command, CommandInfo, OnText
+from .command import Command, CommandInfo, CommandOutput, OnText
 from .following import Follower, StreamGuard
 from .record_scripts import load_json, parse_list, parse_read, say_bad
 
-__all__ = ["Background"]
+# Command, CommandInfo and CommandOutput are commands.command's; named here too, as before.
+__all__ = ["Background", "Command", "CommandInfo", "CommandOutput"]
 
 log = logging.getLogger("e2b_provider")
 

@@ -25,6 +25,7 @@ from ..protocol.command_records import (
     decode_tail,
     tag_of_control_path,
 )
+from .arguments import check_callbacks
 
 if TYPE_CHECKING:
     from .background import Background
@@ -192,9 +193,7 @@ class Command:
                 math.isfinite(timeout) and timeout >= 0
             ):
                 raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
-        for name, cb in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
-            if cb is not None and not callable(cb):
-                raise InvalidArgument(f"{name} must be a callable taking a str, or None")
+        check_callbacks(on_stdout, on_stderr)
         v.check_cancel(cancel)
         with describe(f"waiting for command {self.id}"):
             return self._owner.follow(self, timeout, cancel, on_stdout, on_stderr)

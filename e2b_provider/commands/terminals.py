@@ -94,7 +94,7 @@ from ..protocol.process_events import (
     parse_output_message,
 )
 from ..transport.http import RawStream
-from .command import CommandInfo
+from .background import CommandInfo
 from .kills import KillBatcher
 
 __all__ = [

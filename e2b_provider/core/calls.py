@@ -91,13 +91,17 @@ class Calls:
         """Raise ProviderClosed after :meth:`~e2b_provider.E2BSandboxProvider.close`."""
         self._ctx.check_open()
 
+    def open_sandbox(self, sandbox: SandboxRef) -> str:
+        """The provider open and the id of ``sandbox`` checked; returns the id."""
+        self.check_open()
+        return sandbox_id(sandbox)
+
     def begin(
         self, sandbox: SandboxRef, cancel: Optional[CancelToken], *checks: Callable[[], object]
     ) -> str:
         """The start of a call on one sandbox: open, its id checked, then each of ``checks``
         (the call's own arguments, in order), not yet cancelled. Returns the sandbox id."""
-        self.check_open()
-        sid = sandbox_id(sandbox)
+        sid = self.open_sandbox(sandbox)
         for check in checks:
             check()
         v.check_cancel(cancel)

@@ -28,8 +28,10 @@ __all__ = [
     "check_watch",
     "checked_files",
     "entry_failures",
+    "download_arguments",
     "exclude_patterns",
     "local_path",
+    "upload_arguments",
 ]
 
 #: Content a download accepts at most.
@@ -63,12 +65,7 @@ def checked_files(
 
 def check_paths(paths: Iterable[str]) -> List[str]:
     """The sandbox paths of ``read_files``, each checked."""
-    if isinstance(paths, str):
-        raise InvalidArgument("paths must be a list of paths, not one string")
-    wanted = list(paths)
-    for path in wanted:
-        v.check_path(path)
-    return wanted
+    return v.check_each(paths, v.check_path, "paths must be a list of paths, not one string")
 
 
 def check_depth(depth: int) -> None:
@@ -98,6 +95,36 @@ def exclude_patterns(exclude: Iterable[str]) -> List[str]:
         if len(out) > 1000:
             raise InvalidArgument("at most 1000 exclude patterns")
     return out
+
+
+def upload_arguments(
+    local: Union[str, os.PathLike[str]],
+    remote_path: str,
+    exclude: Iterable[str],
+    progress: Optional[Progress],
+) -> Tuple[str, List[str]]:
+    """Check an upload's arguments; its local path as a string, and its exclude patterns."""
+    src = local_path(local, "local_path")
+    v.check_path(remote_path)
+    patterns = exclude_patterns(exclude)
+    check_progress(progress)
+    return src, patterns
+
+
+def download_arguments(
+    remote_path: str,
+    local: Union[str, os.PathLike[str]],
+    exclude: Iterable[str],
+    max_bytes: int,
+    progress: Optional[Progress],
+) -> Tuple[str, List[str]]:
+    """Check a download's arguments; its local path as a string, and its exclude patterns."""
+    v.check_path(remote_path)
+    dst = local_path(local, "local_path")
+    patterns = exclude_patterns(exclude)
+    check_download_bytes(max_bytes)
+    check_progress(progress)
+    return dst, patterns
 
 
 def check_progress(progress: Optional[Progress]) -> None:
