@@ -34,6 +34,7 @@ from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import PtyStream, StreamEnd
 from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed
 from ..core.messages import mark_worded
+from ..core.reboot import Reboots
 from ..errors import (
     Cancelled,
     CommandNotFound,
@@ -51,7 +52,6 @@ from ..errors import (
 from ..models import Target
 from ..protocol import scripts as scripts
 from ..protocol.process_events import EndEvent, StartEvent
-from ..sandboxes.lifecycle import Lifecycle
 from .background import CommandInfo
 from .kills import KillBatcher
 from .terminal_handle import SLICE_SECONDS, Terminal, wait_verdict
@@ -117,13 +117,12 @@ class Terminals:
 
     Args:
         ctx: the provider's shared state.
-        lifecycle: for the kills' "rebooted since" check.
+        reboots: for the kills' "rebooted since" check.
     """
 
-    def __init__(self, ctx: ProviderContext, lifecycle: Lifecycle) -> None:
+    def __init__(self, ctx: ProviderContext, reboots: Reboots) -> None:
         self.ctx = ctx
-        self.kills = KillBatcher(ctx, lifecycle.rebooted_since)
-        ctx.on_fork(self.kills.after_fork)
+        self.kills = KillBatcher(ctx, reboots.rebooted_since)
 
     # -- open ---------------------------------------------------------------------------------
 
