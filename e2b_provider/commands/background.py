@@ -243,7 +243,7 @@ class Background:
         stream = self._ctx.envd(target).start(
             user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, envs=env,
             cwd=cwd if cwd is not None else "/workspace",
-            keepalive_seconds=self._ctx.bounds.keepalive, token=cancel,
+            keepalive_seconds=self._ctx.bounds.keepalive, cancel=cancel,
             tag=COMMAND_TAG_PREFIX + cid, stdin=stdin,
         )
         with StreamGuard(self._ctx, stream, deadline, cancel):
@@ -447,7 +447,7 @@ class Background:
             view = memoryview(data)
             while True:
                 piece, view = view[:STDIN_PIECE], view[STDIN_PIECE:]
-                envd.send_input(cmd.pid, bytes(piece), token=cancel)
+                envd.send_input(cmd.pid, bytes(piece), cancel=cancel)
                 if not view:
                     return
 
@@ -473,7 +473,7 @@ class Background:
         try:
             self._ctx.on_target(
                 cmd.sandbox_id, cancel,
-                lambda t: self._ctx.envd(t).close_stdin(cmd.pid, token=cancel),
+                lambda t: self._ctx.envd(t).close_stdin(cmd.pid, cancel=cancel),
             )
         except NotFound:
             pass  # it ended: nothing to close

@@ -256,7 +256,7 @@ class Follower:
         def open_stream(target: Target) -> ProcessStream:
             return ctx.envd(target).connect(
                 cmd.pid, user=scripts.SANDBOX_USER,
-                keepalive_seconds=ctx.bounds.keepalive, token=self.cancel,
+                keepalive_seconds=ctx.bounds.keepalive, cancel=self.cancel,
             )
 
         stream = ctx.on_target(cmd.sandbox_id, self.cancel, open_stream)

@@ -320,7 +320,7 @@ class KillBatcher:
                 cwd="/",
                 max_output_bytes=4096,
                 timeout=None,  # bounded by the guard
-                token=guard,
+                cancel=guard,
                 watchdog=ctx.watchdog,
                 keepalive_seconds=ctx.bounds.keepalive,
                 on_start=lambda _pid: bound.script_started(),

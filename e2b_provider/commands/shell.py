@@ -102,7 +102,7 @@ class Commands:
                 cwd=cwd if cwd is not None else "/workspace",
                 max_output_bytes=max_output_bytes,
                 timeout=timeout,
-                token=cancel,
+                cancel=cancel,
                 watchdog=ctx.watchdog,
                 start_kill=start_kill,
                 tag=ctl,
@@ -158,9 +158,9 @@ def _feed_stdin(
         while not stop.cancelled:
             piece = read()
             if not piece:
-                envd.close_stdin(pid, token=stop)
+                envd.close_stdin(pid, cancel=stop)
                 return
-            envd.send_input(pid, piece, token=stop, timeout=bound)
+            envd.send_input(pid, piece, cancel=stop, timeout=bound)
     except NotFound:
         pass  # the command ended before it read all of it
     except E2BProviderError as exc:
@@ -169,7 +169,7 @@ def _feed_stdin(
     except Exception as exc:  # the caller's file object failed: the command sees EOF
         log.warning("e2b_provider: reading the exec's stdin failed: %s", exc)
         try:
-            envd.close_stdin(pid, token=stop)
+            envd.close_stdin(pid, cancel=stop)
         except E2BProviderError:
             pass
 

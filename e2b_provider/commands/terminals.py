@@ -158,7 +158,7 @@ class Terminals:
                     user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, cols=cols, rows=rows,
                     envs=run_env, cwd=cwd if cwd is not None else "/workspace", tag=ctl,
                     keepalive_seconds=ctx.bounds.keepalive, timeout_ms=timeout_ms,
-                    token=cancel,
+                    cancel=cancel,
                 ))
                 pid = self._first(events, cancel, "opening")
                 term = Terminal(self, sid, target, pid, ctl, events, command=command,
@@ -224,7 +224,7 @@ class Terminals:
             try:
                 events = PtyStream(envd.connect_pty(
                     pid, user=scripts.SANDBOX_USER, keepalive_seconds=ctx.bounds.keepalive,
-                    token=cancel,
+                    cancel=cancel,
                 ))
             except NotFound:
                 raise self._not_found(value, sid) from None
@@ -237,7 +237,7 @@ class Terminals:
                     raise
                 term = Terminal(self, sid, target, pid, ctl, events, command=None,
                                 began=time.monotonic(), owned=False)
-                listed = envd.list_processes(token=cancel)
+                listed = envd.list_processes(cancel=cancel)
                 if any(p.get("pid") == pid and p.get("tag") == ctl for p in listed):
                     return term
                 if not any(p.get("pid") == pid for p in listed):
@@ -333,7 +333,7 @@ class Terminals:
             view = memoryview(data)
             while view:
                 piece, view = view[:INPUT_PIECE], view[INPUT_PIECE:]
-                envd.send_input(term.pid, bytes(piece), token=cancel, pty=True)
+                envd.send_input(term.pid, bytes(piece), cancel=cancel, pty=True)
 
         self._on_terminal(term, cancel, send, "takes no more input")
 
@@ -341,7 +341,7 @@ class Terminals:
                ) -> None:
         def resize(target: Target) -> None:
             term._target = target
-            self.ctx.envd(target).resize_pty(term.pid, cols, rows, token=cancel)
+            self.ctx.envd(target).resize_pty(term.pid, cols, rows, cancel=cancel)
 
         self._on_terminal(term, cancel, resize, "cannot be resized")
 

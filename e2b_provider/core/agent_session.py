@@ -256,7 +256,7 @@ class AgentSession:
 
         def send(target: Target) -> None:
             ctx.envd(target).send_input(
-                self.pid, data, token=cancel, timeout=max(0.5, min(30.0, deadline.remaining()))
+                self.pid, data, cancel=cancel, timeout=max(0.5, min(30.0, deadline.remaining()))
             )
 
         try:
@@ -444,7 +444,7 @@ class AgentSession:
             run_process(
                 ctx.envd(lease.target), user=scripts.SANDBOX_USER, cmd="/bin/sh",
                 args=scripts.agent_retire_args(self.pid, self.tag), cwd="/", max_output_bytes=4096,
-                timeout=ctx.bounds.kill, token=None, watchdog=ctx.watchdog,
+                timeout=ctx.bounds.kill, cancel=None, watchdog=ctx.watchdog,
                 keepalive_seconds=ctx.bounds.keepalive,
             )
         except E2BProviderError as exc:

@@ -357,7 +357,7 @@ class ProviderContext:
         )
         unlink = cancel.on_cancel(stop) if cancel is not None else None
         try:
-            state = self.control.get(sid, token=guard).get("state")
+            state = self.control.get(sid, cancel=guard).get("state")
         except SandboxGoneError:
             return "gone"
         except (E2BProviderError, Cancelled) as exc:
@@ -385,7 +385,7 @@ class ProviderContext:
         return min(MAX_TIMEOUT_SECONDS, max(self.config.timeout_seconds, min_seconds))
 
     def _connect(self, sid: str, lease: int, cancel: Optional[CancelToken]) -> Target:
-        info = self.control.attach(sid, timeout_seconds=lease, token=cancel)
+        info = self.control.attach(sid, timeout_seconds=lease, cancel=cancel)
         return self.control.target_for(info)
 
     def attach(self, sid: str, cancel: Optional[CancelToken], min_seconds: int = 0) -> Target:
@@ -402,7 +402,7 @@ class ProviderContext:
     def processes(self, sid: str, cancel: Optional[CancelToken]) -> List[Dict[str, Any]]:
         """envd's list of the processes it runs in sandbox ``sid`` (``process.Process/List``:
         each one's pid, tag and the config it was started with)."""
-        return self.on_target(sid, cancel, lambda t: self.envd(t).list_processes(token=cancel))
+        return self.on_target(sid, cancel, lambda t: self.envd(t).list_processes(cancel=cancel))
 
     def on_target(
         self,
@@ -459,7 +459,7 @@ class ProviderContext:
                 cwd="/",
                 max_output_bytes=max_output_bytes,
                 timeout=FILE_OP_TIMEOUT,
-                token=cancel,
+                cancel=cancel,
                 watchdog=self.watchdog,
                 keepalive_seconds=self.bounds.keepalive,
             )

@@ -335,7 +335,7 @@ class FileAgents:
                       str(AGENT_IDLE_SECONDS), tag],
                 cwd="/",
                 keepalive_seconds=ctx.bounds.keepalive,
-                token=guard,
+                cancel=guard,
                 tag=tag,
                 stdin=True,
             )

@@ -132,7 +132,7 @@ class Reboots:
                 outcome: object
                 if isinstance(step, Pause):
                     outcome = _answer(
-                        ctx.control.pause, sid, memory=step.memory, token=guard, retry=False
+                        ctx.control.pause, sid, memory=step.memory, cancel=guard, retry=False
                     )
                 elif isinstance(step, HealthCheck):
                     health = ctx.envd(target).health(timeout=min(5.0, deadline.remaining()))
@@ -147,11 +147,11 @@ class Reboots:
                         sid,
                         timeout_seconds=step.timeout_seconds,
                         memory=False,
-                        token=guard,
+                        cancel=guard,
                     )
                 elif isinstance(step, ConnectPlain):
                     outcome = _answer(
-                        ctx.control.connect, sid, timeout_seconds=step.timeout_seconds, token=guard
+                        ctx.control.connect, sid, timeout_seconds=step.timeout_seconds, cancel=guard
                     )
                 else:  # pragma: no cover - a step kind this loop does not know
                     raise E2BProviderError(f"unknown reboot step {step!r}")

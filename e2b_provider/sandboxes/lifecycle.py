@@ -151,7 +151,7 @@ class Lifecycle:
             body.setdefault("network", {})["allowPublicTraffic"] = False
         sent_at = ctx.leases.now()
         info = ctx.control.create(
-            body, token=cancel, idempotency_key=str(uuid.uuid4()), deadline=deadline
+            body, cancel=cancel, idempotency_key=str(uuid.uuid4()), deadline=deadline
         )
         try:
             target = ctx.control.target_for(info)
@@ -159,7 +159,7 @@ class Lifecycle:
             # Fail closed: never keep (or leak) a sandbox we will not talk to.
             sid = info.sandbox_id
             try:
-                ctx.control.delete(sid, token=None, deadline=Deadline.after(CLEANUP_BOUND_SECONDS))
+                ctx.control.delete(sid, cancel=None, deadline=Deadline.after(CLEANUP_BOUND_SECONDS))
                 fate = "it was deleted again"
             except E2BProviderError as err:
                 log.warning("e2b_provider: could not delete tokenless sandbox %s: %s", sid, err)
@@ -194,7 +194,7 @@ class Lifecycle:
         created, so the create does not fail for it."""
         try:
             answer = self._ctx.control.get(
-                sid, token=cancel, deadline=deadline.earliest(Deadline.after(SIZES_BOUND_SECONDS))
+                sid, cancel=cancel, deadline=deadline.earliest(Deadline.after(SIZES_BOUND_SECONDS))
             )
         except (E2BProviderError, Cancelled) as exc:
             requested = any(x is not None for x in (limits.cpu, limits.memory_mb, limits.disk_mb))
@@ -237,7 +237,7 @@ class Lifecycle:
     def info(self, sid: str, cancel: Optional[CancelToken]) -> SandboxSummary:
         """The sandbox as the control plane describes it now (one ``GET /sandboxes/{id}``;
         a paused sandbox is not resumed)."""
-        answer = self._ctx.control.get(sid, token=cancel)
+        answer = self._ctx.control.get(sid, cancel=cancel)
         meta = answer.get("metadata")
         name = meta.get(scripts.METADATA_NAME) if isinstance(meta, dict) else None
         state = answer.get("state")
@@ -267,7 +267,7 @@ class Lifecycle:
         ctx.note_pause(sid)  # a command this pause cuts is then reported as such
         ctx.leases.forget(sid)
         try:
-            ctx.control.pause(sid, token=cancel)
+            ctx.control.pause(sid, cancel=cancel)
         except (NotFound, Conflict):
             pass
         finally:
@@ -279,7 +279,7 @@ class Lifecycle:
         ctx = self._ctx
         ctx.leases.forget(sid)
         try:
-            ctx.control.delete(sid, token=cancel, deadline=deadline)
+            ctx.control.delete(sid, cancel=cancel, deadline=deadline)
         finally:
             ctx.leases.forget(sid)
         self._reboots.forget(sid)
@@ -301,7 +301,7 @@ class Lifecycle:
         deadline: Optional[Deadline] = None,
     ) -> List[SandboxSummary]:
         wanted = {} if name is None else {scripts.METADATA_NAME: name}
-        listed = self._ctx.control.list(metadata=wanted, token=cancel, deadline=deadline)
+        listed = self._ctx.control.list(metadata=wanted, cancel=cancel, deadline=deadline)
         return [
             SandboxSummary(
                 id=s.sandbox_id,
