@@ -4,13 +4,13 @@ a forwarding proxy), SendInput with ``input.pty``, Update and List."""
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
+from envd_wire import CONNECT, END_OK, START, b64, ev
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 
 from e2b_provider.cancel import CancelToken, Deadline
@@ -24,29 +24,8 @@ from e2b_provider.errors import (
     TransportError,
     TransportTimeout,
 )
-from e2b_provider.models import Target
-from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.transport.http import RawStream, Transport
-
-SID = "isandbox0123456789abc"
-START = "/process.Process/Start"
-CONNECT = "/process.Process/Connect"
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def ev(event: Dict[str, Any]) -> bytes:
-    return encode_envelope({"event": event})
-
-
-END_OK = encode_envelope({}, end_stream=True)
-
-
-@pytest.fixture
-def envd(server: ScriptedServer, transport: Transport) -> Iterator[EnvdClient]:
-    yield EnvdClient(transport, Target(url=server.url, sandbox_id=SID, access_token=ACCESS_TOKEN))
 
 
 def events_of(raw: RawStream, want: int, timeout: float = 5.0) -> List[Dict[str, Any]]:

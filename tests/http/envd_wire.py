@@ -1,0 +1,35 @@
+"""What the scripted envd of the client tests says and is asked: the sandbox id its client
+targets, the process service's paths, and the Connect envelopes of a process stream.
+
+The client itself is the ``envd`` fixture (``conftest.py``). Imported by plain name, as
+``server`` is.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Dict
+
+from e2b_provider.protocol.connect import encode_envelope
+
+__all__ = ["CONNECT", "END_OK", "SID", "SIGNAL", "START", "b64", "ev"]
+
+#: The sandbox the ``envd`` fixture's client targets.
+SID = "isandbox0123456789abc"
+START = "/process.Process/Start"
+CONNECT = "/process.Process/Connect"
+SIGNAL = "/process.Process/SendSignal"
+
+
+def b64(data: bytes) -> str:
+    """``data`` as a process event carries it (base64 text)."""
+    return base64.b64encode(data).decode()
+
+
+def ev(event: Dict[str, Any]) -> bytes:
+    """One process event as a stream message."""
+    return encode_envelope({"event": event})
+
+
+#: The end of a stream that went well.
+END_OK = encode_envelope({}, end_stream=True)
