@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 from typing import Any, Dict
 
+from server import Handler, Request, Responder
+
 from e2b_provider.protocol.connect import encode_envelope
 
-__all__ = ["CONNECT", "END_OK", "SID", "SIGNAL", "START", "b64", "ev"]
+__all__ = ["CONNECT", "END_OK", "SID", "SIGNAL", "START", "b64", "ev", "started_then_silent"]
 
 #: The sandbox the ``envd`` fixture's client targets.
 SID = "isandbox0123456789abc"
@@ -33,3 +35,14 @@ def ev(event: Dict[str, Any]) -> bytes:
 
 #: The end of a stream that went well.
 END_OK = encode_envelope({}, end_stream=True)
+
+
+def started_then_silent(pid: int) -> Handler:
+    """A process stream that starts process ``pid`` and then says nothing (for 30 s)."""
+
+    def stall(q: Request, r: Responder) -> None:
+        r.start_chunked()
+        r.chunk(ev({"start": {"pid": pid}}))
+        r.hold(timeout=30)
+
+    return stall

@@ -10,7 +10,7 @@ import time
 from typing import Any, List
 
 import pytest
-from envd_wire import END_OK, SID, SIGNAL, START, b64, ev
+from envd_wire import END_OK, SID, SIGNAL, START, b64, ev, started_then_silent
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 from waiting import wait_until
 
@@ -183,12 +183,7 @@ def test_dropped_connection_is_transport_error(server: ScriptedServer, envd: Env
 def test_abort_process_stream_from_another_thread(
     server: ScriptedServer, envd: EnvdClient
 ) -> None:
-    def stall(q: Request, r: Responder) -> None:
-        r.start_chunked()
-        r.chunk(ev({"start": {"pid": 5}}))
-        r.hold(timeout=30)
-
-    server.on("POST", START, stall)
+    server.on("POST", START, started_then_silent(5))
     ps = envd.start(user="sandbox", cmd="sleep", args=["100"])
     assert next(ps) == StartEvent(5)
     timer = threading.Timer(0.2, ps.abort)

@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List
 
 import pytest
-from envd_wire import CONNECT, END_OK, START, b64, ev
+from envd_wire import CONNECT, END_OK, START, b64, ev, started_then_silent
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 
 from e2b_provider.cancel import CancelToken, Deadline
@@ -99,12 +99,7 @@ def test_start_pty_request_and_timed_reads_that_lose_nothing(
 def test_a_raw_stream_is_aborted_from_another_thread(
     server: ScriptedServer, envd: EnvdClient
 ) -> None:
-    def stall(q: Request, r: Responder) -> None:
-        r.start_chunked()
-        r.chunk(ev({"start": {"pid": 5}}))
-        r.hold(timeout=30)
-
-    server.on("POST", CONNECT, stall)
+    server.on("POST", CONNECT, started_then_silent(5))
     raw = envd.connect_pty(5, user="sandbox")
     assert events_of(raw, 1) == [{"start": {"pid": 5}}]
     timer = threading.Timer(0.2, raw.abort)

@@ -92,16 +92,21 @@ with E2BSandboxProvider(cfg) as p:
 """
 
 
+def started_by_another_process(emu, h: SandboxHandle) -> str:  # type: ignore[no-untyped-def]
+    """Run :data:`_STARTER` in a Python process of its own, which ends once it started its
+    command (200 lines out, ``oops`` on stderr, exit 7); that command's id."""
+    starter = subprocess.run(
+        [sys.executable, "-c", _STARTER, emu.api_key, emu.api_url, emu.sandbox_url, h.id],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    return starter.stdout.strip()
+
+
 def test_another_process_attaches_after_the_starter_exited(
     emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle  # type: ignore[no-untyped-def]
 ) -> None:
     p, h = shared_provider, sandbox
-    starter = subprocess.run(
-        [sys.executable, "-c", _STARTER, emulator.api_key, emulator.api_url,
-         emulator.sandbox_url, h.id],
-        capture_output=True, text=True, timeout=120, check=True,
-    )
-    cid = starter.stdout.strip()
+    cid = started_by_another_process(emulator, h)
     c = p.attach(h, cid)
     assert c.command.startswith("for i in") and c.id == cid
     r = c.wait(timeout=60)
@@ -189,16 +194,22 @@ def test_exec_takes_stdin_as_bytes_text_or_a_file(
         p.exec(h, "cat", stdin=12)  # type: ignore[arg-type]
 
 
-def test_kill_timeout_and_the_tail_of_long_output(
-    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
-) -> None:
-    p, h = shared_provider, sandbox
+def kill_after_the_first_line(p: E2BSandboxProvider, h: SandboxHandle) -> None:
+    """A command killed once its first line came ends cancelled with that line; a second
+    kill does nothing."""
     c = p.start(h, "echo started; sleep 300")
     wait_until(lambda: c.output().stdout == "started\n", 30, "the command's first line")
     c.kill()
     r = c.wait(timeout=30)
     assert (r.exit_code, r.cancelled, r.timed_out, r.stdout) == (None, True, False, "started\n")
     c.kill()  # ended: nothing to do
+
+
+def test_kill_timeout_and_the_tail_of_long_output(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    p, h = shared_provider, sandbox
+    kill_after_the_first_line(p, h)
     t = p.start(h, "sleep 300", timeout=1)
     r = t.wait(timeout=60)
     assert r.timed_out and r.exit_code is None
@@ -281,23 +292,31 @@ os._exit(9)  # a crash: nothing closed, nothing cleaned up
 """
 
 
+def kill_all_after_a_client_crash(emu, p: E2BSandboxProvider,  # type: ignore[no-untyped-def]
+                                  h: SandboxHandle) -> List[str]:
+    """Run :data:`_CRASHER` in a Python process of its own (its three commands, five sleeps,
+    outlive it), then ``p.kill_all(h)``: no sleep and no supervisor is left. The three
+    commands' ids."""
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHER, emu.api_key, emu.api_url, emu.sandbox_url, h.id],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert crashed.returncode == 9, crashed.stderr
+    ids = crashed.stdout.split()
+    assert len(ids) == 3
+    wait_until(lambda: len(_alive(p, h, "-x", "sleep")) == 5, 30, "the five sleeps")
+    assert {i.id for i in p.commands(h)} == set(ids)
+    p.kill_all(h)
+    wait_until(lambda: not _alive(p, h, "-x", "sleep"), 30, "no command left")
+    wait_until(lambda: not _alive(p, h, "-f", "'capybara-b[g] '"), 30, "no supervisor left")
+    return ids
+
+
 def test_kill_all_after_a_client_crash_leaves_nothing_running(emu) -> None:  # type: ignore[no-untyped-def]
     with E2BSandboxProvider(emu.config(template="base")) as p:
         h = p.create(unique_name("bgcrash"))
         try:
-            crashed = subprocess.run(
-                [sys.executable, "-c", _CRASHER, emu.api_key, emu.api_url, emu.sandbox_url,
-                 h.id], capture_output=True, text=True, timeout=120,
-            )
-            assert crashed.returncode == 9, crashed.stderr
-            ids = crashed.stdout.split()
-            assert len(ids) == 3
-            wait_until(lambda: len(_alive(p, h, "-x", "sleep")) == 5, 30, "the five sleeps")
-            assert {i.id for i in p.commands(h)} == set(ids)
-            p.kill_all(h)
-            wait_until(lambda: not _alive(p, h, "-x", "sleep"), 30, "no command left")
-            wait_until(lambda: not _alive(p, h, "-f", "'capybara-b[g] '"), 30,
-                       "no supervisor left")
+            ids = kill_all_after_a_client_crash(emu, p, h)
             assert p.commands(h) == []
             for cid in ids:  # each end is recorded, by the supervisor that watched it
                 r = p.attach(h, cid).wait(timeout=10)
