@@ -30,8 +30,8 @@ from e2b_provider import (
     FilesFailed,
     OperationTimeout,
     SandboxHandle,
-    _trees,
 )
+from e2b_provider.files import trees as _trees
 
 from .conftest import unique_name
 

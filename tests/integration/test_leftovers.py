@@ -30,9 +30,9 @@ from e2b_provider import (
     FileContent,
     OperationTimeout,
     SandboxHandle,
-    _files,
 )
 from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
+from e2b_provider.files import files as _files
 from e2b_provider.protocol import scripts as scripts
 
 from .conftest import root, unique_name
