@@ -29,7 +29,7 @@ from e2b_provider import (
     SandboxHandle,
 )
 
-from .conftest import root, unique_name
+from .conftest import root, run_readme_example, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -236,6 +236,18 @@ def test_a_slow_follower_loses_nothing_within_the_cap(
     assert "".join(pieces) == want and r.stdout == want and not r.truncated
 
 
+def a_keyboard_interrupt_stops_only_the_wait(p: E2BSandboxProvider, h: SandboxHandle,
+                                             c: Command) -> None:
+    """A ``KeyboardInterrupt`` raised by the output callback ends ``c.wait()``; ``c`` runs on,
+    listed."""
+    def interrupt(text: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        c.wait(timeout=30, on_stdout=interrupt)
+    assert c.running and c.id in {i.id for i in p.commands(h)}
+
+
 def test_stopping_a_wait_leaves_the_command_running(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
@@ -247,13 +259,7 @@ def test_stopping_a_wait_leaves_the_command_running(
     threading.Timer(0.3, token.cancel).start()
     with pytest.raises(Cancelled):
         c.wait(cancel=token)
-
-    def interrupt(text: str) -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        c.wait(timeout=30, on_stdout=interrupt)
-    assert c.running and c.id in {i.id for i in p.commands(h)}
+    a_keyboard_interrupt_stops_only_the_wait(p, h, c)
     c.kill()
     assert c.wait(timeout=30).cancelled
 
@@ -361,13 +367,7 @@ def test_records_are_the_sandbox_users_own(
 
 
 def test_the_readme_dev_server_example_runs_as_written() -> None:
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
-        readme = f.read()
-    section = readme.split("### Long-running commands", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
+    out = run_readme_example("### Long-running commands")
     lines = out.stdout.splitlines()
     assert lines[0] == "200" and lines[-1] == "True"
     assert '"GET / HTTP/1.1" 200' in out.stdout  # the server's own log, read back

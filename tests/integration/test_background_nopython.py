@@ -32,6 +32,7 @@ from e2b_provider.emulator import Emulator
 from .conftest import count_requests, root, unique_name
 from .test_background import (
     _alive,
+    a_keyboard_interrupt_stops_only_the_wait,
     kill_after_the_first_line,
     kill_all_after_a_client_crash,
     start_follow_and_end,
@@ -132,13 +133,7 @@ def test_stopping_a_wait_leaves_the_command_running(
     with pytest.raises(Cancelled):
         c.wait(cancel=token)  # while a read waits in the sandbox for news
     assert time.monotonic() - t0 < 2
-
-    def interrupt(text: str) -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        c.wait(timeout=30, on_stdout=interrupt)
-    assert c.running and c.id in {i.id for i in p.commands(h)}
+    a_keyboard_interrupt_stops_only_the_wait(p, h, c)
     c.kill()
     r = c.wait(timeout=30)
     assert r.cancelled and r.stdout == "tick\n"

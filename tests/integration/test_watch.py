@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, List, Tuple
 
 import pytest
+from host_proc import inotify_watches_on
 from waiting import wait_until
 
 from e2b_provider import (
@@ -78,20 +78,7 @@ def watches_on(emulator: Any, p: E2BSandboxProvider, h: SandboxHandle, path: str
     """How many inotify watches the sandbox's processes hold on ``path`` (read on the host:
     the agent is not dumpable, even the sandbox's root cannot read its /proc files)."""
     inode = int(root(p, h, f"stat -c %i {path}"))
-    pattern = re.compile(rf"^inotify wd:\S+ ino:{inode:x} ", re.MULTILINE)
-    count = 0
-    for pid in emulator.sandbox_pids(h.id):
-        try:
-            names = os.listdir(f"/proc/{pid}/fdinfo")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                    count += len(pattern.findall(f.read()))
-            except OSError:
-                continue
-    return count
+    return inotify_watches_on(emulator, h.id, inode)
 
 
 # -- events ------------------------------------------------------------------------------------
