@@ -15,7 +15,7 @@ import time
 from typing import Dict, List
 
 import pytest
-from waiting import wait_until
+from waiting import run_in_threads, wait_until
 
 from e2b_provider import (
     Cancelled,
@@ -135,11 +135,7 @@ def test_100_commands_followed_live_with_few_library_threads(emu) -> None:  # ty
 
                 results[i] = cmds[i].wait(timeout=300, on_stdout=on_out)
 
-            threads = [threading.Thread(target=follow, args=(i,)) for i in range(100)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(320)
+            run_in_threads(follow, 100, 320)
             assert len(results) == 100
             for i in range(100):
                 want = "".join(f"c{i} {n}\n" for n in range(1, lines + 1))

@@ -29,7 +29,7 @@ from e2b_provider import (
 )
 from e2b_provider.emulator import Emulator
 
-from .conftest import count_requests, root, unique_name
+from .conftest import NO_PYTHON, count_requests, root, unique_name
 from .test_background import (
     _alive,
     a_keyboard_interrupt_stops_only_the_wait,
@@ -40,9 +40,6 @@ from .test_background import (
 )
 
 pytestmark = pytest.mark.integration
-
-#: The emulator's template without python3.
-NO_PYTHON = "base-without-python3"
 
 
 @pytest.fixture(scope="module")

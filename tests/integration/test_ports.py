@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 import urllib.parse
@@ -23,7 +22,7 @@ from typing import Dict, Iterator, List
 import aiohttp
 import pytest
 import requests
-from waiting import wait_until
+from waiting import run_in_threads, wait_until
 
 from e2b_provider import E2BSandboxProvider, InvalidArgument, SandboxHandle, SandboxLimits
 
@@ -157,17 +156,13 @@ def test_a_hundred_concurrent_requests_through_forward(
     errors: List[BaseException] = []
     answers: List[str] = []
     with shared_provider.forward(served, PORT) as url:
-        def one() -> None:
+        def one(_: int) -> None:
             try:
                 answers.append(requests.get(url + "/hello", timeout=60).text)
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=one) for _ in range(100)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(90)
+        run_in_threads(one, 100, 90)
     assert errors == [] and answers == ["hello\n"] * 100
 
 
