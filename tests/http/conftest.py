@@ -2,7 +2,8 @@
 
 ``tests/http`` is deliberately not a package: as a package rooted at ``tests/`` (which has no
 ``__init__.py``) it would be imported as ``http`` and shadow the standard library's ``http``.
-Its helpers live in ``server.py`` and ``envd_wire.py``, imported by plain name.
+Its helpers live in ``server.py``, ``envd_wire.py`` and ``control_wire.py``, imported by plain
+name.
 """
 
 from __future__ import annotations

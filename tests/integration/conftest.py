@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
@@ -20,6 +21,9 @@ from e2b_provider.core.run_engine import run_process
 
 #: The emulator's template without python3 (E2B's base, python3 hidden from PATH).
 NO_PYTHON = "base-without-python3"
+#: The HTTP server the port tests start in a sandbox, and the port it listens on by default.
+SANDBOX_SERVER = Path(__file__).resolve().parents[1] / "support" / "sandbox_server.py"
+SERVER_PORT = 8000
 
 
 @pytest.fixture
@@ -137,3 +141,17 @@ def run_readme_example(heading: str) -> subprocess.CompletedProcess[str]:
                          timeout=180)
     assert out.returncode == 0, out.stderr
     return out
+
+
+def serve(p: E2BSandboxProvider, h: SandboxHandle, port: int = SERVER_PORT,
+          tag: str = "port-test") -> None:
+    """Start the test server in ``h`` on ``port`` (a background command tagged ``tag``) and
+    wait until it answers inside."""
+    p.write_file(h, "/workspace/sandbox_server.py", SANDBOX_SERVER.read_bytes())
+    p.start(h, f"python3 /workspace/sandbox_server.py {port}", tag=tag)
+    probe = (
+        "python3 -c \"import urllib.request as u; "
+        f"print(u.urlopen('http://127.0.0.1:{port}/hello', timeout=2).read().decode(), end='')\""
+    )
+    wait_until(lambda: p.exec(h, probe, timeout=10).stdout == "hello\n", 30,
+               "the server answers inside the sandbox")

@@ -18,7 +18,6 @@ import textwrap
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Iterator, List, Tuple
 
 import pytest
@@ -42,7 +41,7 @@ from e2b_provider import (
     SandboxPaused,
 )
 
-from .conftest import root
+from .conftest import root, run_readme_example
 
 pytestmark = pytest.mark.integration
 
@@ -428,12 +427,7 @@ def test_the_watch_is_asked_as_the_sandbox_user(
 
 
 def test_the_readme_example_runs_as_written() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Watching files", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
+    out = run_readme_example("### Watching files")
     assert out.stdout.splitlines() == [
         "create /workspace/out/report.txt",
         "write /workspace/out/report.txt",
