@@ -63,7 +63,8 @@ from .errors import (
     SandboxGoneError,
     TransportError,
 )
-from .files.files import ACCESS_HINT, Files
+from .files.answers import ACCESS_HINT
+from .files.files import Files
 from .files.trees import Progress, Trees
 from .files.watch import Watch, Watches
 from .models import (

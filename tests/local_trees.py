@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from e2b_provider.files.trees import _remove_tree
+from e2b_provider.files.local_fs import remove_tree as _remove_tree
 
 __all__ = ["removed_at_the_end"]
 

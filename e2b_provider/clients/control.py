@@ -1,11 +1,12 @@
 """The E2B control-plane client: create, connect (attach), pause, delete, list, get, timeout.
 
-This module owns the JSON REST calls to the control plane (``X-API-KEY`` auth), the values
-they return (:class:`SandboxInfo`, :class:`ListedSandbox`), the retry policy for answers the
+This module owns the JSON REST calls to the control plane (``X-API-KEY`` auth; the values
+they return, :class:`SandboxInfo` and :class:`ListedSandbox`, are read by
+:mod:`e2b_provider.clients.control_answers`), the retry policy for answers the
 server marks as retryable, the reference's 409 handling on connect (with the November API's
 permanent ``error_code`` values), and :meth:`ControlPlane.target_for`, which turns an answer
 into an envd :class:`~e2b_provider.models.Target` and refuses a sandbox without an envd
-access token. All I/O goes through :class:`~e2b_provider.transport.http.Transport`.
+access token. All I/O goes through :class:`~e2b_provider.transport.client.Transport`.
 
 Retries (E2B SDK policy): an answer with ``Should-Retry: true``, or without that header and
 with status 429, 502, 503 or 504, is retried up to 3 times after 0.2, 0.5 and 1 s (or the
@@ -33,9 +34,7 @@ import math
 import re
 import time
 import urllib.parse
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
-
-import attrs
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..cancel import CancelToken, Deadline
 from ..errors import (
@@ -52,7 +51,20 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import validate as _validate
-from ..transport.http import HttpResponse, Transport, error_from_response, parse_error_body
+from ..transport.client import Transport
+from ..transport.error_mapping import error_from_response, parse_error_body
+from ..transport.response import HttpResponse
+from .control_answers import (
+    ListedSandbox,
+    SandboxInfo,
+    listed_sandbox,
+    sandbox_description,
+    sandbox_info,
+    show,
+    sizes,
+    valid_host,
+)
+from .envd_requests import ENVD_PORT
 
 __all__ = [
     "CALL_TIMEOUT_S",
@@ -74,7 +86,6 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-ENVD_PORT = 49983
 #: How often attach retries a 409 on connect, and the wait between tries (the reference's).
 CONNECT_CONFLICT_RETRIES = 5
 #: A 409 on DELETE is retried this many times (0.5 s apart) before it is raised.
@@ -120,92 +131,6 @@ def _route_missing(message: str) -> bool:
     )
 
 
-@attrs.frozen
-class SandboxInfo:
-    """A sandbox as the control plane described it (create or connect answer).
-
-    Attributes:
-        sandbox_id: the sandbox id (validated).
-        domain: the sandbox domain: the answer's ``domain`` if any, else the configured one
-            (validated host name).
-        envd_version: the template's envd version ("" if missing).
-        client_id: the legacy client id ("" if missing).
-        template_id: the template id ("" if missing).
-        envd_access_token: the token envd requires, or None when the answer had none.
-        traffic_access_token: the token E2B's edge wants on the sandbox's other ports
-            (header ``e2b-traffic-access-token``) when its traffic is private, else None.
-        raw_status: the HTTP status: 201 created, 200 was running, 201 resumed.
-        resumed: True when a connect resumed a paused sandbox (status 201 on connect).
-        cpu_count: ``cpuCount``, or None when the answer had none (E2B's create and
-            connect answers carry no sizes; ``GET /sandboxes/{id}`` does, see :func:`sizes`).
-        memory_mb: ``memoryMB``, or None.
-        disk_mb: ``diskSizeMB``, or None.
-    """
-
-    sandbox_id: str
-    domain: str
-    envd_version: str = ""
-    client_id: str = ""
-    template_id: str = ""
-    envd_access_token: Optional[str] = attrs.field(default=None, repr=False)
-    traffic_access_token: Optional[str] = attrs.field(default=None, repr=False)
-    raw_status: int = 200
-    resumed: bool = False
-    cpu_count: Optional[int] = None
-    memory_mb: Optional[int] = None
-    disk_mb: Optional[int] = None
-
-    def __attrs_post_init__(self) -> None:
-        register_secret(self.envd_access_token, owner=self)
-        register_secret(self.traffic_access_token, owner=self)
-
-
-@attrs.frozen
-class ListedSandbox:
-    """One item of ``GET /v2/sandboxes``.
-
-    Attributes:
-        sandbox_id: the sandbox id (validated).
-        state: ``"running"`` or ``"paused"`` (as the server says).
-        metadata: the sandbox's metadata.
-        envd_unresponsive_at_pause: True when its snapshot was taken while envd did not
-            answer (resuming it needs ``memory: false``).
-        started_at: ``startedAt`` as the server wrote it (RFC 3339), or "".
-        template_id: the template id, or "".
-        cpu_count: ``cpuCount``, or None.
-        memory_mb: ``memoryMB``, or None.
-        disk_mb: ``diskSizeMB``, or None.
-    """
-
-    sandbox_id: str
-    state: str
-    metadata: Dict[str, str] = attrs.field(factory=dict, hash=False)
-    envd_unresponsive_at_pause: bool = False
-    started_at: str = ""
-    template_id: str = ""
-    cpu_count: Optional[int] = None
-    memory_mb: Optional[int] = None
-    disk_mb: Optional[int] = None
-
-
-def sizes(data: Mapping[str, Any]) -> Tuple[Optional[int], Optional[int], Optional[int]]:
-    """The sizes a sandbox answer reports: ``(cpuCount, memoryMB, diskSizeMB)``, each None
-    when missing or not a non-negative int."""
-
-    def size(key: str) -> Optional[int]:
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return None
-        return value
-
-    return size("cpuCount"), size("memoryMB"), size("diskSizeMB")
-
-
-def _show(value: object, limit: int = 100) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _check_http_url(url: object, what: str) -> str:
     if not isinstance(url, str) or not url:
         raise ConfigError(f"{what} must be a non-empty http(s) URL")
@@ -246,7 +171,7 @@ def _should_retry(resp: HttpResponse) -> bool:
 
 def _seconds(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgument(f"{what} must be a positive int of seconds, not {_show(value)}")
+        raise InvalidArgument(f"{what} must be a positive int of seconds, not {show(value)}")
     return value
 
 
@@ -411,43 +336,6 @@ class ControlPlane:
     def _path(self, template: str, sandbox_id: str) -> str:
         return template.format(id=urllib.parse.quote(sandbox_id, safe=""))
 
-    def _info(self, resp: HttpResponse, operation: str, fallback_id: Optional[str],
-              resumed: bool) -> SandboxInfo:
-        data = resp.json(operation)
-        if not isinstance(data, dict):
-            raise ProtocolError(f"E2B {operation} answered with no sandbox object")
-        sid = data.get("sandboxID")
-        if sid is None or sid == "":
-            sid = fallback_id
-        if sid is None:
-            raise ProtocolError(f"E2B {operation} returned no sandboxID")
-        if not isinstance(sid, str) or _validate.SANDBOX_ID_RE.fullmatch(sid) is None:
-            raise ProtocolError(f"E2B returned an invalid sandbox id: {_show(sid)}")
-        domain = data.get("domain") or self._domain
-        if not isinstance(domain, str) or _valid_host(domain) is None:
-            raise ProtocolError(f"E2B returned an invalid sandbox domain: {_show(domain)}")
-        token = data.get("envdAccessToken")
-        if not isinstance(token, str) or token == "":
-            token = None
-        traffic = data.get("trafficAccessToken")
-        if not isinstance(traffic, str) or traffic == "":
-            traffic = None
-        cpu_count, memory_mb, disk_mb = sizes(data)
-        return SandboxInfo(
-            sandbox_id=sid,
-            domain=domain,
-            envd_version=_str(data.get("envdVersion")),
-            client_id=_str(data.get("clientID")),
-            template_id=_str(data.get("templateID")),
-            envd_access_token=token,
-            traffic_access_token=traffic,
-            raw_status=resp.status,
-            resumed=resumed,
-            cpu_count=cpu_count,
-            memory_mb=memory_mb,
-            disk_mb=disk_mb,
-        )
-
     # -- calls ---------------------------------------------------------------------------
 
     def create(
@@ -493,7 +381,7 @@ class ControlPlane:
         resp = self._call("POST", "/v2/sandboxes", token=token, json=dict(body),
                           headers=headers, retry=idempotency_key is not None, deadline=limit)
         if resp.status in (200, 201):
-            return self._info(resp, op, None, resumed=False)
+            return sandbox_info(resp, op, None, False, self._domain)
         if resp.status in (400, 404, 405):
             message = parse_error_body(resp.body)[0]
             if _route_missing(message):
@@ -550,7 +438,7 @@ class ControlPlane:
         resp = self._call("POST", path, token=token, json=body, retry=True, operation=op,
                           deadline=limit)
         if resp.status in (200, 201):
-            return self._info(resp, op, sandbox_id, resumed=resp.status == 201)
+            return sandbox_info(resp, op, sandbox_id, resp.status == 201, self._domain)
         if resp.status == 404:
             message = parse_error_body(resp.body)[0]
             if message.startswith(_VALIDATION_PREFIX):
@@ -747,7 +635,7 @@ class ControlPlane:
             state = (state,)
         for s in state:
             if s not in ("running", "paused"):
-                raise InvalidArgument(f"invalid sandbox state {_show(s)}")
+                raise InvalidArgument(f"invalid sandbox state {show(s)}")
         wanted: Dict[str, str] = {}
         for k, v in (metadata or {}).items():
             if not isinstance(k, str) or not isinstance(v, str):
@@ -781,7 +669,7 @@ class ControlPlane:
             if not isinstance(items, list):
                 raise ProtocolError(f"E2B {op} answered with something other than a list")
             for item in items:
-                listed = _listed(item, op, wanted)
+                listed = listed_sandbox(item, op, wanted)
                 if listed is not None:
                     out.append(listed)
             next_token = resp.headers.get("x-next-token") or None
@@ -814,14 +702,7 @@ class ControlPlane:
                           retry=True, operation=op, deadline=self.bound(deadline))
         if not resp.ok:
             raise self._error(resp, op, sandbox_id)
-        data = resp.json(op)
-        if not isinstance(data, dict):
-            raise ProtocolError(f"E2B {op} answered with no sandbox object")
-        answer = _Answer(data)
-        tok = answer.get("envdAccessToken")
-        if isinstance(tok, str):
-            register_secret(tok, owner=answer)  # a secret as long as the answer is kept
-        return answer
+        return sandbox_description(resp, op)
 
     def set_timeout(
         self,
@@ -861,10 +742,10 @@ class ControlPlane:
         """
         sid = info.sandbox_id
         if not isinstance(sid, str) or _validate.SANDBOX_ID_RE.fullmatch(sid) is None:
-            raise ProtocolError(f"invalid E2B sandbox id: {_show(sid)}")
+            raise ProtocolError(f"invalid E2B sandbox id: {show(sid)}")
         domain = info.domain or self._domain
-        if _valid_host(domain) is None:
-            raise ProtocolError(f"E2B returned an invalid sandbox domain: {_show(domain)}")
+        if valid_host(domain) is None:
+            raise ProtocolError(f"E2B returned an invalid sandbox domain: {show(domain)}")
         tok = info.envd_access_token
         if not isinstance(tok, str) or tok == "":
             raise MissingAccessToken(
@@ -877,50 +758,6 @@ class ControlPlane:
         url = self._sandbox_url or f"https://{ENVD_PORT}-{sid}.{domain}"
         return Target(url=url, sandbox_id=sid, access_token=tok, domain=domain,
                       resumed=info.resumed, traffic_token=info.traffic_access_token)
-
-
-class _Answer(Dict[str, Any]):
-    """A JSON object answer that can own a secret (a plain dict cannot be weakly referenced)."""
-
-
-def _valid_host(host: object) -> Optional[str]:
-    try:
-        return _validate.check_hostname(host)
-    except InvalidArgument:
-        return None
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _listed(item: object, op: str, wanted: Mapping[str, str]) -> Optional[ListedSandbox]:
-    """One list item, or None when its metadata lacks a wanted pair."""
-    if not isinstance(item, dict):
-        raise ProtocolError(f"E2B {op} list item is not an object")
-    meta = item.get("metadata")
-    metadata = (
-        {str(k): v for k, v in meta.items() if isinstance(v, str)}
-        if isinstance(meta, dict)
-        else {}
-    )
-    if any(metadata.get(k) != v for k, v in wanted.items()):
-        return None
-    cpu_count, memory_mb, disk_mb = sizes(item)
-    sid = item.get("sandboxID")
-    if not isinstance(sid, str) or _validate.SANDBOX_ID_RE.fullmatch(sid) is None:
-        raise ProtocolError(f"E2B {op} returned an invalid sandbox id: {_show(sid)}")
-    return ListedSandbox(
-        sandbox_id=sid,
-        state=_str(item.get("state")),
-        metadata=metadata,
-        envd_unresponsive_at_pause=item.get("envdUnresponsiveAtPause") is True,
-        started_at=_str(item.get("startedAt")),
-        template_id=_str(item.get("templateID")),
-        cpu_count=cpu_count,
-        memory_mb=memory_mb,
-        disk_mb=disk_mb,
-    )
 
 
 def _check_left(deadline: Deadline, operation: str) -> None:

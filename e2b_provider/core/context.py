@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import scripts as scripts
-from ..transport.http import Transport
+from ..transport.client import Transport
 from .leases import LeaseCache
 from .messages import command_failed, script_reason
 from .run_engine import RunOutcome, run_process

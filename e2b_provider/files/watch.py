@@ -50,10 +50,13 @@ import posixpath
 import threading
 import time
 import weakref
-from typing import Any, Deque, List, Mapping, Optional, Tuple, Union, final
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple, Union, final
 
 from ..cancel import CancelReason, CancelToken, Deadline
 from ..clients.envd import START_OPEN_SECONDS
+from ..clients.envd_streams import WATCH_MESSAGE_BYTES as MAX_MESSAGE_BYTES
+from ..clients.envd_streams import WATCH_READ_BYTES as READ_BYTES
+from ..clients.envd_streams import WatchStream
 from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed
 from ..core.messages import is_ambiguous, mark_worded, reword
 from ..errors import (
@@ -72,9 +75,9 @@ from ..errors import (
 )
 from ..models import FileEvent, FileEventType, FileStat, Target
 from ..protocol import scripts as scripts
-from ..protocol.connect import EndStream, EnvelopeDecoder, Item, Message
-from ..transport.http import Stream
-from .files import ACCESS_HINT, Files
+from ..protocol.connect import EndStream
+from .answers import ACCESS_HINT
+from .files import Files
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -89,11 +92,9 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-#: The most of the stream read at once (what a watch holds at most, decoded, besides one
-#: overflow event).
-READ_BYTES = 64 * 1024
-#: The largest ``WatchDir`` message accepted (a path is at most 4 KiB).
-MAX_MESSAGE_BYTES = 64 * 1024
+# READ_BYTES, the most of the stream read at once (what a watch holds at most, decoded,
+# besides one overflow event), and MAX_MESSAGE_BYTES, the largest ``WatchDir`` message
+# accepted, are the stream's (:mod:`e2b_provider.clients.envd_streams`).
 #: A watch that envd ends this many times in a row, with no event in between, fails.
 MAX_RESTARTS = 3
 #: envd ends a watch with a timeout this much after its timeout passed here (a backstop
@@ -258,8 +259,7 @@ class Watch:
         self._cancel = cancel
         self._doing = doing
         self._lock = threading.Lock()
-        self._stream: Optional[Stream] = None
-        self._decoder = EnvelopeDecoder(max_message_bytes=MAX_MESSAGE_BYTES)
+        self._stream: Optional[WatchStream] = None
         self._pending: Deque[FileEvent] = collections.deque()
         self._deadline = Deadline.never()
         self._timer: Any = None
@@ -309,7 +309,7 @@ class Watch:
 
         began: List[float] = []
 
-        def run(target: Target) -> Stream:
+        def run(target: Target) -> WatchStream:
             began[:] = [time.monotonic()]
             return ctx.envd(target).watch_dir(
                 self.path, user=scripts.SANDBOX_USER, recursive=self.recursive,
@@ -322,7 +322,6 @@ class Watch:
             closed = self._closed
             if not closed:
                 self._stream = stream
-                self._decoder = EnvelopeDecoder(max_message_bytes=MAX_MESSAGE_BYTES)
         if closed:  # close() ran meanwhile (from another thread): iteration stops
             stream.abort()
             stream.close()
@@ -345,9 +344,7 @@ class Watch:
                 if isinstance(item, EndStream):
                     self._ended(item, opening=True)
                     raise ProtocolError("the sandbox ended the watch before it started")
-                if not isinstance(item, Message):
-                    raise ProtocolError("the sandbox sent a watch message that is not JSON")
-                kind, _ = parse_message(item.data)
+                kind, _ = parse_message(item)
                 if kind == "start":
                     return
                 if kind == "event":
@@ -365,20 +362,18 @@ class Watch:
             if undo is not None:
                 undo()
 
-    def _next_item(self, stream: Stream) -> Item:
-        """The next envelope of ``stream`` (reading when none is decoded yet)."""
+    @staticmethod
+    def _next_item(stream: WatchStream) -> Union[Dict[str, Any], EndStream]:
+        """The next message of ``stream`` (reading when none is decoded yet)."""
         while True:
-            for item in self._decoder:
+            item = stream.take()
+            if item is not None:
                 return item
-            chunk = stream.read1(READ_BYTES)
-            if not chunk:
-                self._decoder.close()  # raises: EOF before the end-of-stream message
-                raise ProtocolError("the sandbox's watch stream ended without an end message")
-            self._decoder.feed(chunk)
+            stream.read()
 
     # -- stopping ------------------------------------------------------------------------
 
-    def _abort_stream(self, stream: Optional[Stream] = None) -> None:
+    def _abort_stream(self, stream: Optional[WatchStream] = None) -> None:
         with self._lock:
             current = self._stream
         target = stream if stream is not None else current
@@ -483,23 +478,20 @@ class Watch:
                 raise StopIteration
             # Everything decoded from the last read first (identical neighbours merged),
             # then one more read.
-            for item in self._decoder:
-                self._take(item)
-                if self._done or self._restart:
+            while not (self._done or self._restart):
+                item = stream.take()
+                if item is None:
                     break
+                self._take(item)
             if self._pending or self._done or self._restart:
                 continue
             try:
-                chunk = stream.read1(READ_BYTES)
+                stream.read()
             except TransportError:
                 self._check()
                 if self._closed:
                     continue  # closed meanwhile: said above
                 raise
-            if not chunk:
-                self._decoder.close()  # raises: EOF before the end-of-stream message
-                raise ProtocolError("the sandbox's watch stream ended without an end message")
-            self._decoder.feed(chunk)
 
     def _check(self) -> None:
         """Stop at the timeout; raise when cancelled."""
@@ -509,14 +501,12 @@ class Watch:
         if self._cancel is not None and self._cancel.cancelled:
             raise Cancelled(self._cancel.reason)
 
-    def _take(self, item: Item) -> None:
+    def _take(self, item: Union[Dict[str, Any], EndStream]) -> None:
         if isinstance(item, EndStream):
             self._ended(item, opening=False)
             return
-        if not isinstance(item, Message):
-            raise ProtocolError("the sandbox sent a watch message that is not JSON")
         self._touch_lease()
-        _, change = parse_message(item.data)
+        _, change = parse_message(item)
         if change is None:
             return
         event = FileEvent(change[0], event_path(self.path, change[1]))

@@ -32,7 +32,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from ..cancel import CancelReason, CancelToken, Deadline
-from ..clients.control import sizes
+from ..clients.control_answers import sizes
 from ..core.context import MAX_TIMEOUT_SECONDS, KeyedLocks, ProviderContext
 from ..errors import (
     Cancelled,

@@ -4,12 +4,13 @@ library only (it runs by file path with ``python -S``)."""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import sys
 import sysconfig
 from typing import Dict, List, Set
+
+from source_tree import imports, modules
 
 import e2b_provider.emulator as emulator
 
@@ -17,51 +18,12 @@ ROOT = os.path.dirname(os.path.abspath(emulator.__file__))
 PKG = "e2b_provider.emulator"
 
 
-def _modules() -> Dict[str, str]:
-    found: Dict[str, str] = {}
-    for folder, _, files in os.walk(ROOT):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
-                if parts[-1] == "__init__":
-                    parts.pop()
-                found[".".join([PKG, *parts])] = path
-    return found
-
-
-MODULES = _modules()
+MODULES = modules(ROOT, PKG)
 
 
 def _imports(mod: str) -> Set[str]:
     """Every module ``mod`` imports (at any depth of its code), absolute names."""
-    path = MODULES[mod]
-    package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
-    out: Set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                base = base + "." + node.module if node.module else base
-            else:
-                base = node.module or ""
-            subs = {f"{base}.{a.name}" for a in node.names} & set(MODULES)
-            out.update(subs or {base})
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
-            arg = node.args[0] if node.args else None
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                name = arg.value
-                if name.startswith("."):
-                    dots = len(name) - len(name.lstrip("."))
-                    parts = package.split(".")
-                    name = ".".join(parts[: len(parts) - dots + 1]) + "." + name.lstrip(".")
-                out.add(name)
-    return out
+    return imports(mod, MODULES[mod], set(MODULES))
 
 
 def _internal(mod: str) -> Set[str]:

@@ -16,7 +16,7 @@ from server import ACCESS_TOKEN, ScriptedServer
 
 from e2b_provider.clients.envd import EnvdClient
 from e2b_provider.models import Target
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ from e2b_provider.errors import (
     SandboxGoneError,
 )
 from e2b_provider.models import Target
-from e2b_provider.transport.http import HttpResponse, Transport
+from e2b_provider.transport.client import Transport
+from e2b_provider.transport.response import HttpResponse
 
 
 def sandbox(sid: str = SID, **extra: Any) -> Dict[str, Any]:

@@ -28,7 +28,7 @@ from e2b_provider.core.run_engine import run_process
 from e2b_provider.errors import Conflict, E2BHttpError, TransportError, TransportTimeout
 from e2b_provider.models import Target
 from e2b_provider.protocol.connect import encode_envelope
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 #: The peer's pace: one byte (or one piece) this often. It is the peer's behaviour, not a
 #: way to wait for anything.

@@ -26,7 +26,7 @@ from e2b_provider.errors import (
 from e2b_provider.models import Target
 from e2b_provider.protocol.connect import encode_envelope
 from e2b_provider.protocol.process_events import DataEvent, EndEvent, KeepaliveEvent, StartEvent
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 
 def stream_of(*frames: bytes, end: bool = True, chunk_split: bool = False) -> Any:

@@ -25,7 +25,8 @@ from e2b_provider.errors import (
     TransportTimeout,
 )
 from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message
-from e2b_provider.transport.http import RawStream, Transport
+from e2b_provider.transport.client import Transport
+from e2b_provider.transport.raw_stream import RawStream
 
 
 def events_of(raw: RawStream, want: int, timeout: float = 5.0) -> List[Dict[str, Any]]:

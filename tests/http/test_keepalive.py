@@ -15,10 +15,11 @@ import pytest
 from server import Request, Responder, ScriptedServer, client_sockets
 from waiting import run_in_threads
 
-import e2b_provider.transport.http as http_mod
+import e2b_provider.transport.pool as pool_mod
 from e2b_provider.cancel import CancelToken
 from e2b_provider.errors import Cancelled, ProtocolError, TransportError, TransportTimeout
-from e2b_provider.transport.http import Stream, Transport
+from e2b_provider.transport.client import Transport
+from e2b_provider.transport.stream import Stream
 
 
 def _ok(q: Request, r: Responder) -> None:
@@ -300,7 +301,7 @@ def test_an_idle_connection_is_not_reused_past_its_expiry(
     _get(transport, server)
     _get(transport, server)
     assert server.accepted == 1
-    monkeypatch.setattr(http_mod, "IDLE_CONNECTION_SECONDS", 0.0)
+    monkeypatch.setattr(pool_mod, "IDLE_CONNECTION_SECONDS", 0.0)
     _get(transport, server)
     _get(transport, server)
     assert server.accepted == 3

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 from server import Request, Responder, ScriptedServer
 
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 _VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "REQUEST_METHOD")
 

@@ -31,13 +31,9 @@ from e2b_provider.errors import (
     TransportError,
     TransportTimeout,
 )
-from e2b_provider.transport.http import (
-    HttpResponse,
-    Transport,
-    error_from_response,
-    map_transport_errors,
-    safe_url,
-)
+from e2b_provider.transport.client import Transport
+from e2b_provider.transport.error_mapping import error_from_response, map_transport_errors, safe_url
+from e2b_provider.transport.response import HttpResponse
 
 SECRET_HEADERS = {"X-API-KEY": API_KEY, "X-Access-Token": ACCESS_TOKEN}
 SECRET_PARAMS = {"signature": ACCESS_TOKEN}

@@ -31,6 +31,7 @@ from e2b_provider import (
     OperationTimeout,
     SandboxHandle,
 )
+from e2b_provider.files import local_fs as _local_fs
 from e2b_provider.files import trees as _trees
 
 from .conftest import own_sandbox
@@ -268,7 +269,7 @@ def test_the_part_file_of_a_killed_cp_goes_with_the_next_transfer(
     here.mkdir()
     # a part of a live process (this one, a sleeper) of this machine: never removed
     sleeper = subprocess.Popen(["sleep", "300"])
-    live = f".capybara-part-{sleeper.pid}-{_trees._host_tag()}-0123456789ab"
+    live = f".capybara-part-{sleeper.pid}-{_local_fs._host_tag()}-0123456789ab"
     (here / live).write_bytes(b"busy")
     cli = [sys.executable, "-m", "e2b_provider", "cp"]
     child = subprocess.Popen([*cli, f"{box.id}:{src}/big", str(here / "big")], env=env,

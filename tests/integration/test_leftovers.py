@@ -32,7 +32,7 @@ from e2b_provider import (
     SandboxHandle,
 )
 from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
-from e2b_provider.files import files as _files
+from e2b_provider.files import file_part as _files
 from e2b_provider.protocol import scripts as scripts
 
 from .conftest import own_sandbox, root, warm_file_agent

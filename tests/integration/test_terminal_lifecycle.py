@@ -27,7 +27,8 @@ import pytest
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle, Terminal
-from e2b_provider.commands.terminals import TERMINAL_WRAPPER, _listed_terminal
+from e2b_provider.commands.terminal_wrapper import TERMINAL_WRAPPER
+from e2b_provider.commands.terminal_wrapper import listed_terminal as _listed_terminal
 from e2b_provider.errors import (
     CommandNotFound,
     InvalidArgument,
@@ -35,7 +36,8 @@ from e2b_provider.errors import (
     SandboxPaused,
     TransportTimeout,
 )
-from e2b_provider.transport.http import RawStream, Transport
+from e2b_provider.transport.client import Transport
+from e2b_provider.transport.raw_stream import RawStream
 
 from .conftest import child_config, count_requests, own_sandbox, root, unique_name, until
 

@@ -309,7 +309,7 @@ def test_a_secret_held_twice_stays_until_both_owners_are_gone() -> None:
 def test_targets_and_clients_keep_their_tokens_known_only_while_they_exist() -> None:
     from e2b_provider.clients.envd import EnvdClient
     from e2b_provider.models import Target
-    from e2b_provider.transport.http import Transport
+    from e2b_provider.transport.client import Transport
 
     gc.collect()
     before = e.known_secrets()

@@ -24,7 +24,7 @@ from e2b_provider._watchdog import Watchdog
 from e2b_provider.cancel import CancelToken, Deadline
 from e2b_provider.core.run_engine import run_process
 from e2b_provider.errors import Cancelled, E2BHttpError, TransportError, TransportTimeout
-from e2b_provider.transport.http import Transport
+from e2b_provider.transport.client import Transport
 
 
 @pytest.fixture

@@ -43,7 +43,9 @@ from hypothesis import strategies as hs
 from waiting import wait_until
 
 from e2b_provider.errors import ProtocolError
-from e2b_provider.files.trees import extract_stream, plan_upload, tar_stream
+from e2b_provider.files.local_extract import extract_stream
+from e2b_provider.files.tar_codec import tar_stream
+from e2b_provider.files.upload_plan import plan_upload
 from e2b_provider.protocol.agent_frames import AGENT_VERSION, Frame, FrameDecoder, encode_request
 from e2b_provider.sandbox_side import file_agent, source
 

@@ -23,14 +23,10 @@ from local_trees import removed_at_the_end
 
 from e2b_provider.cancel import CancelToken
 from e2b_provider.errors import Cancelled, CommandFailed, InvalidArgument
-from e2b_provider.files.trees import (
-    Unsent,
-    extract_stream,
-    plan_upload,
-    tar_length,
-    tar_stream,
-    tree_bound,
-)
+from e2b_provider.files.local_extract import extract_stream
+from e2b_provider.files.tar_codec import tar_length, tar_stream
+from e2b_provider.files.trees import tree_bound
+from e2b_provider.files.upload_plan import Unsent, plan_upload
 from e2b_provider.models import TransferSummary
 
 END = ".capybara-end-0123456789abcdef"
@@ -674,7 +670,7 @@ def test_a_stream_cut_in_any_pieces_is_written_the_same(
 ) -> None:
     # the stream comes in pieces of whatever size envd's events have: headers, pax records
     # and file data cut anywhere give the same tree as the stream read whole
-    from e2b_provider.files.trees import _Chunks
+    from e2b_provider.files.tar_codec import Chunks as _Chunks
 
     data = _archive(_m("d", kind=tarfile.DIRTYPE, mode=0o755), _m("d/f", b"f" * 3000),
                     _m("d/" + "long" * 40, b"pax-named"), _m("d/l", kind=tarfile.SYMTYPE,
@@ -701,7 +697,7 @@ def test_a_stream_cut_in_any_pieces_is_written_the_same(
 
 
 def test_the_first_line_of_a_stream_in_pieces() -> None:
-    from e2b_provider.files.trees import _Chunks
+    from e2b_provider.files.tar_codec import Chunks as _Chunks
 
     feed = iter([b'{"total"', b"", b': 1}\nab', b"cd"])
     reader = _Chunks(lambda: next(feed, None))
@@ -765,7 +761,8 @@ def test_headers_are_what_tarfile_writes(
 ) -> None:
     # the fast header of a plain member and tarfile's own, byte for byte (and the PAX
     # headers of the rest, which go through tarfile)
-    from e2b_provider.files.trees import _header, _Item, _length
+    from e2b_provider.files.tar_codec import _header, _length
+    from e2b_provider.files.upload_plan import Item as _Item
 
     rel = "/".join([name] * (depth + 1))
     item = _Item(rel, mode, mtime, size if kind == "file" else 0,
@@ -993,7 +990,7 @@ def test_a_new_directory_cut_half_way_is_not_there_at_all(box: Box, cut: float) 
 
 
 def test_parts_of_gone_processes_are_swept_and_no_others(box: Box) -> None:
-    from e2b_provider.files import trees as _trees
+    from e2b_provider.files import local_fs as _trees
 
     tag = _trees._host_tag()
     child = __import__("subprocess").Popen(["true"])

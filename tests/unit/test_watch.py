@@ -113,10 +113,9 @@ def make() -> Iterator[Any]:
         def open_next() -> None:
             stream = scripted.pop(0)
             opened.append(stream)
-            w._stream = stream  # type: ignore[assignment]
-            from e2b_provider.protocol.connect import EnvelopeDecoder
+            from e2b_provider.clients.envd_streams import WatchStream
 
-            w._decoder = EnvelopeDecoder()
+            w._stream = WatchStream(stream)  # type: ignore[arg-type]
 
         w._open = open_next  # type: ignore[method-assign]
         w._touch_lease = lambda: None  # type: ignore[method-assign]
