@@ -14,7 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from .cancel import CancelReason, CancelToken, Deadline
-    from .commands.background import Command, CommandInfo, CommandOutput
+    from .commands.command import Command, CommandInfo, CommandOutput
     from .commands.terminals import Terminal
     from .config import DeploymentConfig
     from .errors import (
@@ -64,12 +64,12 @@ _HOMES: Dict[str, str] = {
     "CancelReason": ".cancel",
     "CancelToken": ".cancel",
     "Cancelled": ".errors",
-    "Command": ".commands.background",
+    "Command": ".commands.command",
     "CommandEnded": ".errors",
     "CommandFailed": ".errors",
-    "CommandInfo": ".commands.background",
+    "CommandInfo": ".commands.command",
     "CommandNotFound": ".errors",
-    "CommandOutput": ".commands.background",
+    "CommandOutput": ".commands.command",
     "ConfigError": ".errors",
     "Conflict": ".errors",
     "Deadline": ".cancel",

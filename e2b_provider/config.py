@@ -26,7 +26,13 @@ import attrs
 
 from . import errors
 from .errors import ConfigError, InvalidArgument
-from .protocol.validate import HOSTNAME_RE, MAX_HOSTNAME_CHARS, check_hostname, show
+from .protocol.validate import (
+    HOSTNAME_RE,
+    MAX_HOSTNAME_CHARS,
+    MAX_TIMEOUT_SECONDS,
+    check_hostname,
+    show,
+)
 
 __all__ = [
     "DEFAULT_DOMAIN",
@@ -43,7 +49,6 @@ EXTENSION_NAME = "sandbox-e2b"
 DEFAULT_DOMAIN = "e2b.app"
 DEFAULT_TIMEOUT_SECONDS = 3600
 MIN_TIMEOUT_SECONDS = 60
-MAX_TIMEOUT_SECONDS = 86400
 MAX_TEMPLATE_CHARS = 256
 MAX_API_KEY_CHARS = 4096
 MAX_URL_CHARS = 2048

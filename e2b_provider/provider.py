@@ -4,9 +4,10 @@ This module owns :class:`E2BSandboxProvider`, the Python port of the reference p
 ``createE2BSandbox``: lifecycle by name (create, resume, suspend, destroy, destroy_by_name),
 leftover-command cleanup (kill_all, kill_tagged), ``exec`` with output budget, timeout,
 cancellation, Ctrl-C safety and the kill → grace → reboot escalation, and file operations
-(read_file, write_file, stat). It is a thin facade: it documents and validates every call
-before any I/O, then hands it to one of its parts, composed by resource as docker-py composes
-its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
+(read_file, write_file, stat). It is a thin facade: it documents every call and checks its
+arguments before any I/O (with the checks of :mod:`e2b_provider.commands.arguments` and
+:mod:`e2b_provider.files.arguments`), then hands it to one of its parts, composed by resource
+as docker-py composes its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
 :mod:`e2b_provider.commands.shell` (exec and its kill job), :mod:`e2b_provider.commands.background`
 (commands that outlive the call),
 :mod:`e2b_provider.commands.terminals` (interactive terminals), :mod:`e2b_provider.files.files` and
@@ -14,13 +15,12 @@ its API client: :mod:`e2b_provider.sandboxes.lifecycle` (whole sandboxes),
 :mod:`e2b_provider.files.watch` (watching directories), all sharing one
 :mod:`e2b_provider.core.context` (clients, watchdog, bounds). It speaks no HTTP itself. Every error
 a call raises is said in the caller's terms — what was being done, to which sandbox and path, and
-what to do (:mod:`e2b_provider.core.messages`).
+what to do (:mod:`e2b_provider.core.calls`, :mod:`e2b_provider.core.messages`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 from typing import (
@@ -33,37 +33,23 @@ from typing import (
     List,
     Mapping,
     Optional,
-    Tuple,
     Union,
 )
 
 from ._watchdog import Watchdog
 from .cancel import CancelToken, Deadline
-from .commands.background import Background, Command, CommandInfo
+from .commands import arguments as ca
+from .commands.background import Background
+from .commands.command import Command, CommandInfo
 from .commands.shell import Commands, read_stdin_source
 from .commands.terminals import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
 from .config import DeploymentConfig
-from .core.context import Bounds, ProviderContext
+from .core.calls import Calls
+from .core.context import ProviderContext, checked_bounds
 from .core.file_agents import FileAgents
-from .core.messages import (
-    cwd_refused,
-    is_ambiguous,
-    looks_like_sandbox_id,
-    name_not_id,
-    reword,
-    scrub,
-    unknown_sandbox_id,
-)
-from .errors import (
-    Cancelled,
-    CommandFailed,
-    E2BProviderError,
-    FilesFailed,
-    InvalidArgument,
-    SandboxGoneError,
-    TransportError,
-)
-from .files.answers import ACCESS_HINT
+from .core.reboot import Reboots
+from .errors import FilesFailed, InvalidArgument
+from .files import arguments as fa
 from .files.files import Files
 from .files.trees import Progress, Trees
 from .files.watch import Watch, Watches
@@ -78,21 +64,19 @@ from .models import (
     SandboxSummary,
     TransferSummary,
 )
-from .ports.relay import ForwardLimits, Ports, check_port
+from .ports.relay import Ports, check_port, forward_limits
 from .protocol import validate as v
 from .sandboxes.lifecycle import Lifecycle, ResumeOutcome
 
 __all__ = ["E2BSandboxProvider"]
 
-log = logging.getLogger("e2b_provider")
-
 #: Default exec timeout (seconds) and output budget (bytes).
 DEFAULT_EXEC_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_MAX_READ_BYTES = 1 << 20
-#: Content a download accepts by default, and at most.
+#: Content a download accepts by default (at most
+#: :data:`~e2b_provider.files.arguments.MAX_DOWNLOAD_BYTES`).
 DEFAULT_MAX_DOWNLOAD_BYTES = 10 << 30
-MAX_DOWNLOAD_BYTES = 1 << 40
 #: The kill job is bounded by this; past it the sandbox counts as wedged.
 KILL_BOUND = 20.0
 #: After a successful kill, how long the stream may take to end.
@@ -101,30 +85,6 @@ KILL_GRACE = 3.0
 INTERRUPT_KILL_BOUND = 10.0
 #: Reboot of a wedged sandbox: the whole sequence is bounded by this.
 REBOOT_BOUND = 120.0
-#: When E2B knows no sandbox by the id a call was given: the look-up of sandboxes of that
-#: name (was it a name?) is bounded by this.
-NAME_LOOKUP_BOUND = 10.0
-
-
-def _sandbox_id(ref: SandboxRef) -> str:
-    sid = ref.id if isinstance(ref, SandboxHandle) else ref
-    if not isinstance(sid, str):
-        raise InvalidArgument(
-            f"expected a SandboxHandle or a sandbox id string, got {type(ref).__name__}"
-        )
-    try:
-        v.check_sandbox_id(sid)
-    except InvalidArgument as exc:
-        try:
-            v.check_name(sid)
-        except InvalidArgument:
-            raise exc from None
-        raise InvalidArgument(
-            f"{exc}; {sid!r} looks like a sandbox name: calls take the handle create() "
-            f"returned, or the sandbox id, not the name (list_sandboxes(name={sid!r}) gives "
-            "the handles of a name)"
-        ) from None
-    return sid
 
 
 class E2BSandboxProvider:
@@ -180,21 +140,8 @@ class E2BSandboxProvider:
     ) -> None:
         if not isinstance(config, DeploymentConfig):
             raise InvalidArgument("config must be a DeploymentConfig")
-        for name, value in (
-            ("kill_bound", kill_bound),
-            ("kill_grace", kill_grace),
-            ("interrupt_kill_bound", interrupt_kill_bound),
-            ("reboot_bound", reboot_bound),
-        ):
-            v.check_timeout(value, name=name)
-        if not isinstance(keepalive_seconds, int) or not 1 <= keepalive_seconds <= 3600:
-            raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
-        bounds = Bounds(
-            kill=float(kill_bound),
-            grace=float(kill_grace),
-            interrupt_kill=float(interrupt_kill_bound),
-            reboot=float(reboot_bound),
-            keepalive=keepalive_seconds,
+        bounds = checked_bounds(
+            kill_bound, kill_grace, interrupt_kill_bound, reboot_bound, keepalive_seconds
         )
         self._ctx = ctx = ProviderContext(
             config,
@@ -203,15 +150,17 @@ class E2BSandboxProvider:
             watchdog=watchdog,
             bounds=bounds,
         )
-        self._lifecycle = Lifecycle(ctx)
-        self._commands = Commands(ctx, self._lifecycle)
+        reboots = Reboots(ctx)
+        self._lifecycle = Lifecycle(ctx, reboots)
+        self._commands = Commands(ctx, reboots)
         agents = FileAgents(ctx)
         self._files = Files(ctx, agents)
         self._trees = Trees(ctx, self._files)
         self._background = Background(ctx, agents)
-        self._terminals = Terminals(ctx, self._lifecycle)
+        self._terminals = Terminals(ctx, reboots)
         self._ports = Ports(ctx)
         self._watches = Watches(ctx, self._files)
+        self._calls = Calls(ctx, self._files.forget, self._named)
         ctx.on_fork(self._lifecycle.after_fork)
 
     # -- housekeeping -------------------------------------------------------------------
@@ -246,57 +195,9 @@ class E2BSandboxProvider:
         cfg = self._ctx.config
         return f"E2BSandboxProvider(template={cfg.template!r}, api_url={cfg.effective_api_url!r})"
 
-    def _check_open(self) -> None:
-        self._ctx.check_open()
-
-    def _open_sandbox(self, sandbox: SandboxRef, cancel: Optional[CancelToken]) -> str:
-        """The start of a call on one sandbox: open, its id checked, not yet cancelled."""
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_cancel(cancel)
-        return sid
-
-    @contextlib.contextmanager
-    def _doing(self, doing: str, lost: str = "", sid: Optional[str] = None) -> Iterator[None]:
-        """Say every error of the block in the caller's terms (see
-        :mod:`e2b_provider.core.messages`; ``lost`` is said when the answer was lost); a connection
-        error caused by
-        :meth:`close` running meanwhile is ProviderClosed, and one caused by the deletion
-        of sandbox ``sid`` meanwhile (one look-up of its state) is SandboxGoneError."""
-        began = time.monotonic()
-        try:
-            yield
-        except E2BProviderError as exc:
-            closed = self._ctx.closed_error() if isinstance(exc, TransportError) else None
-            if closed is not None:
-                raise closed from exc
-            if (sid is not None and is_ambiguous(exc) and not self._ctx.closed
-                    and self._ctx.fate_during(sid, began, None) == "gone"):
-                self._files.forget(sid)
-                self._ctx.leases.forget(sid)
-                raise SandboxGoneError(
-                    f"{doing} failed: sandbox {sid} was deleted meanwhile (by destroy() or "
-                    "another client, or by E2B); create a new sandbox"
-                ) from exc
-            given = unknown_sandbox_id(exc)
-            if given is not None:
-                self._name_given(exc, doing, given)
-            reword(exc, doing, lost)
-            raise
-
-    def _name_given(self, exc: E2BProviderError, doing: str, given: str) -> None:
-        """E2B knows no sandbox ``given``: if that is the name of sandboxes (one bounded
-        listing), or does not look like an E2B id, say that calls take the handle or id."""
-        named: List[str] = []
-        if not self._ctx.closed:
-            try:
-                v.check_name(given)
-                listed = self._lifecycle.list(given, None, Deadline.after(NAME_LOOKUP_BOUND))
-                named = [s.id for s in listed]
-            except (E2BProviderError, Cancelled) as err:
-                log.debug("e2b_provider: could not look up sandboxes named %r: %s", given, err)
-        if named or not looks_like_sandbox_id(given):
-            name_not_id(exc, doing, given, named)
+    def _named(self, name: str, deadline: Deadline) -> List[str]:
+        """The ids of the sandboxes of ``name`` (one bounded listing)."""
+        return [s.id for s in self._lifecycle.list(name, None, deadline)]
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -347,7 +248,7 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
+        self._calls.check_open()
         if limits is None:
             limits = SandboxLimits()
         v.check_name(name)
@@ -359,7 +260,7 @@ class E2BSandboxProvider:
                 "Set DeploymentConfig(allow_open_egress=True) (allowOpenEgress in a config "
                 'mapping; trusted environments only), or use egress "allowlist" or "none".'
             )
-        with self._doing(f"creating sandbox {name!r}"):
+        with self._calls.doing(f"creating sandbox {name!r}"):
             return self._lifecycle.create(name, limits, cancel)
 
     def info(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> SandboxSummary:
@@ -379,8 +280,8 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        sid = self._open_sandbox(sandbox, cancel)
-        with self._doing(f"describing sandbox {sid}"):
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"describing sandbox {sid}"):
             return self._lifecycle.info(sid, cancel)
 
     def resume(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> ResumeOutcome:
@@ -400,8 +301,8 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        sid = self._open_sandbox(sandbox, cancel)
-        with self._doing(f"resuming sandbox {sid}"):
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"resuming sandbox {sid}"):
             return self._lifecycle.resume(sid, cancel)
 
     def suspend(self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None) -> None:
@@ -419,8 +320,8 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        sid = self._open_sandbox(sandbox, cancel)
-        with self._doing(f"suspending sandbox {sid}"):
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"suspending sandbox {sid}"):
             self._files.forget(sid)
             self._lifecycle.suspend(sid, cancel)
 
@@ -435,8 +336,8 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        sid = self._open_sandbox(sandbox, cancel)
-        with self._doing(f"destroying sandbox {sid}"):
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"destroying sandbox {sid}"):
             self._files.forget(sid)
             self._lifecycle.destroy(sid, cancel)
 
@@ -456,10 +357,10 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
+        self._calls.check_open()
         v.check_name(name)
         v.check_cancel(cancel)
-        with self._doing(f"destroying the sandboxes named {name!r}"):
+        with self._calls.doing(f"destroying the sandboxes named {name!r}"):
             return self._lifecycle.destroy_by_name(name, cancel)
 
     def list_sandboxes(
@@ -484,12 +385,12 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
+        self._calls.check_open()
         if name is not None:
             v.check_name(name)
         v.check_cancel(cancel)
         what = "listing sandboxes" if name is None else f"listing the sandboxes named {name!r}"
-        with self._doing(what):
+        with self._calls.doing(what):
             return self._lifecycle.list(name, cancel)
 
     # -- leftover commands ----------------------------------------------------------------
@@ -509,10 +410,10 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        sid = self._open_sandbox(sandbox, cancel)
-        with self._doing(f"stopping leftover commands in sandbox {sid}", sid=sid):
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"stopping leftover commands in sandbox {sid}", sid=sid):
             self._commands.kill_all(sid, cancel)
-        with self._doing(f"stopping leftover file operations in sandbox {sid}", sid=sid):
+        with self._calls.doing(f"stopping leftover file operations in sandbox {sid}", sid=sid):
             self._files.sweep(sid, cancel)
         self._files.forget(sid)  # its agent was killed too
 
@@ -532,17 +433,12 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if isinstance(tags, str):
-            raise InvalidArgument("tags must be a sequence of tags, not a string")
-        tag_list = list(tags)
-        for t in tag_list:
-            v.check_tag(t)
+        sid = self._calls.open_sandbox(sandbox)
+        tag_list = ca.check_tags(tags)
         v.check_cancel(cancel)
         if not tag_list:
             return
-        with self._doing(
+        with self._calls.doing(
             f"stopping the commands tagged {', '.join(tag_list)} in sandbox {sid}", sid=sid
         ):
             self._commands.kill_tagged(sid, tag_list, cancel)
@@ -641,24 +537,20 @@ class E2BSandboxProvider:
             Exception: whatever ``on_stdout`` or ``on_stderr`` raised, after the remote
                 command was killed (bounded).
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_text(command, "command")
-        v.check_timeout(timeout)
-        v.check_max_bytes(max_output_bytes, "max_output_bytes")
-        run_env = _command_env(cwd, env, tag)
-        for cb_name, cb in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
-            if cb is not None and not callable(cb):
-                raise InvalidArgument(f"{cb_name} must be a callable taking a str, or None")
+        sid = self._calls.open_sandbox(sandbox)
+        run_env = ca.exec_env(
+            command, timeout, max_output_bytes, cwd, env, tag, on_stdout, on_stderr
+        )
         read_stdin = read_stdin_source(stdin) if stdin is not None else None
         v.check_cancel(cancel)
         began = time.monotonic()
-        with self._doing(
-            f"running a command in sandbox {sid}",
+        doing = f"running a command in sandbox {sid}"
+        with self._calls.doing(
+            doing,
             "the command may or may not have run (its result was lost): check before "
             "running it again",
-        ):  # no sid: the handler below already looks the sandbox up once when the stream breaks
-            try:
+        ):  # no sid: starting() already looks the sandbox up once when the stream breaks
+            with self._calls.starting(doing, sid, began, cancel):
                 return self._commands.exec(
                     sid,
                     command,
@@ -672,33 +564,6 @@ class E2BSandboxProvider:
                     on_stderr=on_stderr,
                     stdin=read_stdin,
                 )
-            except E2BProviderError as exc:
-                refused = cwd_refused(exc)
-                if refused is not None:
-                    # envd checks the directory before it starts anything.
-                    raise InvalidArgument(
-                        f"running a command in sandbox {sid} failed: {refused}"
-                    ) from exc
-                # A pause or a delete cuts the command's stream: say so, not "connection
-                # dropped" (one look-up of the sandbox's state).
-                if not is_ambiguous(exc) or self._ctx.closed:
-                    raise
-                fate = self._ctx.fate_during(sid, began, cancel)
-                if fate == "paused":
-                    raise self._ctx.paused_error(
-                        sid, "the command ran: its output stream was cut and its exit status "
-                        "is unknown (it may have finished, or goes on when the sandbox is "
-                        "resumed)"
-                    ) from exc
-                if fate == "gone":
-                    self._files.forget(sid)
-                    self._ctx.leases.forget(sid)
-                    raise SandboxGoneError(
-                        "the sandbox was deleted while the command ran (by destroy() or "
-                        "another client, or by E2B): the command ended with it; create a new "
-                        "sandbox"
-                    ) from exc
-                raise
 
     # -- commands that outlive the call ---------------------------------------------------
 
@@ -753,33 +618,17 @@ class E2BSandboxProvider:
                 the sandbox user's own, say).
             Cancelled, SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_text(command, "command")
-        if timeout is not None:
-            v.check_timeout(timeout)
-        v.check_max_bytes(max_output_bytes, "max_output_bytes")
-        if max_output_bytes < 1024:
-            raise InvalidArgument("max_output_bytes of a background command must be at least "
-                                  "1024")
-        run_env = _command_env(cwd, env, tag)
-        if not isinstance(stdin, bool):
-            raise InvalidArgument("stdin must be True or False")
+        sid = self._calls.open_sandbox(sandbox)
+        run_env = ca.start_env(command, timeout, max_output_bytes, cwd, env, tag, stdin)
         v.check_cancel(cancel)
         doing = f"starting a background command in sandbox {sid}"
-        with self._doing(
+        with self._calls.doing(
             doing, "the command may or may not have started: commands() lists what runs",
-            sid=sid):
-            try:
-                return self._background.start(
-                    sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
-                    max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
-                )
-            except E2BProviderError as exc:
-                refused = cwd_refused(exc)
-                if refused is not None:  # envd checks the directory before it starts
-                    raise InvalidArgument(f"{doing} failed: {refused}") from exc
-                raise
+            sid=sid), self._calls.starting(doing):
+            return self._background.start(
+                sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
+                max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
+            )
 
     def attach(
         self, sandbox: SandboxRef, command_id: str, *, cancel: Optional[CancelToken] = None
@@ -800,15 +649,18 @@ class E2BSandboxProvider:
                 a terminal id whose pid no process can have).
             Cancelled, SandboxGoneError, E2BProviderError.
         """
-        sid = self._open_sandbox(sandbox, cancel)
+        sid = self._calls.begin(sandbox, cancel)
         if is_terminal_id(command_id) or (
             isinstance(command_id, str)
             and command_id.rpartition(":")[2].startswith(TERMINAL_ID_PREFIX)
         ):  # a terminal's, or one that is not right: said as a terminal id's problem
-            with self._doing(f"attaching to terminal {command_id[:120]} in sandbox {sid}",
-                             sid=sid):
+            with self._calls.doing(
+                f"attaching to terminal {command_id[:120]} in sandbox {sid}", sid=sid
+            ):
                 return self._terminals.attach(sid, command_id, cancel)
-        with self._doing(f"finding command {str(command_id)[:120]} in sandbox {sid}", sid=sid):
+        with self._calls.doing(
+            f"finding command {str(command_id)[:120]} in sandbox {sid}", sid=sid
+        ):
             return self._background.attach(sid, command_id, cancel)
 
     def terminal(
@@ -864,33 +716,17 @@ class E2BSandboxProvider:
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
             KeyboardInterrupt: after what may have started was killed (bounded).
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if command is not None:
-            v.check_text(command, "command")
-            if not command.strip():
-                raise InvalidArgument("command is empty: give a shell command, or None for "
-                                      "the login shell")
-        v.check_terminal_size(cols, rows)
-        if timeout is not None:
-            v.check_timeout(timeout)
-        run_env = _command_env(cwd, env, None)
+        sid = self._calls.open_sandbox(sandbox)
+        run_env = ca.terminal_env(command, cols, rows, timeout, cwd, env)
         v.check_cancel(cancel)
-        with self._doing(f"opening a terminal in sandbox {sid}",
-                         "the terminal may or may not have started: kill_all() stops it",
-                         sid=sid):
-            try:
-                return self._terminals.open(
-                    sid, command, cols=cols, rows=rows, cwd=cwd, env=run_env,
-                    timeout=timeout, cancel=cancel,
-                )
-            except E2BProviderError as exc:
-                refused = cwd_refused(exc)
-                if refused is not None:
-                    raise InvalidArgument(
-                        f"opening a terminal in sandbox {sid} failed: {refused}"
-                    ) from exc
-                raise
+        doing = f"opening a terminal in sandbox {sid}"
+        with self._calls.doing(
+            doing, "the terminal may or may not have started: kill_all() stops it", sid=sid
+        ), self._calls.starting(doing):
+            return self._terminals.open(
+                sid, command, cols=cols, rows=rows, cwd=cwd, env=run_env,
+                timeout=timeout, cancel=cancel,
+            )
 
     def commands(
         self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None
@@ -903,7 +739,7 @@ class E2BSandboxProvider:
         Raises:
             Cancelled, SandboxGoneError, CommandFailed, E2BProviderError.
         """
-        sid = self._open_sandbox(sandbox, cancel)
+        sid = self._calls.begin(sandbox, cancel)
         listed: List[List[Dict[str, Any]]] = []
 
         def processes() -> List[Dict[str, Any]]:  # envd's list, asked once for both parts
@@ -911,9 +747,9 @@ class E2BSandboxProvider:
                 listed.append(self._ctx.processes(sid, cancel))
             return listed[0]
 
-        with self._doing(f"listing background commands in sandbox {sid}", sid=sid):
+        with self._calls.doing(f"listing background commands in sandbox {sid}", sid=sid):
             found = self._background.list(sid, cancel, processes)
-        with self._doing(f"listing terminals in sandbox {sid}", sid=sid):
+        with self._calls.doing(f"listing terminals in sandbox {sid}", sid=sid):
             found += self._terminals.list(sid, cancel, processes)
         return sorted(found, key=lambda c: c.started_at)
 
@@ -961,12 +797,11 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(path)
-        v.check_max_bytes(max_bytes, "max_bytes")
-        v.check_cancel(cancel)
-        with self._doing(f"reading {path} in sandbox {sid}", sid=sid):
+        sid = self._calls.begin(
+            sandbox, cancel, lambda: v.check_path(path),
+            lambda: v.check_max_bytes(max_bytes, "max_bytes"),
+        )
+        with self._calls.doing(f"reading {path} in sandbox {sid}", sid=sid):
             return self._files.read(sid, path, max_bytes, cancel)
 
     def write_file(
@@ -1021,13 +856,10 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(path)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidArgument("data must be bytes")
-        v.check_cancel(cancel)
-        with self._doing(
+        sid = self._calls.begin(
+            sandbox, cancel, lambda: v.check_path(path), lambda: fa.check_data(data)
+        )
+        with self._calls.doing(
             f"writing {path} in sandbox {sid}",
             "the file may or may not have been written (the answer was lost twice)", sid=sid):
             self._files.write(sid, path, bytes(data), cancel)
@@ -1053,11 +885,8 @@ class E2BSandboxProvider:
             ProviderClosed: the provider was closed.
             Cancelled: ``cancel`` fired.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(path)
-        v.check_cancel(cancel)
-        with self._doing(f"examining {path} in sandbox {sid}", sid=sid):
+        sid = self._calls.begin(sandbox, cancel, lambda: v.check_path(path))
+        with self._calls.doing(f"examining {path} in sandbox {sid}", sid=sid):
             return self._files.stat(sid, path, cancel)
 
     # -- many files ---------------------------------------------------------------------
@@ -1092,11 +921,10 @@ class E2BSandboxProvider:
             SandboxGoneError, ProviderClosed, Cancelled: as for :meth:`write_file` (some
                 files may have been written).
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        items = _checked_files(files)
+        sid = self._calls.open_sandbox(sandbox)
+        items = fa.checked_files(files)
         v.check_cancel(cancel)
-        with self._doing(
+        with self._calls.doing(
             f"writing {len(items)} files in sandbox {sid}",
             "the files may or may not have been written (the answer was lost twice)", sid=sid):
             failed = self._files.write_many(sid, items, cancel)
@@ -1132,16 +960,11 @@ class E2BSandboxProvider:
             OperationTimeout, SandboxPaused, SandboxGoneError, ProviderClosed, Cancelled:
                 as for :meth:`read_file`.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        if isinstance(paths, str):
-            raise InvalidArgument("paths must be a list of paths, not one string")
-        wanted = list(paths)
-        for path in wanted:
-            v.check_path(path)
+        sid = self._calls.open_sandbox(sandbox)
+        wanted = fa.check_paths(paths)
         v.check_max_bytes(max_bytes, "max_bytes")
         v.check_cancel(cancel)
-        with self._doing(f"reading {len(wanted)} files in sandbox {sid}", sid=sid):
+        with self._calls.doing(f"reading {len(wanted)} files in sandbox {sid}", sid=sid):
             out, failed = self._files.read_many(sid, wanted, max_bytes, cancel)
         if failed:
             raise FilesFailed(f"reading {len(wanted)} files in sandbox {sid}", failed, out)
@@ -1178,13 +1001,10 @@ class E2BSandboxProvider:
                 it (the message says which), or the sandbox has no ``python3``.
             OperationTimeout, SandboxPaused, SandboxGoneError, ProviderClosed, Cancelled.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(path)
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
-            raise InvalidArgument("depth must be an int from 1 to 64")
-        v.check_cancel(cancel)
-        with self._doing(f"listing {path} in sandbox {sid}", sid=sid):
+        sid = self._calls.begin(
+            sandbox, cancel, lambda: v.check_path(path), lambda: fa.check_depth(depth)
+        )
+        with self._calls.doing(f"listing {path} in sandbox {sid}", sid=sid):
             return self._files.list_dir(sid, path, depth, cancel)
 
     # -- watching ---------------------------------------------------------------------------
@@ -1250,16 +1070,12 @@ class E2BSandboxProvider:
             Cancelled, SandboxGoneError, SandboxPaused, TransportError, ProtocolError,
             RemoteError, ProviderClosed: from the set-up or from the iteration.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(path)
-        if not isinstance(recursive, bool):
-            raise InvalidArgument("recursive must be True or False")
-        if timeout is not None:
-            v.check_timeout(timeout)
-        v.check_cancel(cancel)
+        sid = self._calls.begin(
+            sandbox, cancel, lambda: v.check_path(path),
+            lambda: fa.check_watch(recursive, timeout),
+        )
         doing = f"watching {path} in sandbox {sid}"
-        with self._doing(doing, sid=sid):
+        with self._calls.doing(doing, sid=sid):
             watch = self._watches.open(
                 sid, path, recursive=recursive,
                 timeout=None if timeout is None else float(timeout), cancel=cancel, doing=doing,
@@ -1306,13 +1122,11 @@ class E2BSandboxProvider:
             PermissionDenied: user ``sandbox`` may not reach or read a directory on the way.
             Cancelled, SandboxGoneError, SandboxPaused, TransportError, ProviderClosed.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(path)
-        v.check_timeout(timeout)
-        v.check_cancel(cancel)
+        sid = self._calls.begin(
+            sandbox, cancel, lambda: v.check_path(path), lambda: v.check_timeout(timeout)
+        )
         doing = f"waiting for {path} in sandbox {sid}"
-        with self._doing(doing, sid=sid):
+        with self._calls.doing(doing, sid=sid):
             return self._watches.wait_for_file(sid, path, float(timeout), cancel, doing)
 
     # -- whole trees --------------------------------------------------------------------
@@ -1367,21 +1181,16 @@ class E2BSandboxProvider:
             OperationTimeout, SandboxPaused, TransportError, SandboxGoneError,
             ProviderClosed, Cancelled.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        src = _local(local_path, "local_path")
-        v.check_path(remote_path)
-        patterns = _patterns(exclude)
-        if progress is not None and not callable(progress):
-            raise InvalidArgument("progress must be callable")
+        sid = self._calls.open_sandbox(sandbox)
+        src, patterns = fa.upload_arguments(local_path, remote_path, exclude, progress)
         v.check_cancel(cancel)
         what = f"uploading {src} to {remote_path} in sandbox {sid}"
-        with self._doing(what, "some files may have been written", sid=sid):
+        with self._calls.doing(what, "some files may have been written", sid=sid):
             summary, errors = self._trees.upload(
                 sid, src, remote_path, exclude=patterns, cancel=cancel, progress=progress
             )
         if errors:
-            raise FilesFailed(what, _entry_failures(errors), summary=summary)
+            raise FilesFailed(what, fa.entry_failures(errors), summary=summary)
         return summary
 
     def download(
@@ -1430,28 +1239,18 @@ class E2BSandboxProvider:
             OperationTimeout, SandboxPaused, TransportError, SandboxGoneError,
             ProviderClosed, Cancelled.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        v.check_path(remote_path)
-        dst = _local(local_path, "local_path")
-        patterns = _patterns(exclude)
-        if (
-            isinstance(max_bytes, bool)
-            or not isinstance(max_bytes, int)
-            or not 0 < max_bytes <= MAX_DOWNLOAD_BYTES
-        ):
-            raise InvalidArgument(f"max_bytes must be an int from 1 to {MAX_DOWNLOAD_BYTES}")
-        if progress is not None and not callable(progress):
-            raise InvalidArgument("progress must be callable")
+        sid = self._calls.open_sandbox(sandbox)
+        dst, patterns = fa.download_arguments(remote_path, local_path, exclude, max_bytes,
+                                              progress)
         v.check_cancel(cancel)
         what = f"downloading {remote_path} from sandbox {sid} to {dst}"
-        with self._doing(what, "some files may have been written", sid=sid):
+        with self._calls.doing(what, "some files may have been written", sid=sid):
             summary, errors = self._trees.download(
                 sid, remote_path, dst, exclude=patterns, max_bytes=max_bytes, cancel=cancel,
                 progress=progress,
             )
         if errors:
-            raise FilesFailed(what, _entry_failures(errors), summary=summary)
+            raise FilesFailed(what, fa.entry_failures(errors), summary=summary)
         return summary
 
     # -- ports ------------------------------------------------------------------------------
@@ -1484,11 +1283,8 @@ class E2BSandboxProvider:
             InvalidArgument: ``port`` is not from 1 to 65535 (before any I/O).
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        check_port(port)
-        v.check_cancel(cancel)
-        with self._doing(f"finding the URL of port {port} of sandbox {sid}", sid=sid):
+        sid = self._calls.begin(sandbox, cancel, lambda: check_port(port))
+        with self._calls.doing(f"finding the URL of port {port} of sandbox {sid}", sid=sid):
             return self._ports.url(sid, port, cancel)
 
     def traffic_headers(
@@ -1504,8 +1300,8 @@ class E2BSandboxProvider:
         Raises:
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
-        sid = self._open_sandbox(sandbox, cancel)
-        with self._doing(f"reading the traffic headers of sandbox {sid}", sid=sid):
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"reading the traffic headers of sandbox {sid}", sid=sid):
             return self._ports.traffic_headers(sid, cancel)
 
     @contextlib.contextmanager
@@ -1548,98 +1344,13 @@ class E2BSandboxProvider:
             InvalidArgument: a bad argument (before any I/O), or ``local_port`` taken.
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
-        self._check_open()
-        sid = _sandbox_id(sandbox)
-        check_port(port)
-        if local_port != 0:
-            check_port(local_port, "local_port")
-        elif isinstance(local_port, bool) or not isinstance(local_port, int):
-            raise InvalidArgument(f"local_port must be an int, not {local_port!r}")
-        if (isinstance(max_connections, bool) or not isinstance(max_connections, int)
-                or not 1 <= max_connections <= 10000):
-            raise InvalidArgument("max_connections must be an int from 1 to 10000")
-        v.check_timeout(idle_timeout, name="idle_timeout")
+        sid = self._calls.open_sandbox(sandbox)
+        limits = forward_limits(port, local_port, max_connections, idle_timeout)
         v.check_cancel(cancel)
-        limits = ForwardLimits(
-            max_connections=max_connections, idle_timeout=float(idle_timeout)
-        )
-        with self._doing(f"forwarding port {port} of sandbox {sid}", sid=sid):
+        with self._calls.doing(f"forwarding port {port} of sandbox {sid}", sid=sid):
             opened = self._ports.forward(sid, port, local_port, limits, cancel)
         try:
             yield opened.url
         finally:
             opened.close()
 
-
-def _command_env(
-    cwd: Optional[str], env: Optional[Mapping[str, str]], tag: Optional[str]
-) -> Dict[str, str]:
-    """Check a command's ``cwd``, ``env`` and ``tag``; the environment it runs with."""
-    if cwd is not None:
-        v.check_path(cwd)
-    run_env = {"HOME": "/workspace", "LANG": "C.UTF-8"}
-    if env is not None:
-        run_env.update(v.check_env(env))
-    if tag is not None:
-        v.check_tag(tag)
-    return run_env
-
-
-def _checked_files(
-    files: Mapping[str, Union[bytes, bytearray, memoryview, str]],
-) -> List[Tuple[str, bytes]]:
-    """``files`` as (path, bytes) pairs, every path and content checked."""
-    if not isinstance(files, Mapping):
-        raise InvalidArgument("files must be a mapping of path to content")
-    out: List[Tuple[str, bytes]] = []
-    for path, data in files.items():
-        v.check_path(path)
-        if isinstance(data, str):
-            try:
-                raw = data.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidArgument(
-                    f"the content for {v.show(path)} is not valid UTF-8 text (it has a lone "
-                    "surrogate); pass bytes"
-                ) from None
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            raw = bytes(data)
-        else:
-            raise InvalidArgument(f"the content for {v.show(path)} must be bytes or str")
-        out.append((path, raw))
-    return out
-
-
-def _local(path: Union[str, os.PathLike[str]], what: str) -> str:
-    """A local path argument as a string."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidArgument(f"{what} must be a path (str or os.PathLike)")
-    text = os.fspath(path)
-    if not isinstance(text, str) or not text or "\x00" in text:
-        raise InvalidArgument(f"{what} must be a non-empty path without NUL")
-    return text
-
-
-def _patterns(exclude: Iterable[str]) -> List[str]:
-    if isinstance(exclude, str):
-        raise InvalidArgument("exclude must be a list of patterns, not one string")
-    out = list(exclude)
-    for pattern in out:
-        if not isinstance(pattern, str) or not pattern or "\x00" in pattern:
-            raise InvalidArgument("each exclude pattern must be a non-empty string")
-        if len(out) > 1000:
-            raise InvalidArgument("at most 1000 exclude patterns")
-    return out
-
-
-def _entry_failures(errors: List[Dict[str, object]]) -> Dict[str, CommandFailed]:
-    """The entries a transfer reported as not written, as :class:`FilesFailed` wants (said
-    without the library's internal names; a refusal with what to do)."""
-    out: Dict[str, CommandFailed] = {}
-    for e in errors:
-        path = str(e.get("path") or "?")
-        said = scrub(str(e.get("message") or e.get("error") or "failed"))
-        if said.lower().startswith(("permission denied", "operation not permitted")):
-            said = f"{said[:1].lower()}{said[1:]}; {ACCESS_HINT}"
-        out[path] = CommandFailed(said)
-    return out

@@ -261,7 +261,7 @@ class ControlPlane:
         method: str,
         path: str,
         *,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         json: Any = None,
         params: Optional[Mapping[str, str]] = None,
         headers: Optional[Mapping[str, str]] = None,
@@ -286,7 +286,7 @@ class ControlPlane:
                 params=params,
                 json=json,
                 read_timeout=self._timeout,
-                token=token,
+                cancel=cancel,
                 operation=op,
                 max_body=max_body,
                 deadline=deadline.earliest(Deadline.after(self._timeout)),
@@ -301,7 +301,7 @@ class ControlPlane:
             attempt += 1
             log.debug("e2b_provider: %s answered %d; retry %d in %.2f s", op, resp.status,
                       attempt, delay)
-            _wait(token, delay)
+            _wait(cancel, delay)
 
     def _error(self, resp: HttpResponse, operation: str, sandbox_id: Optional[str] = None
                ) -> E2BHttpError:
@@ -342,7 +342,7 @@ class ControlPlane:
         self,
         body: Mapping[str, Any],
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         idempotency_key: Optional[str] = None,
         deadline: Optional[Deadline] = None,
     ) -> SandboxInfo:
@@ -350,7 +350,7 @@ class ControlPlane:
 
         Args:
             body: the JSON body (``templateID``, ``metadata``, ``timeout``, ...).
-            token: cancels the call.
+            cancel: cancels the call.
             idempotency_key: sent as ``Idempotency-Key`` (1-255 of ``[a-z0-9-]``, e.g. a
                 lowercase UUID); only then is a retryable answer retried, since the server
                 then returns the same sandbox instead of creating a second one.
@@ -378,7 +378,7 @@ class ControlPlane:
                 raise InvalidArgument("idempotency_key must be 1-255 characters of [a-z0-9-]")
             headers["Idempotency-Key"] = idempotency_key
         op = "POST /v2/sandboxes"
-        resp = self._call("POST", "/v2/sandboxes", token=token, json=dict(body),
+        resp = self._call("POST", "/v2/sandboxes", cancel=cancel, json=dict(body),
                           headers=headers, retry=idempotency_key is not None, deadline=limit)
         if resp.status in (200, 201):
             return sandbox_info(resp, op, None, False, self._domain)
@@ -400,7 +400,7 @@ class ControlPlane:
         *,
         timeout_seconds: int,
         memory: Optional[bool] = None,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         deadline: Optional[Deadline] = None,
     ) -> SandboxInfo:
         """Connect to (and if paused, resume) a sandbox: ONE ``POST /v2/sandboxes/{id}/connect``.
@@ -413,7 +413,7 @@ class ControlPlane:
             timeout_seconds: the TTL to ask for, in seconds.
             memory: ``False`` cold-boots a paused sandbox from its disk (sends
                 ``"memory": false``); None or True restores memory (the field is omitted).
-            token: cancels the call.
+            cancel: cancels the call.
             deadline: ends the call earlier than its own bound (``call_timeout``).
 
         Returns:
@@ -435,7 +435,7 @@ class ControlPlane:
             body["memory"] = False
         path = self._path("/v2/sandboxes/{id}/connect", sandbox_id)
         op = "POST /v2/sandboxes/{id}/connect"
-        resp = self._call("POST", path, token=token, json=body, retry=True, operation=op,
+        resp = self._call("POST", path, cancel=cancel, json=body, retry=True, operation=op,
                           deadline=limit)
         if resp.status in (200, 201):
             return sandbox_info(resp, op, sandbox_id, resp.status == 201, self._domain)
@@ -456,7 +456,7 @@ class ControlPlane:
         sandbox_id: str,
         *,
         timeout_seconds: int,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         deadline: Optional[Deadline] = None,
     ) -> SandboxInfo:
         """:meth:`connect` with the reference's conflict handling.
@@ -471,21 +471,21 @@ class ControlPlane:
 
         Raises:
             Conflict: a permanent 409, or a 409 that did not clear after the retries.
-            Cancelled: ``token`` fired (also during a wait).
+            Cancelled: ``cancel`` fired (also during a wait).
             TransportTimeout: the call's bound passed.
             SandboxGoneError, ConfigError, E2BHttpError, ProtocolError, TransportError: as
                 :meth:`connect`.
         """
         _validate.check_sandbox_id(sandbox_id)
-        if token is not None:
-            token.raise_if_cancelled()
+        if cancel is not None:
+            cancel.raise_if_cancelled()
         limit = self.bound(deadline)
         memory: Optional[bool] = None
         conflicts = 0
         while True:
             try:
                 return self.connect(
-                    sandbox_id, timeout_seconds=timeout_seconds, memory=memory, token=token,
+                    sandbox_id, timeout_seconds=timeout_seconds, memory=memory, cancel=cancel,
                     deadline=limit,
                 )
             except Conflict as exc:
@@ -506,14 +506,14 @@ class ControlPlane:
                 ):
                     raise
                 conflicts += 1
-                _wait(token, CONNECT_CONFLICT_WAIT_S)
+                _wait(cancel, CONNECT_CONFLICT_WAIT_S)
 
     def pause(
         self,
         sandbox_id: str,
         *,
         memory: Optional[bool] = None,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         retry: bool = True,
         deadline: Optional[Deadline] = None,
     ) -> int:
@@ -523,7 +523,7 @@ class ControlPlane:
             sandbox_id: the sandbox id.
             memory: None sends ``{}`` (full snapshot); True/False sends ``{"memory": ...}``
                 (False = filesystem-only snapshot; resuming it cold-boots).
-            token: cancels the call.
+            cancel: cancels the call.
             retry: retry 429/502/503/504 answers (the reboot sequence passes False: it
                 handles 503 itself).
             deadline: ends the call earlier than its own bound (``call_timeout``).
@@ -543,7 +543,7 @@ class ControlPlane:
         body: Dict[str, Any] = {} if memory is None else {"memory": bool(memory)}
         op = "POST /sandboxes/{id}/pause"
         resp = self._call("POST", self._path("/sandboxes/{id}/pause", sandbox_id),
-                          token=token, json=body, retry=retry, operation=op, deadline=limit)
+                          cancel=cancel, json=body, retry=retry, operation=op, deadline=limit)
         if resp.ok:
             return resp.status
         raise self._error(resp, op, sandbox_id)
@@ -552,7 +552,7 @@ class ControlPlane:
         self,
         sandbox_id: str,
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         deadline: Optional[Deadline] = None,
     ) -> bool:
         """Kill a sandbox and its snapshot: ``DELETE /sandboxes/{id}``.
@@ -572,7 +572,7 @@ class ControlPlane:
         limit = self.bound(deadline)
         op = "DELETE /sandboxes/{id}"
         for attempt in range(DELETE_CONFLICT_RETRIES + 1):
-            resp = self._call("DELETE", self._path("/sandboxes/{id}", sandbox_id), token=token,
+            resp = self._call("DELETE", self._path("/sandboxes/{id}", sandbox_id), cancel=cancel,
                               retry=True, operation=op, deadline=limit)
             if (
                 resp.status != 409
@@ -582,7 +582,7 @@ class ControlPlane:
                 break
             # A 409 is documented on DELETE without a meaning (a state change in flight):
             # retried briefly, then surfaced.
-            _wait(token, CONNECT_CONFLICT_WAIT_S)
+            _wait(cancel, CONNECT_CONFLICT_WAIT_S)
         if resp.ok:
             return True
         if resp.status == 404:
@@ -600,7 +600,7 @@ class ControlPlane:
         metadata: Optional[Mapping[str, str]] = None,
         state: Sequence[str] = ("running", "paused"),
         limit: int = LIST_LIMIT,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         deadline: Optional[Deadline] = None,
     ) -> List[ListedSandbox]:
         """List sandboxes whose metadata matches: ``GET /v2/sandboxes``, all pages.
@@ -616,7 +616,7 @@ class ControlPlane:
             metadata: the pairs every returned sandbox must have (None: no filter).
             state: the states to list.
             limit: the page size (1-100).
-            token: cancels the call.
+            cancel: cancels the call.
             deadline: ends the call earlier than its own bound (``call_timeout``, shared by
                 every page).
 
@@ -658,7 +658,7 @@ class ControlPlane:
             page_params = dict(params)
             if next_token:
                 page_params["nextToken"] = next_token
-            resp = self._call("GET", "/v2/sandboxes", token=token, params=page_params,
+            resp = self._call("GET", "/v2/sandboxes", cancel=cancel, params=page_params,
                               retry=True, max_body=_LIST_MAX_BODY, operation=op,
                               deadline=bound)
             if not resp.ok:
@@ -681,7 +681,7 @@ class ControlPlane:
         self,
         sandbox_id: str,
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         deadline: Optional[Deadline] = None,
     ) -> Dict[str, Any]:
         """Describe a sandbox: ``GET /sandboxes/{id}`` (within ``call_timeout``, or
@@ -698,7 +698,7 @@ class ControlPlane:
         """
         _validate.check_sandbox_id(sandbox_id)
         op = "GET /sandboxes/{id}"
-        resp = self._call("GET", self._path("/sandboxes/{id}", sandbox_id), token=token,
+        resp = self._call("GET", self._path("/sandboxes/{id}", sandbox_id), cancel=cancel,
                           retry=True, operation=op, deadline=self.bound(deadline))
         if not resp.ok:
             raise self._error(resp, op, sandbox_id)
@@ -709,7 +709,7 @@ class ControlPlane:
         sandbox_id: str,
         seconds: int,
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         deadline: Optional[Deadline] = None,
     ) -> None:
         """Set a running sandbox's TTL (may shorten it): ``POST /sandboxes/{id}/timeout``
@@ -723,7 +723,7 @@ class ControlPlane:
         body = {"timeout": _seconds(seconds, "seconds")}
         op = "POST /sandboxes/{id}/timeout"
         resp = self._call("POST", self._path("/sandboxes/{id}/timeout", sandbox_id),
-                          token=token, json=body, retry=True, operation=op,
+                          cancel=cancel, json=body, retry=True, operation=op,
                           deadline=self.bound(deadline))
         if not resp.ok:
             raise self._error(resp, op, sandbox_id)
@@ -768,8 +768,8 @@ def _check_left(deadline: Deadline, operation: str) -> None:
         )
 
 
-def _wait(token: Optional[CancelToken], seconds: float) -> None:
+def _wait(cancel: Optional[CancelToken], seconds: float) -> None:
     """Sleep ``seconds`` (sliced inside ``CancelToken.wait``); raise Cancelled if it fires."""
-    waiter = token if token is not None else CancelToken()
+    waiter = cancel if cancel is not None else CancelToken()
     if waiter.wait(seconds):
         raise Cancelled(waiter.reason)

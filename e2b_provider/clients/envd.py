@@ -91,7 +91,7 @@ class EnvdClient(EnvdFiles):
         envs: Optional[Mapping[str, str]] = None,
         cwd: Optional[str] = None,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         tag: Optional[str] = None,
         stdin: bool = False,
     ) -> ProcessStream:
@@ -113,7 +113,7 @@ class EnvdClient(EnvdFiles):
             cwd: the working directory.
             keepalive_seconds: the keepalive interval asked of envd (1-3600; never 0,
                 which would crash envd).
-            token: guards only the opening of the stream (until envd answers); once
+            cancel: guards only the opening of the stream (until envd answers); once
                 returned, stop the stream with :meth:`ProcessStream.abort`.
             tag: a label envd keeps with the process (see :meth:`signal_tag`).
             stdin: give the process a standard input pipe (fed by :meth:`send_input`).
@@ -134,7 +134,7 @@ class EnvdClient(EnvdFiles):
                 raise InvalidArgument("tag must be a non-empty string")
             request["tag"] = tag
         opening = self._stream_opening("/process.Process/Start", request, user,
-                                       keepalive_seconds, token, START_OPERATION)
+                                       keepalive_seconds, cancel, START_OPERATION)
         return ProcessStream(self._open_stream(*opening), operation=START_OPERATION)
 
     def connect(
@@ -143,7 +143,7 @@ class EnvdClient(EnvdFiles):
         *,
         user: str,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
     ) -> ProcessStream:
         """Follow a running process's events: ``POST /process.Process/Connect``.
 
@@ -159,7 +159,7 @@ class EnvdClient(EnvdFiles):
         """
         request = connect_request(pid, user, keepalive_seconds)
         opening = self._stream_opening("/process.Process/Connect", request, user,
-                                       keepalive_seconds, token, _CONNECT_OP)
+                                       keepalive_seconds, cancel, _CONNECT_OP)
         return ProcessStream(self._open_stream(*opening), operation=_CONNECT_OP)
 
     def watch_dir(
@@ -169,7 +169,7 @@ class EnvdClient(EnvdFiles):
         user: str,
         recursive: bool = False,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         server_timeout: Optional[float] = None,
     ) -> WatchStream:
         """Watch a directory: ``POST /filesystem.Filesystem/WatchDir`` (a Connect server
@@ -186,7 +186,7 @@ class EnvdClient(EnvdFiles):
             user: the user envd resolves the path for (``Authorization: Basic``).
             recursive: watch every directory below too.
             keepalive_seconds: the keepalive interval asked of envd (1-3600).
-            token: guards only the opening of the stream.
+            cancel: guards only the opening of the stream.
             server_timeout: seconds after which envd ends the watch itself
                 (``Connect-Timeout-Ms``; None: never).
 
@@ -208,7 +208,7 @@ class EnvdClient(EnvdFiles):
             extra["Connect-Timeout-Ms"] = str(max(1, min(int(ms), 9_999_999_999)))
         opening = self._stream_opening(
             "/filesystem.Filesystem/WatchDir", {"path": path, "recursive": bool(recursive)},
-            user, keepalive_seconds, token, _WATCH_OP, extra,
+            user, keepalive_seconds, cancel, _WATCH_OP, extra,
         )
         return WatchStream(self._open_stream(*opening))
 
@@ -225,7 +225,7 @@ class EnvdClient(EnvdFiles):
         tag: Optional[str] = None,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
         timeout_ms: Optional[int] = None,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
     ) -> RawStream:
         """Start a process on a terminal of its own: ``POST /process.Process/Start`` with
         ``pty: {size: {cols, rows}}`` (envd gives it a new session whose controlling
@@ -258,7 +258,7 @@ class EnvdClient(EnvdFiles):
                 raise InvalidArgument("timeout_ms must be a positive int of at most 10 digits")
             extra["Connect-Timeout-Ms"] = str(timeout_ms)
         return self._open_raw(*self._stream_opening(
-            "/process.Process/Start", request, user, keepalive_seconds, token, PTY_OPERATION,
+            "/process.Process/Start", request, user, keepalive_seconds, cancel, PTY_OPERATION,
             extra,
         ))
 
@@ -268,7 +268,7 @@ class EnvdClient(EnvdFiles):
         *,
         user: str,
         keepalive_seconds: int = KEEPALIVE_SECONDS,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
     ) -> RawStream:
         """Follow a terminal's process from now on: ``POST /process.Process/Connect``, as a
         :class:`~e2b_provider.transport.raw_stream.RawStream` (see :meth:`start_pty`). envd keeps no
@@ -281,7 +281,7 @@ class EnvdClient(EnvdFiles):
         """
         request = connect_request(pid, user, keepalive_seconds)
         return self._open_raw(*self._stream_opening(
-            "/process.Process/Connect", request, user, keepalive_seconds, token, PTY_OPERATION
+            "/process.Process/Connect", request, user, keepalive_seconds, cancel, PTY_OPERATION
         ))
 
     def _open_raw(self, url: str, opening: Dict[str, Any]) -> RawStream:
@@ -299,7 +299,7 @@ class EnvdClient(EnvdFiles):
         cols: int,
         rows: int,
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 15.0,
     ) -> None:
         """Resize the terminal of process ``pid``: ``POST /process.Process/Update`` with
@@ -313,12 +313,12 @@ class EnvdClient(EnvdFiles):
         """
         check_pid(pid)
         body = {"process": {"pid": pid}, "pty": pty_size(cols, rows)}
-        resp = self._rpc("Update", body, "terminal resize", token, timeout)
+        resp = self._rpc("Update", body, "terminal resize", cancel, timeout)
         if not resp.ok:
             raise error_from_response(resp, "terminal resize")
 
     def list_processes(
-        self, *, token: Optional[CancelToken] = None, timeout: float = 15.0
+        self, *, cancel: Optional[CancelToken] = None, timeout: float = 15.0
     ) -> List[Dict[str, Any]]:
         """The processes envd started that still run: ``POST /process.Process/List``, each
         ``{"pid": N, "tag": ..., "config": {"cmd", "args", "envs", "cwd"}}`` (proto3 JSON:
@@ -328,7 +328,7 @@ class EnvdClient(EnvdFiles):
             E2BHttpError, ProtocolError, InvalidArgument, Cancelled, TransportError,
             TransportTimeout.
         """
-        resp = self._rpc("List", {}, "process list", token, timeout,
+        resp = self._rpc("List", {}, "process list", cancel, timeout,
                          max_body=LIST_BODY_BYTES)
         if not resp.ok:
             raise error_from_response(resp, "process list")
@@ -355,7 +355,7 @@ class EnvdClient(EnvdFiles):
         method: str,
         body: Dict[str, Any],
         operation: str,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         timeout: float,
         *,
         max_body: int = ERROR_BODY_BYTES,
@@ -369,7 +369,7 @@ class EnvdClient(EnvdFiles):
                 {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
             ),
             json=body,
-            token=token,
+            cancel=cancel,
             **within(timeout),
             operation=operation,
             max_body=max_body,
@@ -380,7 +380,7 @@ class EnvdClient(EnvdFiles):
         pid: int,
         data: bytes,
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 30.0,
         pty: bool = False,
     ) -> None:
@@ -399,7 +399,7 @@ class EnvdClient(EnvdFiles):
             raise InvalidArgument("data must be bytes")
         text = base64.b64encode(bytes(data)).decode("ascii")
         body = {"process": {"pid": pid}, "input": {"pty" if pty else "stdin": text}}
-        resp = self._rpc("SendInput", body, "process input", token, timeout)
+        resp = self._rpc("SendInput", body, "process input", cancel, timeout)
         if not resp.ok:
             raise error_from_response(resp, "process input")
 
@@ -407,7 +407,7 @@ class EnvdClient(EnvdFiles):
         self,
         pid: int,
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 15.0,
     ) -> None:
         """Close the standard input of process ``pid`` (it reads end of file):
@@ -419,7 +419,7 @@ class EnvdClient(EnvdFiles):
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         check_pid(pid)
-        resp = self._rpc("CloseStdin", {"process": {"pid": pid}}, "process input", token,
+        resp = self._rpc("CloseStdin", {"process": {"pid": pid}}, "process input", cancel,
                          timeout)
         if not resp.ok:
             raise error_from_response(resp, "process input")
@@ -429,7 +429,7 @@ class EnvdClient(EnvdFiles):
         pid: int,
         signal: str = "SIGNAL_SIGKILL",
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 15.0,
     ) -> bool:
         """Signal one process: ``POST /process.Process/SendSignal`` (that pid only).
@@ -437,7 +437,7 @@ class EnvdClient(EnvdFiles):
         Args:
             pid: the process id (from the start event).
             signal: ``"SIGNAL_SIGKILL"`` or ``"SIGNAL_SIGTERM"`` (all envd accepts).
-            token: cancels the call.
+            cancel: cancels the call.
             timeout: the longest the call may take, in seconds (default 15).
 
         Returns:
@@ -449,14 +449,14 @@ class EnvdClient(EnvdFiles):
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
         check_pid(pid)
-        return self._signal({"pid": pid}, signal, token, timeout)
+        return self._signal({"pid": pid}, signal, cancel, timeout)
 
     def signal_tag(
         self,
         tag: str,
         signal: str = "SIGNAL_SIGKILL",
         *,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 15.0,
     ) -> bool:
         """Signal the live process started with ``tag`` (see :meth:`start`).
@@ -474,19 +474,19 @@ class EnvdClient(EnvdFiles):
         """
         if not isinstance(tag, str) or not tag:
             raise InvalidArgument("tag must be a non-empty string")
-        return self._signal({"tag": tag}, signal, token, timeout)
+        return self._signal({"tag": tag}, signal, cancel, timeout)
 
     def _signal(
         self,
         selector: Dict[str, Any],
         signal: str,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         timeout: float,
     ) -> bool:
         if signal not in SIGNALS:
             raise InvalidArgument(f"signal must be one of {sorted(SIGNALS)}")
         op = "process signal"
-        resp = self._rpc("SendSignal", {"process": selector, "signal": signal}, op, token,
+        resp = self._rpc("SendSignal", {"process": selector, "signal": signal}, op, cancel,
                          timeout)
         if resp.ok:
             return True

@@ -53,7 +53,7 @@ class EnvdFiles(EnvdBase):
         data: bytes,
         *,
         user: str,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 120.0,
     ) -> None:
         """Write a file: multipart ``POST /files?path=<path>&username=<user>``.
@@ -65,14 +65,14 @@ class EnvdFiles(EnvdBase):
             E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        self._post_file(path, user, data, token, timeout, raw=False)
+        self._post_file(path, user, data, cancel, timeout, raw=False)
 
     def _post_file(
         self,
         path: str,
         user: str,
         data: bytes,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         timeout: float,
         *,
         raw: bool,
@@ -94,15 +94,15 @@ class EnvdFiles(EnvdBase):
                 "headers": self._headers(),
                 "files": {"file": (name, bytes(data), "application/octet-stream")},
             }
-        self._send_file(path, user, token, timeout, **body)
+        self._send_file(path, user, cancel, timeout, **body)
 
     def _send_file(
-        self, path: str, user: str, token: Optional[CancelToken], timeout: float, **body: Any
+        self, path: str, user: str, cancel: Optional[CancelToken], timeout: float, **body: Any
     ) -> None:
         """``POST /files`` with ``body`` (the request's headers and data); an error answer
         raises."""
         op = "file upload"
-        resp = self._files("POST", path, user, op, token, timeout, **body)
+        resp = self._files("POST", path, user, op, cancel, timeout, **body)
         if not resp.ok:
             raise error_from_response(resp, op)
 
@@ -112,7 +112,7 @@ class EnvdFiles(EnvdBase):
         path: str,
         user: str,
         op: str,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         timeout: float,
         *,
         max_body: int = ERROR_BODY_BYTES,
@@ -124,7 +124,7 @@ class EnvdFiles(EnvdBase):
             method,
             self._base + "/files",
             params={"path": path, "username": user},
-            token=token,
+            cancel=cancel,
             operation=op,
             max_body=max_body,
             **within(timeout),
@@ -137,7 +137,7 @@ class EnvdFiles(EnvdBase):
         *,
         user: str,
         max_bytes: int,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 120.0,
     ) -> Optional[bytes]:
         """Read a whole file: ``GET /files?path=<path>&username=<user>``.
@@ -162,7 +162,7 @@ class EnvdFiles(EnvdBase):
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise InvalidArgument("max_bytes must be a non-negative int")
         op = "file download"
-        resp = self._files("GET", path, user, op, token, timeout,
+        resp = self._files("GET", path, user, op, cancel, timeout,
                            max_body=max(max_bytes, ERROR_BODY_BYTES),
                            headers=self._headers({"Accept-Encoding": "identity"}))
         if resp.status == 404:
@@ -179,7 +179,7 @@ class EnvdFiles(EnvdBase):
         data: bytes,
         *,
         user: str,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 120.0,
     ) -> None:
         """Write a file from a raw body: ``POST /files?path=<path>&username=<user>`` with
@@ -190,7 +190,7 @@ class EnvdFiles(EnvdBase):
             E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
             InvalidArgument, Cancelled, TransportError, TransportTimeout.
         """
-        self._post_file(path, user, data, token, timeout, raw=True)
+        self._post_file(path, user, data, cancel, timeout, raw=True)
 
     def upload_stream(
         self,
@@ -198,7 +198,7 @@ class EnvdFiles(EnvdBase):
         body: Iterable[bytes],
         *,
         user: str,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 120.0,
         length: Optional[int] = None,
     ) -> None:
@@ -217,7 +217,7 @@ class EnvdFiles(EnvdBase):
         """
         check_path(path)
         check_user(user)
-        self._send_file(path, user, token, timeout,
+        self._send_file(path, user, cancel, timeout,
                         headers=self._headers({"Content-Type": "application/octet-stream"}),
                         data=iter(body) if length is None else _Sized(body, length))
 
@@ -227,7 +227,7 @@ class EnvdFiles(EnvdBase):
         *,
         user: str,
         length: int,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         timeout: float = 120.0,
         on_open: Optional[Callable[[], None]] = None,
     ) -> bytes:
@@ -241,7 +241,7 @@ class EnvdFiles(EnvdBase):
             path: the file.
             user: envd's ``username``.
             length: the most bytes wanted.
-            token: aborts the request when it fires.
+            cancel: aborts the request when it fires.
             timeout: the read timeout.
             on_open: called once the success answer's headers arrived, before its body is
                 read (envd opens the file before it answers).
@@ -267,12 +267,12 @@ class EnvdFiles(EnvdBase):
                 {"Accept-Encoding": "identity", "Range": f"bytes=0-{length - 1}"}
             ),
             data=b"",
-            token=token,
+            cancel=cancel,
             operation=op,
             deadline_bounds_body=True,
             **within(timeout),
         )
-        unregister = token.on_cancel(lambda _r: stream.abort()) if token is not None else None
+        unregister = cancel.on_cancel(lambda _r: stream.abort()) if cancel is not None else None
         try:
             if stream.status == 416:
                 return b""  # a range that starts past the end: the file is empty

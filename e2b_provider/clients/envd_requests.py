@@ -201,7 +201,7 @@ class EnvdBase:
         request: Dict[str, Any],
         user: str,
         keepalive_seconds: int,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         operation: str,
         extra: Optional[Mapping[str, str]] = None,
     ) -> Tuple[str, Dict[str, Any]]:
@@ -213,7 +213,7 @@ class EnvdBase:
             "headers": headers,
             "data": encode_envelope(request),
             "read_timeout": 2.0 * keepalive_seconds + 10.0,
-            "token": token,
+            "cancel": cancel,
             "operation": operation,
             "deadline": Deadline.after(START_OPEN_SECONDS),
         }

@@ -176,7 +176,8 @@ class KillBatcher:
     """Queues exec kills per sandbox and runs them in batches on the worker pool.
 
     Args:
-        ctx: the provider's shared state (clients, watchdog, bounds, closed flag).
+        ctx: the provider's shared state (clients, watchdog, bounds, closed flag); a forked
+            child starts with no queues.
         rebooted_since: tells whether a sandbox was rebooted since a time.
         wait_cap: seconds a batch waits at most for its script to start in a sandbox that
             keeps answering other requests.
@@ -196,6 +197,7 @@ class KillBatcher:
         self._queues: Dict[_Key, _Queue] = {}
         #: Per sandbox with a batch running: when it last answered a request.
         self._answers: Dict[str, _Answers] = {}
+        ctx.on_fork(self.after_fork)
 
     def after_fork(self) -> None:
         """Forget the parent's queues (their jobs ran on threads the child does not have)."""
@@ -318,7 +320,7 @@ class KillBatcher:
                 cwd="/",
                 max_output_bytes=4096,
                 timeout=None,  # bounded by the guard
-                token=guard,
+                cancel=guard,
                 watchdog=ctx.watchdog,
                 keepalive_seconds=ctx.bounds.keepalive,
                 on_start=lambda _pid: bound.script_started(),

@@ -24,12 +24,12 @@ from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Union
 from ..cancel import CancelToken
 from ..clients.envd import EnvdClient
 from ..core.context import ProviderContext, script_failed
+from ..core.reboot import Reboots
 from ..core.run_engine import OnText, RunOutcome, run_process
 from ..errors import E2BProviderError, InvalidArgument, NotFound
 from ..models import ExecResult, Target
 from ..protocol import scripts as scripts
 from ..protocol.process_events import decode_output
-from ..sandboxes.lifecycle import Lifecycle
 from .background import STDIN_PIECE
 from .kills import KillBatcher
 
@@ -42,13 +42,17 @@ TIMEOUT_MARGIN_SECONDS = 120
 
 
 class Commands:
-    """Run commands and stop leftover ones (arguments already validated)."""
+    """Run commands and stop leftover ones (arguments already validated).
 
-    def __init__(self, ctx: ProviderContext, lifecycle: Lifecycle) -> None:
+    Args:
+        ctx: the provider's shared state.
+        reboots: reboots a sandbox whose command could not be stopped.
+    """
+
+    def __init__(self, ctx: ProviderContext, reboots: Reboots) -> None:
         self._ctx = ctx
-        self._lifecycle = lifecycle
-        self._kills = KillBatcher(ctx, lifecycle.rebooted_since)
-        ctx.on_fork(self._kills.after_fork)
+        self._reboots = reboots
+        self._kills = KillBatcher(ctx, reboots.rebooted_since)
 
     def exec(
         self,
@@ -98,7 +102,7 @@ class Commands:
                 cwd=cwd if cwd is not None else "/workspace",
                 max_output_bytes=max_output_bytes,
                 timeout=timeout,
-                token=cancel,
+                cancel=cancel,
                 watchdog=ctx.watchdog,
                 start_kill=start_kill,
                 tag=ctl,
@@ -108,7 +112,7 @@ class Commands:
                 grace_seconds=bounds.grace,
                 interrupt_kill_seconds=bounds.interrupt_kill,
                 keepalive_seconds=bounds.keepalive,
-                on_wedged=lambda: self._lifecycle.reboot_once(sid, target, began),
+                on_wedged=lambda: self._reboots.reboot_once(sid, target, began),
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
             )
@@ -154,9 +158,9 @@ def _feed_stdin(
         while not stop.cancelled:
             piece = read()
             if not piece:
-                envd.close_stdin(pid, token=stop)
+                envd.close_stdin(pid, cancel=stop)
                 return
-            envd.send_input(pid, piece, token=stop, timeout=bound)
+            envd.send_input(pid, piece, cancel=stop, timeout=bound)
     except NotFound:
         pass  # the command ended before it read all of it
     except E2BProviderError as exc:
@@ -165,7 +169,7 @@ def _feed_stdin(
     except Exception as exc:  # the caller's file object failed: the command sees EOF
         log.warning("e2b_provider: reading the exec's stdin failed: %s", exc)
         try:
-            envd.close_stdin(pid, token=stop)
+            envd.close_stdin(pid, cancel=stop)
         except E2BProviderError:
             pass
 

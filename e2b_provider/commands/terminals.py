@@ -34,6 +34,7 @@ from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import PtyStream, StreamEnd
 from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed
 from ..core.messages import mark_worded
+from ..core.reboot import Reboots
 from ..errors import (
     Cancelled,
     CommandNotFound,
@@ -51,7 +52,6 @@ from ..errors import (
 from ..models import Target
 from ..protocol import scripts as scripts
 from ..protocol.process_events import EndEvent, StartEvent
-from ..sandboxes.lifecycle import Lifecycle
 from .background import CommandInfo
 from .kills import KillBatcher
 from .terminal_handle import SLICE_SECONDS, Terminal, wait_verdict
@@ -117,13 +117,12 @@ class Terminals:
 
     Args:
         ctx: the provider's shared state.
-        lifecycle: for the kills' "rebooted since" check.
+        reboots: for the kills' "rebooted since" check.
     """
 
-    def __init__(self, ctx: ProviderContext, lifecycle: Lifecycle) -> None:
+    def __init__(self, ctx: ProviderContext, reboots: Reboots) -> None:
         self.ctx = ctx
-        self.kills = KillBatcher(ctx, lifecycle.rebooted_since)
-        ctx.on_fork(self.kills.after_fork)
+        self.kills = KillBatcher(ctx, reboots.rebooted_since)
 
     # -- open ---------------------------------------------------------------------------------
 
@@ -159,7 +158,7 @@ class Terminals:
                     user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, cols=cols, rows=rows,
                     envs=run_env, cwd=cwd if cwd is not None else "/workspace", tag=ctl,
                     keepalive_seconds=ctx.bounds.keepalive, timeout_ms=timeout_ms,
-                    token=cancel,
+                    cancel=cancel,
                 ))
                 pid = self._first(events, cancel, "opening")
                 term = Terminal(self, sid, target, pid, ctl, events, command=command,
@@ -225,7 +224,7 @@ class Terminals:
             try:
                 events = PtyStream(envd.connect_pty(
                     pid, user=scripts.SANDBOX_USER, keepalive_seconds=ctx.bounds.keepalive,
-                    token=cancel,
+                    cancel=cancel,
                 ))
             except NotFound:
                 raise self._not_found(value, sid) from None
@@ -238,7 +237,7 @@ class Terminals:
                     raise
                 term = Terminal(self, sid, target, pid, ctl, events, command=None,
                                 began=time.monotonic(), owned=False)
-                listed = envd.list_processes(token=cancel)
+                listed = envd.list_processes(cancel=cancel)
                 if any(p.get("pid") == pid and p.get("tag") == ctl for p in listed):
                     return term
                 if not any(p.get("pid") == pid for p in listed):
@@ -334,7 +333,7 @@ class Terminals:
             view = memoryview(data)
             while view:
                 piece, view = view[:INPUT_PIECE], view[INPUT_PIECE:]
-                envd.send_input(term.pid, bytes(piece), token=cancel, pty=True)
+                envd.send_input(term.pid, bytes(piece), cancel=cancel, pty=True)
 
         self._on_terminal(term, cancel, send, "takes no more input")
 
@@ -342,7 +341,7 @@ class Terminals:
                ) -> None:
         def resize(target: Target) -> None:
             term._target = target
-            self.ctx.envd(target).resize_pty(term.pid, cols, rows, token=cancel)
+            self.ctx.envd(target).resize_pty(term.pid, cols, rows, cancel=cancel)
 
         self._on_terminal(term, cancel, resize, "cannot be resized")
 

@@ -36,6 +36,7 @@ from ..errors import (
     CommandFailed,
     E2BHttpError,
     E2BProviderError,
+    InvalidArgument,
     OperationTimeout,
     ProviderClosed,
     SandboxGoneError,
@@ -44,6 +45,8 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import scripts as scripts
+from ..protocol import validate as v
+from ..protocol.validate import MAX_TIMEOUT_SECONDS
 from ..transport.client import Transport
 from .leases import LeaseCache
 from .messages import command_failed, script_reason
@@ -56,6 +59,7 @@ __all__ = [
     "Bounds",
     "KeyedLocks",
     "ProviderContext",
+    "checked_bounds",
     "never_reached_envd",
     "script_failed",
     "silence_is_timeout",
@@ -63,7 +67,6 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-MAX_TIMEOUT_SECONDS = 86400
 #: File operations and the reference's scripts are bounded by this (reference: 120 s).
 FILE_OP_TIMEOUT = 120.0
 #: Room kept for a script's standard error.
@@ -87,6 +90,32 @@ class Bounds:
     interrupt_kill: float
     reboot: float
     keepalive: int
+
+
+def checked_bounds(
+    kill_bound: float,
+    kill_grace: float,
+    interrupt_kill_bound: float,
+    reboot_bound: float,
+    keepalive_seconds: int,
+) -> Bounds:
+    """The provider's bounds from its arguments, each checked (before any I/O)."""
+    for name, value in (
+        ("kill_bound", kill_bound),
+        ("kill_grace", kill_grace),
+        ("interrupt_kill_bound", interrupt_kill_bound),
+        ("reboot_bound", reboot_bound),
+    ):
+        v.check_timeout(value, name=name)
+    if not isinstance(keepalive_seconds, int) or not 1 <= keepalive_seconds <= 3600:
+        raise InvalidArgument("keepalive_seconds must be an int from 1 to 3600")
+    return Bounds(
+        kill=float(kill_bound),
+        grace=float(kill_grace),
+        interrupt_kill=float(interrupt_kill_bound),
+        reboot=float(reboot_bound),
+        keepalive=keepalive_seconds,
+    )
 
 
 def script_failed(what: str, r: RunOutcome, hint: str = "") -> CommandFailed:
@@ -328,7 +357,7 @@ class ProviderContext:
         )
         unlink = cancel.on_cancel(stop) if cancel is not None else None
         try:
-            state = self.control.get(sid, token=guard).get("state")
+            state = self.control.get(sid, cancel=guard).get("state")
         except SandboxGoneError:
             return "gone"
         except (E2BProviderError, Cancelled) as exc:
@@ -356,7 +385,7 @@ class ProviderContext:
         return min(MAX_TIMEOUT_SECONDS, max(self.config.timeout_seconds, min_seconds))
 
     def _connect(self, sid: str, lease: int, cancel: Optional[CancelToken]) -> Target:
-        info = self.control.attach(sid, timeout_seconds=lease, token=cancel)
+        info = self.control.attach(sid, timeout_seconds=lease, cancel=cancel)
         return self.control.target_for(info)
 
     def attach(self, sid: str, cancel: Optional[CancelToken], min_seconds: int = 0) -> Target:
@@ -373,7 +402,7 @@ class ProviderContext:
     def processes(self, sid: str, cancel: Optional[CancelToken]) -> List[Dict[str, Any]]:
         """envd's list of the processes it runs in sandbox ``sid`` (``process.Process/List``:
         each one's pid, tag and the config it was started with)."""
-        return self.on_target(sid, cancel, lambda t: self.envd(t).list_processes(token=cancel))
+        return self.on_target(sid, cancel, lambda t: self.envd(t).list_processes(cancel=cancel))
 
     def on_target(
         self,
@@ -430,7 +459,7 @@ class ProviderContext:
                 cwd="/",
                 max_output_bytes=max_output_bytes,
                 timeout=FILE_OP_TIMEOUT,
-                token=cancel,
+                cancel=cancel,
                 watchdog=self.watchdog,
                 keepalive_seconds=self.bounds.keepalive,
             )

@@ -161,7 +161,7 @@ def run_process(
     cwd: Optional[str] = None,
     max_output_bytes: int,
     timeout: Optional[float],
-    token: Optional[CancelToken],
+    cancel: Optional[CancelToken],
     watchdog: Watchdog,
     killer: Optional[Killer] = None,
     start_kill: Optional[KillStarter] = None,
@@ -186,7 +186,7 @@ def run_process(
         cwd: working directory (None: the user's home, as envd decides).
         max_output_bytes: budget shared by stdout and stderr; the stream is drained past it.
         timeout: seconds until the command is stopped (None: no deadline).
-        token: cancels the run from any thread.
+        cancel: cancels the run from any thread.
         watchdog: the shared timer thread and worker pool.
         killer: the kill job for timeouts and cancellation, run on the worker pool; None
             (and no ``start_kill``) means "just drop the stream" (the kill job's own
@@ -217,15 +217,15 @@ def run_process(
         The run's outcome. A timed-out or cancelled run has ``exit_code=None``.
 
     Raises:
-        Cancelled: ``token`` had fired before the process was started.
+        Cancelled: ``cancel`` had fired before the process was started.
         TransportError, ProtocolError, RemoteError, E2BHttpError: the stream failed before
             the process's end event while the run was neither timed out nor cancelled (once
             the end event arrived, its exit status is the outcome).
         KeyboardInterrupt: re-raised unchanged after the bounded kill.
         Exception: whatever ``on_stdout``/``on_stderr`` raised, after the bounded kill.
     """
-    if token is not None:
-        token.raise_if_cancelled()
+    if cancel is not None:
+        cancel.raise_if_cancelled()
     live_out = _Live(on_stdout) if on_stdout is not None else None
     live_err = _Live(on_stderr) if on_stderr is not None else None
     has_killer = killer is not None or start_kill is not None
@@ -297,8 +297,8 @@ def run_process(
             if timeout is not None:
                 deadline_at = Deadline.after(timeout, watchdog.clock).at
                 run.timers.append(watchdog.call_at(deadline_at, lambda: feed(run.esc.on_deadline)))
-            if token is not None:
-                unregister = token.on_cancel(lambda r: feed(lambda: run.esc.on_cancel(r)))
+            if cancel is not None:
+                unregister = cancel.on_cancel(lambda r: feed(lambda: run.esc.on_cancel(r)))
             try:
                 stream = envd.start(
                     user=user,
@@ -307,7 +307,7 @@ def run_process(
                     envs=dict(env) if env else None,
                     cwd=cwd,
                     keepalive_seconds=keepalive_seconds,
-                    token=run.abort_token,
+                    cancel=run.abort_token,
                     tag=tag,
                     stdin=stdin,
                 )

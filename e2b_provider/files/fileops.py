@@ -122,7 +122,7 @@ class FileOps:
                 cwd="/",
                 max_output_bytes=max_output_bytes,
                 timeout=left,
-                token=cancel,
+                cancel=cancel,
                 watchdog=ctx.watchdog,
                 killer=(lambda pid, bound: self.cleanup(
                     target, op_id, "", bound, pid=pid,
@@ -215,14 +215,14 @@ class FileOps:
                 cwd="/",
                 max_output_bytes=STDERR_ROOM,
                 timeout=bound,
-                token=guard,
+                cancel=guard,
                 watchdog=self._ctx.watchdog,
                 keepalive_seconds=self._ctx.bounds.keepalive,
             )
             if said is not None and r.exit_code == 0:
                 said.extend(r.stdout.decode("ascii", "replace").splitlines())
             if pid is not None:
-                envd.send_signal(pid, token=guard, timeout=max(0.5, bound / 4))
+                envd.send_signal(pid, cancel=guard, timeout=max(0.5, bound / 4))
             return r.exit_code == 0 and not guard.cancelled
         except E2BProviderError as exc:
             log.warning("e2b_provider: file operation clean-up failed in sandbox %s: %s",
@@ -238,7 +238,7 @@ class FileOps:
             run_process(
                 self._ctx.envd(target), user=scripts.ROOT_USER, cmd="/bin/sh",
                 args=scripts.commit_unmark_args(op_id), cwd="/", max_output_bytes=STDERR_ROOM,
-                timeout=self._ctx.bounds.kill, token=None, watchdog=self._ctx.watchdog,
+                timeout=self._ctx.bounds.kill, cancel=None, watchdog=self._ctx.watchdog,
                 keepalive_seconds=self._ctx.bounds.keepalive,
             )
         except E2BProviderError as exc:

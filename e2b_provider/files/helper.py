@@ -119,7 +119,7 @@ class Helper:
                 args=self._argv[1:],
                 cwd="/",
                 keepalive_seconds=self._ctx.bounds.keepalive,
-                token=opening,
+                cancel=opening,
                 tag=self.tag,
             )
         except BaseException as exc:

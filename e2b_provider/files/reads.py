@@ -274,7 +274,7 @@ class Reads(FilePart):
             try:
                 data = helper.envd.download_head(
                     f"/proc/{m.group(1)}/fd/{m.group(2)}", user=scripts.ROOT_USER,
-                    length=want, token=helper.guard, timeout=max(1.0, deadline.remaining()),
+                    length=want, cancel=helper.guard, timeout=max(1.0, deadline.remaining()),
                     on_open=opened,
                 )
             except E2BHttpError as exc:
@@ -306,7 +306,7 @@ def _stop_holder(helper: Helper, deadline: Deadline) -> bool:
     """Kill the read's holder by its pid; True if envd still had it (see _read_fast)."""
     assert helper.pid is not None  # its hold line named it
     return helper.envd.send_signal(
-        helper.pid, token=helper.guard, timeout=max(1.0, deadline.remaining())
+        helper.pid, cancel=helper.guard, timeout=max(1.0, deadline.remaining())
     )
 
 

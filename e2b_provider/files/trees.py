@@ -209,7 +209,7 @@ class Trees:
                     tar_stream(plan, end, progress=progress, cancel=helper.guard,
                                unsent=unsent),
                     user=scripts.ROOT_USER,
-                    token=helper.guard,
+                    cancel=helper.guard,
                     timeout=max(1.0, deadline.remaining()),
                     length=length,
                 )

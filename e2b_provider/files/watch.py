@@ -313,7 +313,7 @@ class Watch:
             began[:] = [time.monotonic()]
             return ctx.envd(target).watch_dir(
                 self.path, user=scripts.SANDBOX_USER, recursive=self.recursive,
-                keepalive_seconds=ctx.bounds.keepalive, token=self._cancel,
+                keepalive_seconds=ctx.bounds.keepalive, cancel=self._cancel,
                 server_timeout=server,
             )
 

@@ -194,7 +194,7 @@ class Writes(FilePart):
             helper.posted = True
             try:
                 helper.envd.upload_raw(
-                    fifo, payload, user=scripts.ROOT_USER, token=helper.guard,
+                    fifo, payload, user=scripts.ROOT_USER, cancel=helper.guard,
                     timeout=max(1.0, deadline.remaining()),
                 )
             except E2BHttpError as exc:

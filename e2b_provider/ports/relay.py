@@ -34,6 +34,7 @@ import attrs
 from ..cancel import CancelToken
 from ..errors import E2BProviderError, InvalidArgument
 from ..models import Target
+from ..protocol import validate as v
 from ..protocol.http1 import HEAD, REFUSED, SWITCHED, Event, Framer, FramingError, Head
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ __all__ = [
     "Ports",
     "Upstream",
     "check_port",
+    "forward_limits",
     "port_address",
 ]
 
@@ -156,6 +158,26 @@ class ForwardLimits:
     max_connections: int = 256
     idle_timeout: float = 300.0
     connect_timeout: float = 10.0
+
+
+def forward_limits(
+    port: int, local_port: int, max_connections: int, idle_timeout: float
+) -> ForwardLimits:
+    """Check a forward's ports and bounds (``local_port`` 0: any free port); its limits.
+
+    Raises:
+        InvalidArgument: a bad argument (before any I/O).
+    """
+    check_port(port)
+    if local_port != 0:
+        check_port(local_port, "local_port")
+    elif isinstance(local_port, bool) or not isinstance(local_port, int):
+        raise InvalidArgument(f"local_port must be an int, not {local_port!r}")
+    if (isinstance(max_connections, bool) or not isinstance(max_connections, int)
+            or not 1 <= max_connections <= 10000):
+        raise InvalidArgument("max_connections must be an int from 1 to 10000")
+    v.check_timeout(idle_timeout, name="idle_timeout")
+    return ForwardLimits(max_connections=max_connections, idle_timeout=float(idle_timeout))
 
 
 class Forward:

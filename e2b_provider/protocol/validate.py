@@ -17,7 +17,7 @@ import ipaddress
 import math
 import re
 import unicodedata
-from typing import Any, Dict, List, Mapping, Optional, Pattern, cast
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Pattern, cast
 
 from ..cancel import CancelToken
 from ..errors import InvalidArgument
@@ -41,6 +41,7 @@ __all__ = [
     "TAG_RE",
     "allow_host_problems",
     "check_allow_host",
+    "check_each",
     "check_env",
     "check_env_key",
     "check_hostname",
@@ -343,6 +344,17 @@ def check_path(path: object) -> str:
     if problems:
         raise InvalidArgument(f"invalid sandbox path {show(path)}: {'; '.join(problems)}")
     return cast(str, path)  # path_problems proved it is a str
+
+
+def check_each(values: Iterable[str], check: Callable[[str], object], one_string: str) -> List[str]:
+    """``values`` as a list, each checked by ``check`` in order; one string (a sequence of
+    characters, not of values) is refused with the message ``one_string``."""
+    if isinstance(values, str):
+        raise InvalidArgument(one_string)
+    out = list(values)
+    for value in out:
+        check(value)
+    return out
 
 
 def _ip_problems(host: str) -> Optional[List[str]]:

@@ -2,62 +2,46 @@
 
 This module owns :class:`Lifecycle`, the provider's part that talks to the control plane
 about whole sandboxes: create-by-name (older sandboxes of the name destroyed first), resume,
-suspend, destroy, destroy-by-name, and the driver of the sans-IO reboot plan
-(:mod:`e2b_provider.protocol.reboot_plan`) that the exec engine calls when a command could not be
-stopped cleanly. Arguments arrive validated (the provider facade checks them before any I/O).
+suspend, destroy and destroy-by-name (the reboot of a wedged sandbox is
+:mod:`e2b_provider.core.reboot`'s: a destroyed sandbox's reboot mark is dropped there). Arguments
+arrive validated (the provider facade checks them before any I/O).
 
 Bounds: every control-plane call is bounded by its ``call_timeout`` (see
 :mod:`~e2b_provider.clients.control`); create-by-name and destroy-by-name, which make several calls
 (the listing, a delete per sandbox of the name, the create), share one bound of
-:data:`BY_NAME_BOUND_S` seconds — the wait for another create of the same name included.
+:data:`BY_NAME_BOUND_SECONDS` seconds — the wait for another create of the same name included.
 
 Create-by-name is serialized per name within one provider (concurrent ``create("job")``
 calls run one after the other, and each destroys the one before: one sandbox of the name
 is left). Across processes or providers nothing serializes them: two creates of one name
 that overlap may both leave a sandbox (the later ``create`` or ``destroy_by_name`` of the
-name removes the extra one). Per-sandbox bookkeeping is bounded: reboot locks exist only
-while used, and the reboot times of at most :data:`MAX_REBOOT_MARKS` sandboxes are kept.
+name removes the extra one). Per-name bookkeeping is bounded: create locks exist only while
+used.
 """
 
 from __future__ import annotations
 
-import collections
 import datetime
 import logging
-import math
 import re
-import threading
-import time
 import uuid
-from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
-from ..cancel import CancelReason, CancelToken, Deadline
+from ..cancel import CancelToken, Deadline
 from ..clients.control_answers import sizes
-from ..core.context import MAX_TIMEOUT_SECONDS, KeyedLocks, ProviderContext
+from ..core.context import KeyedLocks, ProviderContext
+from ..core.reboot import Reboots
 from ..errors import (
     Cancelled,
     Conflict,
-    E2BHttpError,
     E2BProviderError,
     MissingAccessToken,
     NotFound,
     OperationTimeout,
     SandboxGoneError,
 )
-from ..models import SandboxHandle, SandboxLimits, SandboxSummary, Target
+from ..models import SandboxHandle, SandboxLimits, SandboxSummary
 from ..protocol import scripts as scripts
-from ..protocol.reboot_plan import (
-    Answer,
-    Connect,
-    ConnectPlain,
-    Finish,
-    HealthCheck,
-    Healthy,
-    Pause,
-    RebootPlan,
-    Wait,
-    Waited,
-)
 
 __all__ = ["Lifecycle", "ResumeOutcome", "parse_time"]
 
@@ -67,18 +51,14 @@ ResumeOutcome = Literal["resumed", "gone"]
 
 #: create() and destroy_by_name(): all their calls (and the wait for another create of the
 #: same name) share this bound, in seconds.
-BY_NAME_BOUND_S = 300.0
+BY_NAME_BOUND_SECONDS = 300.0
 #: Deleting a sandbox created without an access token (cleaning up after a failed create).
-CLEANUP_BOUND_S = 30.0
+CLEANUP_BOUND_SECONDS = 30.0
 #: Reading the new sandbox's sizes after a create (within the create's own bound).
-SIZES_BOUND_S = 30.0
+SIZES_BOUND_SECONDS = 30.0
 
 #: A sandbox's ``(cpu_count, memory_mb, disk_mb)``, each None when unknown.
 Sizes = Tuple[Optional[int], Optional[int], Optional[int]]
-
-#: Sandboxes whose last reboot time is remembered (least recently rebooted dropped first;
-#: forgetting one costs at most an extra reboot of a sandbox that needs one).
-MAX_REBOOT_MARKS = 4096
 
 
 _TIME_RE = re.compile(
@@ -104,47 +84,38 @@ def parse_time(text: str) -> Optional[datetime.datetime]:
     return stamp.astimezone(datetime.timezone.utc)
 
 
-def fire(token: CancelToken, why: str) -> None:
-    """Cancel ``token`` with a deadline reason (a watchdog callback)."""
-    token.cancel(CancelReason("deadline", why))
-
-
 class Lifecycle:
-    """Create, resume, suspend, destroy and reboot sandboxes (arguments already validated)."""
+    """Create, resume, suspend and destroy sandboxes (arguments already validated).
 
-    def __init__(self, ctx: ProviderContext) -> None:
+    Args:
+        ctx: the provider's shared state.
+        reboots: the reboots of wedged sandboxes (a destroyed sandbox's mark is dropped).
+    """
+
+    def __init__(self, ctx: ProviderContext, reboots: Reboots) -> None:
         self._ctx = ctx
-        self._lock = threading.Lock()
-        # One reboot per sandbox at a time; execs wedged before a reboot finished share it.
-        self._reboot_locks = KeyedLocks()
-        # When the latest reboot of each sandbox began (recorded as it begins: a reboot in
-        # progress holds the sandbox's lock, so sharing sees only finished ones); bounded.
-        self._rebooted_at: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._reboots = reboots
         # One create per name at a time.
         self._create_locks = KeyedLocks()
 
     def after_fork(self) -> None:
         """Forget the parent's bookkeeping (its locks may be held by dead threads)."""
-        self._lock = threading.Lock()
-        self._reboot_locks = KeyedLocks()
-        self._rebooted_at = collections.OrderedDict()
+        self._reboots.after_fork()
         self._create_locks = KeyedLocks()
 
     def bookkeeping(self) -> int:
         """How many sandboxes and names this part keeps state for now (for leak checks)."""
-        with self._lock:
-            marks = len(self._rebooted_at)
-        return marks + len(self._reboot_locks) + len(self._create_locks)
+        return self._reboots.bookkeeping() + len(self._create_locks)
 
     def create(
         self, name: str, limits: SandboxLimits, cancel: Optional[CancelToken]
     ) -> SandboxHandle:
-        deadline = Deadline.after(BY_NAME_BOUND_S)
+        deadline = Deadline.after(BY_NAME_BOUND_SECONDS)
         with self._create_locks.hold(name, cancel=cancel, timeout=deadline.remaining()) as got:
             if not got:
                 raise OperationTimeout(
                     f"another create of the name {name!r} in this provider did not finish "
-                    f"within {BY_NAME_BOUND_S:.0f} s"
+                    f"within {BY_NAME_BOUND_SECONDS:.0f} s"
                 )
             return self._create(name, limits, cancel, deadline)
 
@@ -180,7 +151,7 @@ class Lifecycle:
             body.setdefault("network", {})["allowPublicTraffic"] = False
         sent_at = ctx.leases.now()
         info = ctx.control.create(
-            body, token=cancel, idempotency_key=str(uuid.uuid4()), deadline=deadline
+            body, cancel=cancel, idempotency_key=str(uuid.uuid4()), deadline=deadline
         )
         try:
             target = ctx.control.target_for(info)
@@ -188,7 +159,7 @@ class Lifecycle:
             # Fail closed: never keep (or leak) a sandbox we will not talk to.
             sid = info.sandbox_id
             try:
-                ctx.control.delete(sid, token=None, deadline=Deadline.after(CLEANUP_BOUND_S))
+                ctx.control.delete(sid, cancel=None, deadline=Deadline.after(CLEANUP_BOUND_SECONDS))
                 fate = "it was deleted again"
             except E2BProviderError as err:
                 log.warning("e2b_provider: could not delete tokenless sandbox %s: %s", sid, err)
@@ -219,11 +190,11 @@ class Lifecycle:
         deadline: Deadline,
     ) -> Sizes:
         """The sizes E2B reports for the new sandbox (one ``GET /sandboxes/{id}``, bounded
-        by :data:`SIZES_BOUND_S`); unknown (None) when the look-up fails: the sandbox was
+        by :data:`SIZES_BOUND_SECONDS`); unknown (None) when the look-up fails: the sandbox was
         created, so the create does not fail for it."""
         try:
             answer = self._ctx.control.get(
-                sid, token=cancel, deadline=deadline.earliest(Deadline.after(SIZES_BOUND_S))
+                sid, cancel=cancel, deadline=deadline.earliest(Deadline.after(SIZES_BOUND_SECONDS))
             )
         except (E2BProviderError, Cancelled) as exc:
             requested = any(x is not None for x in (limits.cpu, limits.memory_mb, limits.disk_mb))
@@ -266,7 +237,7 @@ class Lifecycle:
     def info(self, sid: str, cancel: Optional[CancelToken]) -> SandboxSummary:
         """The sandbox as the control plane describes it now (one ``GET /sandboxes/{id}``;
         a paused sandbox is not resumed)."""
-        answer = self._ctx.control.get(sid, token=cancel)
+        answer = self._ctx.control.get(sid, cancel=cancel)
         meta = answer.get("metadata")
         name = meta.get(scripts.METADATA_NAME) if isinstance(meta, dict) else None
         state = answer.get("state")
@@ -296,7 +267,7 @@ class Lifecycle:
         ctx.note_pause(sid)  # a command this pause cuts is then reported as such
         ctx.leases.forget(sid)
         try:
-            ctx.control.pause(sid, token=cancel)
+            ctx.control.pause(sid, cancel=cancel)
         except (NotFound, Conflict):
             pass
         finally:
@@ -308,17 +279,16 @@ class Lifecycle:
         ctx = self._ctx
         ctx.leases.forget(sid)
         try:
-            ctx.control.delete(sid, token=cancel, deadline=deadline)
+            ctx.control.delete(sid, cancel=cancel, deadline=deadline)
         finally:
             ctx.leases.forget(sid)
-        with self._lock:
-            self._rebooted_at.pop(sid, None)
+        self._reboots.forget(sid)
 
     def destroy_by_name(
         self, name: str, cancel: Optional[CancelToken], deadline: Optional[Deadline] = None
     ) -> int:
         if deadline is None:
-            deadline = Deadline.after(BY_NAME_BOUND_S)
+            deadline = Deadline.after(BY_NAME_BOUND_SECONDS)
         ids = [s.id for s in self.list(name, cancel, deadline)]
         for sid in ids:
             self.destroy(sid, cancel, deadline)
@@ -331,7 +301,7 @@ class Lifecycle:
         deadline: Optional[Deadline] = None,
     ) -> List[SandboxSummary]:
         wanted = {} if name is None else {scripts.METADATA_NAME: name}
-        listed = self._ctx.control.list(metadata=wanted, token=cancel, deadline=deadline)
+        listed = self._ctx.control.list(metadata=wanted, cancel=cancel, deadline=deadline)
         return [
             SandboxSummary(
                 id=s.sandbox_id,
@@ -347,122 +317,9 @@ class Lifecycle:
             if name is None or s.metadata.get(scripts.METADATA_NAME) == name
         ]
 
-    # -- reboot of a wedged sandbox -------------------------------------------------------
-
-    def rebooted_since(self, sid: str, t: float) -> bool:
-        """True if a reboot of ``sid`` began at or after ``t`` (monotonic clock)."""
-        with self._lock:
-            return self._rebooted_at.get(sid, -math.inf) >= t
-
-    def reboot_once(self, sid: str, target: Target, began: float) -> None:
-        """Reboot ``sid`` unless a reboot that started after ``began`` already finished.
-
-        ``began`` is when the stuck command was started: a reboot that started later killed
-        it. So many commands on one stuck sandbox that time out together share one reboot
-        instead of pausing and cold-booting the same sandbox over each other. After the
-        provider was closed nothing is rebooted (logged).
-        """
-        if self._ctx.closed:
-            log.warning(
-                "e2b_provider: a command in sandbox %s could not be stopped, and the provider "
-                "was closed: the sandbox is not rebooted",
-                sid,
-            )
-            return
-        with self._reboot_locks.hold(sid, timeout=self._ctx.bounds.reboot) as got:
-            if not got:
-                log.warning(
-                    "e2b_provider: another reboot of sandbox %s did not finish in time", sid
-                )
-                return
-            if self.rebooted_since(sid, began):
-                log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
-                return
-            with self._lock:
-                self._rebooted_at[sid] = time.monotonic()
-                self._rebooted_at.move_to_end(sid)
-                while len(self._rebooted_at) > MAX_REBOOT_MARKS:
-                    self._rebooted_at.popitem(last=False)
-            self._reboot(sid, target)
-
-    def _reboot(self, sid: str, target: Target) -> None:
-        """Reboot a wedged sandbox (v2 API sequence); failures are logged, never raised."""
-        ctx = self._ctx
-        log.warning("e2b_provider: could not stop a command cleanly; rebooting sandbox %s", sid)
-        ctx.leases.forget(sid)
-        bound = ctx.bounds.reboot
-        deadline = Deadline.after(bound)
-        guard = CancelToken()
-        timer = ctx.watchdog.call_later(bound, lambda: fire(guard, "reboot bound"))
-        plan = RebootPlan(min(MAX_TIMEOUT_SECONDS, ctx.config.timeout_seconds))
-        try:
-            step = plan.first()
-            while not isinstance(step, Finish):
-                if deadline.expired():
-                    raise OperationTimeout("sandbox reboot ran out of time")
-                outcome: object
-                if isinstance(step, Pause):
-                    outcome = _answer(
-                        ctx.control.pause, sid, memory=step.memory, token=guard, retry=False
-                    )
-                elif isinstance(step, HealthCheck):
-                    health = ctx.envd(target).health(timeout=min(5.0, deadline.remaining()))
-                    outcome = Healthy(health)
-                elif isinstance(step, Wait):
-                    if guard.wait(min(step.seconds, deadline.remaining())):
-                        raise OperationTimeout("sandbox reboot ran out of time")
-                    outcome = Waited()
-                elif isinstance(step, Connect):
-                    outcome = _answer(
-                        ctx.control.connect,
-                        sid,
-                        timeout_seconds=step.timeout_seconds,
-                        memory=False,
-                        token=guard,
-                    )
-                elif isinstance(step, ConnectPlain):
-                    outcome = _answer(
-                        ctx.control.connect, sid, timeout_seconds=step.timeout_seconds, token=guard
-                    )
-                else:  # pragma: no cover - a step kind this loop does not know
-                    raise E2BProviderError(f"unknown reboot step {step!r}")
-                step = plan.next(step, outcome)
-            if step.rebooted:
-                log.warning("e2b_provider: sandbox %s rebooted", sid)
-            else:
-                log.warning(
-                    "e2b_provider: sandbox %s was not rebooted (%s): %s; the stuck command may "
-                    "still be running",
-                    sid,
-                    step.outcome,
-                    step.message,
-                )
-        except (E2BProviderError, Cancelled) as exc:
-            log.warning(
-                "e2b_provider: sandbox reboot failed for %s; the stuck command may still be "
-                "running: %s",
-                sid,
-                str(exc)[:500],
-            )
-        finally:
-            timer.cancel()
-            # Whatever happened, the next call connects afresh (it may have to resume).
-            ctx.leases.forget(sid)
-
 
 def _amount(value: float) -> str:
     """A requested size as written: ``4``, ``0.5``, ``1024``."""
     if isinstance(value, float) and not value.is_integer():
         return repr(value)
     return str(int(value))
-
-
-def _answer(call: Callable[..., object], *args: Any, **kwargs: Any) -> Answer:
-    """Run one control-plane call of the reboot plan and turn it into an Answer."""
-    try:
-        result = call(*args, **kwargs)
-    except E2BHttpError as exc:
-        return Answer(exc.status, exc.error_code, getattr(exc, "retry_after", None))
-    if isinstance(result, int):
-        return Answer(result)
-    return Answer(int(getattr(result, "raw_status", 200)))

@@ -77,12 +77,12 @@ def _overrun(operation: str, url: str, limit: Deadline, began: float) -> str:
 
 
 def _stopped_error(
-    token: Optional[CancelToken], overrun: Callable[[], str]
+    cancel: Optional[CancelToken], overrun: Callable[[], str]
 ) -> E2BProviderError:
-    """Why an opening whose abort slot fired stops: :class:`Cancelled` when ``token`` fired,
+    """Why an opening whose abort slot fired stops: :class:`Cancelled` when ``cancel`` fired,
     else its deadline passed (:class:`TransportTimeout`, ``overrun()`` its message)."""
-    if token is not None and token.cancelled:
-        return Cancelled(token.reason)
+    if cancel is not None and cancel.cancelled:
+        return Cancelled(cancel.reason)
     return TransportTimeout(overrun())
 
 
@@ -315,7 +315,7 @@ class Transport:
         method: str,
         url: str,
         *,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         operation: str,
         read_timeout: float,
         connect_timeout: Optional[float],
@@ -337,13 +337,13 @@ class Transport:
             known = self._known_for(url, method, data)
             if known is not None:
                 return self._send_known(
-                    known, method, url, token=token, operation=operation,
+                    known, method, url, cancel=cancel, operation=operation,
                     read_timeout=read_timeout, connect_timeout=connect_timeout, limit=limit,
                     headers=headers, data=data,
                 )
         timeouts = self._timeouts(operation, read_timeout, connect_timeout, limit)
         proxies: Dict[str, str] = {}  # filled in before anything can fail to connect
-        with map_transport_errors(token, operation, url, proxies):
+        with map_transport_errors(cancel, operation, url, proxies):
             proxies.update(self._proxies_for(url))
             # Encoded here as requests would, but without its per-call type probing.
             query = (
@@ -388,7 +388,7 @@ class Transport:
         method: str,
         url: str,
         *,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         operation: str,
         read_timeout: float,
         connect_timeout: Optional[float],
@@ -407,7 +407,7 @@ class Transport:
         for ``url``; no retries, no redirects followed."""
         connect, read = self._timeouts(operation, read_timeout, connect_timeout, limit)
         pool, path = known
-        with map_transport_errors(token, operation, url):
+        with map_transport_errors(cancel, operation, url):
             send = self._checked_headers(headers)
             send["Content-Length"] = str(len(data))
             resp = send_direct(
@@ -429,7 +429,7 @@ class Transport:
         data: Any = None,
         files: Any = None,
         read_timeout: float,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         operation: str,
         max_body: int = DEFAULT_MAX_BODY,
         connect_timeout: Optional[float] = None,
@@ -451,7 +451,7 @@ class Transport:
             data: a raw body (bytes) or form fields.
             files: multipart files, as for ``requests``.
             read_timeout: seconds to wait for each piece of the answer.
-            token: aborts the request at once when it fires.
+            cancel: aborts the request at once when it fires.
             operation: names the call in messages, e.g. ``"POST /v2/sandboxes"``.
             max_body: the largest body accepted.
             connect_timeout: overrides the transport's connect timeout.
@@ -462,7 +462,7 @@ class Transport:
             The answer.
 
         Raises:
-            Cancelled: ``token`` fired (before or during the request).
+            Cancelled: ``cancel`` fired (before or during the request).
             TransportTimeout: the deadline passed, or the peer was silent for longer than
                 ``read_timeout`` (or a connect took longer than ``connect_timeout``).
             E2BHttpError: the answer was a redirect.
@@ -473,15 +473,15 @@ class Transport:
         limit = self._limit(deadline, read_timeout, operation)
         slot, timer = self._arm(limit)
         try:
-            with publishing(slot, token, limit):
+            with publishing(slot, cancel, limit):
                 resp = self._send(
-                    method, url, token=token, operation=operation, read_timeout=read_timeout,
+                    method, url, cancel=cancel, operation=operation, read_timeout=read_timeout,
                     connect_timeout=connect_timeout, limit=limit, headers=headers,
                     params=params, json=json, data=data, files=files,
                 )
                 try:
                     return self._read_body(
-                        resp, token, slot, operation, max_body, read_timeout, limit, url
+                        resp, cancel, slot, operation, max_body, read_timeout, limit, url
                     )
                 finally:
                     # After the end of the body urllib3 has already put the connection back
@@ -502,7 +502,7 @@ class Transport:
     @staticmethod
     def _read_body(
         resp: Response,
-        token: Optional[CancelToken],
+        cancel: Optional[CancelToken],
         slot: AbortSlot,
         operation: str,
         max_body: int,
@@ -517,7 +517,7 @@ class Transport:
                 f"{max_body} bytes"
             )
         buf = bytearray()
-        with map_transport_errors(token, operation, url):
+        with map_transport_errors(cancel, operation, url):
             while True:
                 # While the connection is still ours (urllib3 gives it back to the pool, on
                 # this thread, once the body ended), each read waits no longer than the
@@ -537,8 +537,8 @@ class Transport:
                     )
         if slot.fired:
             # Our own shutdown can look like a clean end of a close-delimited body.
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason)
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled(cancel.reason)
             if slot.expired:
                 raise TransportError(f"E2B {operation}: the answer was cut at its deadline")
         return HttpResponse(resp.status_code, lower_headers(resp.headers), bytes(buf))
@@ -551,7 +551,7 @@ class Transport:
         headers: Optional[Mapping[str, str]] = None,
         data: bytes,
         read_timeout: float,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         operation: str,
         connect_timeout: Optional[float] = None,
         deadline: Optional[Deadline] = None,
@@ -559,7 +559,7 @@ class Transport:
     ) -> Stream:
         """Send one request and return its answer as a :class:`Stream` once headers arrive.
 
-        ``token`` guards only the opening: if it fires before the response headers arrive,
+        ``cancel`` guards only the opening: if it fires before the response headers arrive,
         the connection is shut down and :class:`Cancelled` raised. Once the stream is
         returned the token is detached; stop the stream with :meth:`Stream.abort`.
         Any status is returned (check :attr:`Stream.status`) except a 3xx, which raises.
@@ -571,7 +571,7 @@ class Transport:
             data: the request body.
             read_timeout: seconds to wait for each piece of the answer; a peer silent for
                 longer makes the read raise :class:`TransportTimeout`.
-            token: aborts the opening when it fires.
+            cancel: aborts the opening when it fires.
             operation: names the call in messages.
             connect_timeout: overrides the transport's connect timeout.
             deadline: when the opening (connect, send, response headers) must be over,
@@ -590,9 +590,9 @@ class Transport:
         overrun = functools.partial(_overrun, operation, url, limit, began)
         slot, timer = self._arm(limit)
         try:
-            with publishing(slot, token, limit):
+            with publishing(slot, cancel, limit):
                 resp = self._send(
-                    method, url, token=token, operation=operation, read_timeout=read_timeout,
+                    method, url, cancel=cancel, operation=operation, read_timeout=read_timeout,
                     connect_timeout=connect_timeout, limit=limit, headers=headers, data=data,
                     stream=True,
                 )
@@ -601,7 +601,7 @@ class Transport:
                 timer = None
             if slot.fired:
                 resp.close()
-                raise _stopped_error(token, overrun)
+                raise _stopped_error(cancel, overrun)
             sock = answer_sock(resp.raw)
             if sock is not None:
                 sock.settimeout(read_timeout)  # reads wait as long as asked, not what was left
@@ -623,7 +623,7 @@ class Transport:
         headers: Optional[Mapping[str, str]] = None,
         data: bytes,
         read_timeout: float,
-        token: Optional[CancelToken] = None,
+        cancel: Optional[CancelToken] = None,
         operation: str,
         connect_timeout: Optional[float] = None,
         deadline: Optional[Deadline] = None,
@@ -635,7 +635,7 @@ class Transport:
         environment names for the URL, its tunnel, TLS with the transport's CA bundle) but
         never comes from or goes back to the pool. The request is sent as :meth:`open_stream`
         sends it (the transport's headers, then ``headers``), asking for no content coding.
-        ``token`` and ``deadline`` guard the opening (connect, send, the answer's head) as
+        ``cancel`` and ``deadline`` guard the opening (connect, send, the answer's head) as
         for :meth:`open_stream`; after that, only :meth:`RawStream.abort` and the stream's
         ``read_timeout`` (the longest silence accepted) end it.
 
@@ -651,8 +651,8 @@ class Transport:
         proxies: Dict[str, str] = {}
         conn: Any = None
         try:
-            with publishing(slot, token, limit), map_transport_errors(
-                token, operation, url, proxies
+            with publishing(slot, cancel, limit), map_transport_errors(
+                cancel, operation, url, proxies
             ):
                 proxies.update(self._proxies_for(url))
                 send = self._checked_headers({**(headers or {}), "Accept-Encoding": "identity"})
@@ -680,7 +680,7 @@ class Transport:
             slot.finish()  # from here on no deadline or cancel can reach the connection
         if slot.fired:  # it did just before: the socket is shut down
             conn.close()
-            raise _stopped_error(token, overrun)
+            raise _stopped_error(cancel, overrun)
         return RawStream(conn, head, framer, body, ended, operation=operation, url=url,
                          read_timeout=read_timeout)
 

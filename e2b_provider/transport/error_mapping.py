@@ -172,7 +172,7 @@ def _where(url: str, proxies: Optional[Mapping[str, str]]) -> str:
 
 @contextlib.contextmanager
 def map_transport_errors(
-    token: Optional[CancelToken],
+    cancel: Optional[CancelToken],
     operation: str,
     url: str = "",
     proxies: Optional[Mapping[str, str]] = None,
@@ -190,7 +190,7 @@ def map_transport_errors(
     pass through unchanged.
 
     Args:
-        token: the caller's cancel token, or None.
+        cancel: the caller's cancel token, or None.
         operation: what is being done, e.g. ``"POST /v2/sandboxes"`` (goes into messages;
             must not contain secrets).
         url: the request's URL (only its safe part goes into messages).
@@ -199,15 +199,15 @@ def map_transport_errors(
     Raises:
         Cancelled, TransportTimeout, TransportError, ConfigError: see above.
     """
-    if token is not None:
-        token.raise_if_cancelled()
+    if cancel is not None:
+        cancel.raise_if_cancelled()
     try:
         yield
     except E2BProviderError:
         raise
     except _TRANSPORT_EXCEPTIONS as exc:
-        if token is not None and token.cancelled:
-            raise Cancelled(token.reason) from exc
+        if cancel is not None and cancel.cancelled:
+            raise Cancelled(cancel.reason) from exc
         what = f"E2B {operation}" if operation else "E2B request"
         if isinstance(exc, _BAD_URL_EXCEPTIONS):
             raise ConfigError(f"{what}: invalid URL ({type(exc).__name__})") from exc

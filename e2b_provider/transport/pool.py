@@ -184,11 +184,11 @@ def _publish(conn: urllib3.connection.HTTPConnection) -> None:
 
 @contextlib.contextmanager
 def publishing(
-    slot: AbortSlot, token: Optional[CancelToken], limit: Deadline
+    slot: AbortSlot, cancel: Optional[CancelToken], limit: Deadline
 ) -> Iterator[None]:
     """Publish ``slot`` (and the request's deadline) for this thread's request and wire it
-    to ``token`` meanwhile."""
-    unregister = token.on_cancel(lambda _r: slot.fire()) if token is not None else None
+    to ``cancel`` meanwhile."""
+    unregister = cancel.on_cancel(lambda _r: slot.fire()) if cancel is not None else None
     prev = getattr(_tls, "slot", None), getattr(_tls, "limit", None)
     _tls.slot = slot
     _tls.limit = limit

@@ -17,6 +17,7 @@ from typing import IO, Iterator
 
 import pytest
 import requests
+from command_line import STALL_IMPORT, default_sigint
 from waiting import wait_until
 
 from e2b_provider.emulator import Emulator
@@ -154,39 +155,15 @@ def test_isolation_unavailable_is_an_error_of_the_command_line(short_tmp: str) -
         assert done.stderr.count(b"\n") == 1, done.stderr
 
 
-#: Put on PYTHONPATH (as sitecustomize), this makes the import of the module named by
-#: $CLI_TEST_STALL_IMPORT wait for a signal, after saying so on stderr.
-_STALL_IMPORT = """
-import os, signal, sys
-_name = os.environ.pop("CLI_TEST_STALL_IMPORT", "")
-
-class _Stall:
-    def find_spec(self, name, path=None, target=None):
-        if name == _name:
-            sys.meta_path.remove(self)
-            os.write(2, b"stalled importing " + name.encode() + b"\\n")
-            while True:
-                signal.pause()
-        return None
-
-if _name:
-    sys.meta_path.insert(0, _Stall())
-"""
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_before_it_serves_is_one_line(short_tmp: str) -> None:
     # SIGINT while it starts (here: while it imports its server's dependencies)
     with open(os.path.join(short_tmp, "sitecustomize.py"), "w") as fh:
-        fh.write(_STALL_IMPORT)
+        fh.write(STALL_IMPORT)
     env = dict(os.environ, PYTHONPATH=short_tmp, CLI_TEST_STALL_IMPORT="aiohttp")
     proc = subprocess.Popen(
         [sys.executable, "-m", "e2b_provider.emulator", "--port", "0"], env=env,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )  # fmt: skip
     try:
         assert proc.stderr is not None

@@ -316,7 +316,7 @@ def test_attach_cancel_during_409_wait(
     t0 = time.monotonic()
     try:
         with pytest.raises(Cancelled):
-            cp.attach(SID, timeout_seconds=300, token=tok)
+            cp.attach(SID, timeout_seconds=300, cancel=tok)
     finally:
         canceller.join(30)
     assert time.monotonic() - t0 < 5.0

@@ -522,7 +522,7 @@ def test_a_deadline_after_the_end_event_leaves_the_exit_status(
     token = CancelToken()
     out = in_thread(lambda: run_process(
         envd, user="user", cmd="/bin/sh", args=["-c", "exit 3"], max_output_bytes=1024,
-        timeout=60, token=token, watchdog=expiry.watchdog, killer=killer,
+        timeout=60, cancel=token, watchdog=expiry.watchdog, killer=killer,
         on_stdout=seen.append,
     ))
     wait_until(lambda: seen == ["out"], what="the output before the end event")

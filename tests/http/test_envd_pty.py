@@ -200,7 +200,7 @@ def test_the_opening_is_bounded_and_cancellable(
     try:
         with pytest.raises(Cancelled):
             transport.open_raw_stream("POST", server.url + START, data=b"{}", read_timeout=30,
-                                      operation="terminal stream", token=token)
+                                      operation="terminal stream", cancel=token)
     finally:
         timer.join()
     assert time.monotonic() - t0 < 5.0

@@ -230,7 +230,7 @@ def test_a_cancelled_request_is_never_reused(
     tok = CancelToken()
     threading.Thread(target=lambda: (started.wait(5), tok.cancel("test"))).start()
     with pytest.raises(Cancelled):
-        transport.request("GET", server.url + "/body", read_timeout=30, token=tok,
+        transport.request("GET", server.url + "/body", read_timeout=30, cancel=tok,
                           operation="body")
     assert client_sockets(server.port) == 0
     assert _get(transport, server) == b"ok"

@@ -278,7 +278,7 @@ def test_precancelled_token_sends_nothing(server: ScriptedServer, transport: Tra
     tok = CancelToken()
     tok.cancel("early")
     with pytest.raises(Cancelled):
-        transport.request("GET", server.url + "/x", read_timeout=1, token=tok, operation="x")
+        transport.request("GET", server.url + "/x", read_timeout=1, cancel=tok, operation="x")
     assert server.received() == []
 
 
@@ -292,7 +292,7 @@ def test_cancel_aborts_request_waiting_for_headers(
     try:
         with pytest.raises(Cancelled) as ei:
             transport.request("POST", server.url + "/hold", json={"a": 1},
-                              headers=SECRET_HEADERS, read_timeout=30, token=tok,
+                              headers=SECRET_HEADERS, read_timeout=30, cancel=tok,
                               operation="hold")
     finally:
         timer.join()
@@ -313,7 +313,7 @@ def test_cancel_aborts_request_reading_body(server: ScriptedServer, transport: T
     t0 = time.monotonic()
     try:
         with pytest.raises(Cancelled):
-            transport.request("GET", server.url + "/body", read_timeout=30, token=tok,
+            transport.request("GET", server.url + "/body", read_timeout=30, cancel=tok,
                               operation="body")
     finally:
         timer.join()
@@ -326,7 +326,7 @@ def test_late_cancel_does_not_touch_the_pooled_connection(
     server.on("GET", "/a", lambda q, r: r.send(200, b"a"))
     server.on("GET", "/b", lambda q, r: r.send(200, b"b"))
     tok = CancelToken()
-    assert transport.request("GET", server.url + "/a", read_timeout=2, token=tok,
+    assert transport.request("GET", server.url + "/a", read_timeout=2, cancel=tok,
                              operation="a").body == b"a"
     tok.cancel("after the fact")
     # The keep-alive connection is reused and still healthy.
@@ -488,7 +488,7 @@ def test_stream_cancel_while_opening(server: ScriptedServer, transport: Transpor
     try:
         with pytest.raises(Cancelled):
             transport.open_stream("POST", server.url + "/s", data=b"", read_timeout=30,
-                                  token=tok, operation="stream")
+                                  cancel=tok, operation="stream")
     finally:
         timer.join()
     assert time.monotonic() - t0 < 5.0  # not aborted: the 30 s hold
@@ -509,7 +509,7 @@ def test_token_is_detached_once_stream_is_open(
     server.on("POST", "/s", streaming)
     tok = CancelToken()
     with transport.open_stream("POST", server.url + "/s", data=b"", read_timeout=5,
-                               token=tok, operation="stream") as st:
+                               cancel=tok, operation="stream") as st:
         tok.cancel("later")
         go_on.set()
         assert st.read_all(10) == b"12"

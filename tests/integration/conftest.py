@@ -77,7 +77,7 @@ def root(p: E2BSandboxProvider, h: SandboxHandle, cmd: str) -> str:
     ctx = p._ctx
     r = run_process(
         ctx.envd(ctx.attach(h.id, None)), user="root", cmd="/bin/sh", args=["-c", cmd],
-        cwd="/", max_output_bytes=1 << 20, timeout=60.0, token=None, watchdog=ctx.watchdog,
+        cwd="/", max_output_bytes=1 << 20, timeout=60.0, cancel=None, watchdog=ctx.watchdog,
     )
     assert r.exit_code == 0, r
     return r.stdout.decode()

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from typing import IO, Dict, Iterator, List
 
 import pytest
+from command_line import CLI, SCRIPT, STALL_IMPORT, cli_env, default_sigint, run, started
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 from e2b_provider.cli.entry import parser
@@ -22,58 +21,10 @@ from .conftest import unique_name
 
 pytestmark = pytest.mark.integration
 
-CLI = [sys.executable, "-m", "e2b_provider"]
-SCRIPT = os.path.join(os.path.dirname(sys.executable), "e2b-provider")
-
-
-def _default_sigint() -> None:
-    # As in a terminal, also when this test run was started with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
 
 @pytest.fixture
 def env(emu) -> Dict[str, str]:  # type: ignore[no-untyped-def]
-    e = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    e.update(
-        E2B_API_URL=emu.api_url,
-        E2B_SANDBOX_URL=emu.sandbox_url,
-        E2B_API_KEY=emu.api_key,
-        E2B_TEMPLATE="base",
-        PYTHONUNBUFFERED="1",
-    )
-    return e
-
-
-def run(env: Dict[str, str], *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    return subprocess.run(
-        [*CLI, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=_default_sigint,
-    )
-
-
-@contextlib.contextmanager
-def started(env: Dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
-    """The command line running in the background with piped output, reading /dev/null (a
-    non-terminal stdin is forwarded to the command); killed if still running."""
-    child = subprocess.Popen(
-        [*CLI, *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
-    try:
-        yield child
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    return cli_env(emu)
 
 
 @pytest.fixture
@@ -199,27 +150,6 @@ def test_local_file_errors_are_one_line(env: Dict[str, str], named: str, tmp_pat
 
 # -- Ctrl-C while the command line starts -------------------------------------------------------
 
-#: Put on PYTHONPATH (as sitecustomize), this makes the import of the module named by
-#: $CLI_TEST_STALL_IMPORT wait for a signal, after saying so on stderr: a Ctrl-C then lands
-#: while the command line is still importing, every time.
-_STALL_IMPORT = """
-import os, signal, sys
-_name = os.environ.pop("CLI_TEST_STALL_IMPORT", "")
-
-class _Stall:
-    def find_spec(self, name, path=None, target=None):
-        if name == _name:
-            sys.meta_path.remove(self)
-            os.write(2, b"stalled importing " + name.encode() + b"\\n")
-            while True:
-                signal.pause()
-        return None
-
-if _name:
-    sys.meta_path.insert(0, _Stall())
-"""
-
-
 def _read_until(stream: IO[bytes], marker: bytes, timeout: float) -> bytes:
     """What ``stream`` (a pipe) gives until ``marker``, waiting ``timeout`` s at most."""
     got = b""
@@ -241,12 +171,12 @@ def _interrupt_while_importing(tmp_path, argv: List[str], module: str) -> str:  
     return its stderr from then on (after checking it exited 130)."""
     hook = tmp_path / "hook"
     hook.mkdir(exist_ok=True)
-    (hook / "sitecustomize.py").write_text(_STALL_IMPORT)
+    (hook / "sitecustomize.py").write_text(STALL_IMPORT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(PYTHONPATH=str(hook), CLI_TEST_STALL_IMPORT=module, E2B_API_KEY="e2b_x",
                E2B_API_URL="http://127.0.0.1:9", E2B_TEMPLATE="base")
     child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+                             stderr=subprocess.PIPE, preexec_fn=default_sigint)
     try:
         assert child.stderr is not None
         _read_until(child.stderr, f"stalled importing {module}\n".encode(), 60)
@@ -440,7 +370,7 @@ def test_cp_shows_a_progress_line_on_a_terminal(
         child = subprocess.Popen(
             [*CLI, "cp", str(src), f"{named}:/workspace/big.bin"],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower,
-            preexec_fn=_default_sigint,
+            preexec_fn=default_sigint,
         )
         os.close(follower)
         follower = -1

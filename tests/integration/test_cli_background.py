@@ -7,60 +7,24 @@ import hashlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime
-from typing import Dict, Iterator, List, Optional, Union
+from typing import Dict, Iterator, List, Optional
 
 import pytest
+from command_line import CLI, cli_env, default_sigint, run, started
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 
 from .conftest import unique_name
-from .test_cli import started
 
 pytestmark = pytest.mark.integration
-
-CLI = [sys.executable, "-m", "e2b_provider"]
-
-
-def _default_sigint() -> None:
-    # As in a terminal, also when this test run was started with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture
 def env(emu) -> Dict[str, str]:  # type: ignore[no-untyped-def]
-    e = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    e.update(
-        E2B_API_URL=emu.api_url,
-        E2B_SANDBOX_URL=emu.sandbox_url,
-        E2B_API_KEY=emu.api_key,
-        E2B_TEMPLATE="base",
-        PYTHONUNBUFFERED="1",
-        COLUMNS="80",
-    )
-    return e
-
-
-def run(
-    env: Dict[str, str],
-    *args: str,
-    stdin: Union[str, bytes, None] = None,
-    timeout: float = 120.0,
-) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    """The command line to its end; ``stdin`` is what it reads (None: /dev/null, not ours)."""
-    return subprocess.run(
-        [*CLI, *args],
-        env=env,
-        input=stdin,
-        stdin=subprocess.DEVNULL if stdin is None else None,
-        capture_output=True,
-        text=not isinstance(stdin, bytes),
-        timeout=timeout,
-        preexec_fn=_default_sigint,
-    )
+    return cli_env(emu, COLUMNS="80")
 
 
 @pytest.fixture
@@ -128,7 +92,7 @@ def test_a_terminal_stdin_is_not_forwarded(env: Dict[str, str], sb: SandboxHandl
         r = subprocess.run(
             [*CLI, "exec", str(sb.name), "--", "cat; echo eof"],
             env=env, stdin=follower, capture_output=True, text=True, timeout=120,
-            preexec_fn=_default_sigint,
+            preexec_fn=default_sigint,
         )
     finally:
         os.close(follower)
@@ -146,7 +110,7 @@ def test_exec_ends_when_the_command_does_not_read_all_its_input(
         r = subprocess.run(
             [*CLI, "exec", str(sb.name), "--", "head -c 0; echo done"],
             env=env, stdin=r_fd, capture_output=True, text=True, timeout=120,
-            preexec_fn=_default_sigint,
+            preexec_fn=default_sigint,
         )
     finally:
         os.close(r_fd)

@@ -14,12 +14,12 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
+from command_line import CLI, cli_env
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
@@ -27,8 +27,6 @@ from e2b_provider import E2BSandboxProvider, SandboxHandle
 from .conftest import root
 
 pytestmark = pytest.mark.integration
-
-CLI = [sys.executable, "-m", "e2b_provider"]
 
 
 class Pane:
@@ -115,16 +113,7 @@ class Pane:
 
 @pytest.fixture
 def env(emu) -> Dict[str, str]:  # type: ignore[no-untyped-def]
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "TMUX"))}
-    e.update(
-        E2B_API_URL=emu.api_url,
-        E2B_SANDBOX_URL=emu.sandbox_url,
-        E2B_API_KEY=emu.api_key,
-        E2B_TEMPLATE="base",
-        PYTHONUNBUFFERED="1",
-        TERM="xterm-256color",
-    )
-    return e
+    return cli_env(emu, drop=("E2B_", "TMUX"), TERM="xterm-256color")
 
 
 @pytest.fixture

@@ -9,33 +9,27 @@ line (exit 1).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
+from command_line import CLI, cli_env, default_sigint, run, started
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 
 from .conftest import unique_name
-from .test_cli import _default_sigint, _one_line, run, started
+from .test_cli import _one_line
 
 pytestmark = pytest.mark.integration
-
-CLI = [sys.executable, "-m", "e2b_provider"]
 
 
 @pytest.fixture
 def env(emu) -> Dict[str, str]:  # type: ignore[no-untyped-def]
-    e = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    e.update(E2B_API_URL=emu.api_url, E2B_SANDBOX_URL=emu.sandbox_url, E2B_API_KEY=emu.api_key,
-             E2B_TEMPLATE="base", PYTHONUNBUFFERED="1")
-    return e
+    return cli_env(emu)
 
 
 @pytest.fixture
@@ -101,7 +95,7 @@ def test_watch_ends_quietly_once_its_reader_went_away(
     line = " ".join(CLI) + f" watch {sb.id} /workspace/w 2>{err_file} | head -n 1"
     child = subprocess.Popen(["bash", "-c", f"set -o pipefail; {line}"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=_default_sigint)
+                             preexec_fn=default_sigint)
     try:
         wait_until(lambda: child.poll() is not None or (
             err_file.exists() and "watching" in err_file.read_text()), 60, "the watch")

@@ -39,7 +39,7 @@ def _as_envd_runs(
     ctx = p._ctx
     return run_process(
         ctx.envd(ctx.attach(h.id, None)), user=scripts.SANDBOX_USER, cmd="setsid", args=args,
-        env=env, cwd="/workspace", max_output_bytes=1 << 20, timeout=60.0, token=None,
+        env=env, cwd="/workspace", max_output_bytes=1 << 20, timeout=60.0, cancel=None,
         watchdog=ctx.watchdog,
     )
 

@@ -23,7 +23,8 @@ from e2b_provider import (
     FileContent,
     SandboxHandle,
 )
-from e2b_provider.core.file_agents import AGENT_TAG_PREFIX, WITHDRAW_SECONDS
+from e2b_provider.core.agent_session import WITHDRAW_SECONDS
+from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
 
 from .conftest import own_sandbox, root, warm_file_agent
 

@@ -159,7 +159,7 @@ def test_a_stalled_file_operation_or_script_is_an_operation_timeout(emu, fresh) 
 def test_a_file_agent_that_stops_answering_is_replaced(  # type: ignore[no-untyped-def]
     emu, fresh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from e2b_provider.core import file_agents as _agent
+    from e2b_provider.core import agent_session as _agent
 
     # an agent silent for 2 s counts as hung (30 s by default)
     monkeypatch.setattr(_agent, "AGENT_SILENCE_SECONDS", 2.0)

@@ -19,6 +19,7 @@ import urllib.parse
 from typing import Dict, Iterator, List
 
 import aiohttp
+import command_line
 import pytest
 import requests
 from waiting import run_in_threads
@@ -188,27 +189,13 @@ def test_forward_is_closed_with_the_provider(
 
 @pytest.fixture
 def cli_env(emulator) -> Dict[str, str]:  # type: ignore[no-untyped-def]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(E2B_API_URL=emulator.api_url, E2B_SANDBOX_URL=emulator.sandbox_url,
-               E2B_API_KEY=emulator.api_key, E2B_TEMPLATE="base", PYTHONUNBUFFERED="1")
-    return env
+    return command_line.cli_env(emulator)
 
 
 @pytest.fixture
 def cli_forward(cli_env: Dict[str, str], served: SandboxHandle) -> Iterator[subprocess.Popen[str]]:
-    with subprocess.Popen(
-        [sys.executable, "-m", "e2b_provider", "forward", served.id, str(PORT)],
-        env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        # as in a terminal, also when this test run was started with SIGINT ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    ) as child:
-        try:
-            yield child
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+    with command_line.started(cli_env, "forward", served.id, str(PORT)) as child:
+        yield child
 
 
 def test_cli_forward_runs_until_ctrl_c(cli_forward: subprocess.Popen[str]) -> None:

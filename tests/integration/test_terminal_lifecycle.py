@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import shlex
 import signal
@@ -24,6 +23,7 @@ import uuid
 from typing import Dict, Iterator, List
 
 import pytest
+from command_line import cli_env
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle, Terminal
@@ -46,14 +46,6 @@ pytestmark = pytest.mark.integration
 #: The silence bound of a stream of a provider with ``keepalive_seconds=1`` (twice the
 #: keepalive plus 10 s).
 SILENCE_BOUND = 12.0
-
-
-def cli_env(emulator) -> Dict[str, str]:  # type: ignore[no-untyped-def]
-    e = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    e.update(E2B_API_URL=emulator.api_url, E2B_SANDBOX_URL=emulator.sandbox_url,
-             E2B_API_KEY=emulator.api_key, E2B_TEMPLATE="base", PYTHONUNBUFFERED="1",
-             COLUMNS="200")
-    return e
 
 
 @pytest.fixture
@@ -109,7 +101,8 @@ def test_a_terminal_of_a_killed_client_is_listed_attached_and_killed(
 
         shell = shared_provider.terminal(sb)  # the login shell: no command to show
         ps = subprocess.run([sys.executable, "-m", "e2b_provider", "ps", "--no-trunc", sb.id],
-                            env=cli_env(emulator), capture_output=True, text=True, timeout=120)
+                            env=cli_env(emulator, COLUMNS="200"), capture_output=True, text=True,
+                            timeout=120)
         shell.close()
         assert ps.returncode == 0, ps.stderr
         (row,) = [line for line in ps.stdout.splitlines() if line.startswith(tid)]

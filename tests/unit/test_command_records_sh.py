@@ -23,7 +23,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from e2b_provider.commands.background import _parse_list, _parse_read
+from e2b_provider.commands.record_scripts import parse_list as _parse_list
+from e2b_provider.commands.record_scripts import parse_read as _parse_read
 from e2b_provider.core.run_engine import RunOutcome
 from e2b_provider.errors import ProtocolError
 from e2b_provider.protocol import scripts as scripts

@@ -23,7 +23,9 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 from waiting import wait_until
 
-from e2b_provider.commands.background import _BAD_RECORD_EXIT, _KILL, _parse_list, _parse_read
+from e2b_provider.commands.background import _BAD_RECORD_EXIT, _KILL
+from e2b_provider.commands.record_scripts import parse_list as _parse_list
+from e2b_provider.commands.record_scripts import parse_read as _parse_read
 from e2b_provider.core.run_engine import RunOutcome
 from e2b_provider.protocol import scripts as scripts
 from e2b_provider.protocol.command_records import COMMAND_TAG_PREFIX, RECORDS, supervisor_of

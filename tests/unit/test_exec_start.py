@@ -83,7 +83,7 @@ def test_cancel_while_opening_then_open_fails_is_a_cancelled_result(wd: Watchdog
     )
     wedged: List[bool] = []
     out = _run(
-        envd, wd, timeout=30.0, token=token, killer=killer, on_wedged=lambda: wedged.append(True)
+        envd, wd, timeout=30.0, cancel=token, killer=killer, on_wedged=lambda: wedged.append(True)
     )
     assert out.cancelled and not out.timed_out
     assert out.exit_code is None
@@ -101,7 +101,7 @@ def test_timeout_while_opening_then_open_fails_is_a_timed_out_result(wd: Watchdo
     envd = FailingStart(TransportTimeout("E2B process start timed out"), killed)
     wedged: List[bool] = []
     out = _run(
-        envd, wd, timeout=0.05, token=None, killer=killer, on_wedged=lambda: wedged.append(True)
+        envd, wd, timeout=0.05, cancel=None, killer=killer, on_wedged=lambda: wedged.append(True)
     )
     assert out.timed_out and out.exit_code is None
     assert out.wedged and wedged == [True]
@@ -110,7 +110,7 @@ def test_timeout_while_opening_then_open_fails_is_a_timed_out_result(wd: Watchdo
 def test_open_failure_without_a_stop_is_raised(wd: Watchdog) -> None:
     envd = FailingStart(E2BHttpError(502, "The sandbox was not found", 502))
     with pytest.raises(E2BHttpError) as ei:
-        _run(envd, wd, timeout=30.0, token=CancelToken(), killer=lambda p, b: True)
+        _run(envd, wd, timeout=30.0, cancel=CancelToken(), killer=lambda p, b: True)
     assert ei.value.status == 502
 
 
@@ -231,7 +231,7 @@ def test_a_known_start_can_be_cancelled_while_opening(
     t0 = time.monotonic()
     try:
         with pytest.raises(Cancelled):
-            _stream(transport, url, read_timeout=30, token=tok)
+            _stream(transport, url, read_timeout=30, cancel=tok)
     finally:
         timer.join()
     assert time.monotonic() - t0 < 5.0  # not cancelled: the 30 s hold or read timeout

@@ -1,0 +1,346 @@
+"""The argument parser of ``e2b-provider``: its commands, their options and defaults.
+
+Standard library only: ``--help``, ``--version`` and a usage error load none of the library.
+Each command's handler is named here (``"module.function"`` of this package) and imported
+only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable, Optional, Tuple
+
+from .._version import __version__
+from .exits import EXIT_USAGE, PROG
+
+#: ``exec``'s timeout unless ``--timeout`` says otherwise (``exec -t``: none).
+DEFAULT_EXEC_TIMEOUT_SECONDS = 600.0
+#: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise.
+DEFAULT_EXEC_OUTPUT = 64 << 20
+#: Output the sandbox keeps per stream of a ``start``-ed command unless told otherwise.
+DEFAULT_START_OUTPUT = 1 << 20
+
+#: A command's handler: the parsed arguments in, the exit status out.
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def _handler(where: str) -> Handler:
+    """The handler ``where`` (``"module.function"`` of this package), imported when the
+    command runs: parsing, ``--help`` and ``--version`` load none of the library."""
+    module, _, function = where.partition(".")
+
+    def run(args: argparse.Namespace) -> int:
+        handle: Handler = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+        return int(handle(args))
+
+    return run
+
+
+def _command(sub: Any, name: str, handler: str, *, sandbox: bool, **texts: str
+             ) -> argparse.ArgumentParser:
+    """Add the command ``name`` (``texts``: its ``help`` and ``description``), run by
+    ``handler`` (see :func:`_handler`); with ``sandbox``, its first argument is a sandbox."""
+    cmd: argparse.ArgumentParser = sub.add_parser(name, **texts)
+    if sandbox:
+        cmd.add_argument("sandbox", metavar="SANDBOX", help="a sandbox name or id")
+    cmd.set_defaults(func=_handler(handler))
+    return cmd
+
+
+def _add_command_words(cmd: argparse.ArgumentParser) -> None:
+    """The words after ``--`` of ``exec`` and ``start``."""
+    cmd.add_argument("command", nargs="*", metavar="CMD [ARG...]",
+                     help="after --: one shell command line, or a command and its arguments")
+
+
+def _add_command_id(cmd: argparse.ArgumentParser) -> None:
+    """The background command that ``logs`` and ``kill`` act on."""
+    cmd.add_argument("id", metavar="ID", help="a command id, as start and ps print it (or its "
+                     "32 hex digits after the ':')")
+
+
+def _add_cwd_and_env(cmd: argparse.ArgumentParser) -> None:
+    """The options of a command that runs something in the sandbox: ``--cwd``, ``--env``."""
+    cmd.add_argument("--cwd", default=None, help="working directory (default /workspace)")
+    cmd.add_argument("--env", action="append", default=[], metavar="K=V",
+                     help="an environment variable (repeatable)")
+
+
+def _port_type(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError("ports are from 1 to 65535")
+    return value
+
+
+def _ports_type(text: str) -> Tuple[Optional[int], int]:
+    """``PORT`` or ``LOCAL:PORT`` (as ``kubectl port-forward`` takes them)."""
+    local, sep, remote = text.rpartition(":")
+    return (_port_type(local) if sep else None), _port_type(remote)
+
+
+def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests).
+
+    ``emulator_options=False`` leaves the options of ``emulator`` out: they come from
+    :mod:`e2b_provider.emulator.__main__`, whose import the other commands need not pay for.
+    """
+    env_help = (
+        "Configuration comes from the environment: E2B_API_KEY, E2B_TEMPLATE, and optionally "
+        "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL, E2B_TIMEOUT_SECONDS. "
+        f"'{PROG} emulator' prints them for a local emulator."
+    )
+    p = _Parser(prog=PROG, description="E2B sandboxes from the shell.", epilog=env_help)
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    c = _command(
+        sub, "create", "sandboxes.cmd_create", sandbox=False,
+        help="create a sandbox (older ones of that name are destroyed)",
+        description="Create a sandbox and print its id. Older sandboxes of the "
+        "same name are destroyed first.",
+    )
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--cpu", type=int, default=None,
+                   help="vCPUs: a request; E2B gives the template's sizes (a warning says "
+                   "when they differ)")
+    c.add_argument("--memory-mb", type=int, default=None,
+                   help="memory in MiB: a request, as --cpu")
+    c.add_argument("--disk-mb", type=int, default=None, help="disk in MiB: a request, as --cpu")
+    c.add_argument(
+        "--egress",
+        choices=("none", "allowlist", "open"),
+        default="none",
+        help="outbound network: none (default), allowlist, open",
+    )
+    c.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="with --egress allowlist: a host the sandbox may reach (repeatable)",
+    )
+
+    e = _command(
+        sub, "exec", "commands.cmd_exec", sandbox=True,
+        help="run a command, output streamed live (-it: on a terminal, as docker exec -it)",
+        description="Run a command in the sandbox as user sandbox, streaming its output. "
+        "After --, one word is a shell command line, run by bash -c (-- 'make && ./run'); "
+        "several words are the command and its arguments, each passed unchanged (-- python3 "
+        "-c 'print(1)'), as docker exec does. When our standard input is not a terminal "
+        "(a pipe, a file), the command reads it, e.g. 'echo hi | e2b-provider exec SB -- "
+        "cat'; on a terminal it reads nothing "
+        "(</dev/null) unless -i is given. Exits with the command's status; 124 if it timed "
+        "out; 130 on Ctrl-C, after the remote command was killed. With -it the command "
+        "(without one: the login shell) runs on a terminal in the sandbox and ours is "
+        "attached to it in raw mode, as docker exec -it: every key goes to it (Ctrl-C too), "
+        "its window follows ours, and we exit with its status.",
+    )
+    e.add_argument("-i", "--interactive", action="store_true",
+                   help="feed our standard input to the command even when it is a terminal "
+                   "(with -t: our keys, in raw mode)")
+    e.add_argument("-t", "--tty", action="store_true",
+                   help="run the command on a terminal (pty) in the sandbox; our standard "
+                   "input must be a terminal")
+    e.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help=f"seconds before the command is killed (default {DEFAULT_EXEC_TIMEOUT_SECONDS:g}; "
+        "with -t: none)",
+    )
+    _add_cwd_and_env(e)
+    e.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=DEFAULT_EXEC_OUTPUT,
+        help=f"output shown at most (default {DEFAULT_EXEC_OUTPUT})",
+    )
+    _add_command_words(e)
+
+    sh = _command(
+        sub, "shell", "commands.cmd_shell", sandbox=True,
+        help="open the sandbox user's login shell on a terminal (as exec -it)",
+        description="Open the login shell of user sandbox on a terminal in the sandbox, "
+        "ours attached in raw mode, as 'docker exec -it C bash' or 'kubectl exec -it P -- "
+        "bash'; the same as 'exec -it SANDBOX'. Exits with the shell's status.",
+    )
+    _add_cwd_and_env(sh)
+
+    st = _command(
+        sub, "start", "commands.cmd_start", sandbox=True,
+        help="start a command in the background and print its id",
+        description="Start a command in the sandbox in the background, as user sandbox, "
+        "and print its id. After --, as for exec: one word is a shell command line, run by "
+        "bash -c; several words are the command and its arguments, each passed unchanged. "
+        "It runs on after we exit; the sandbox keeps the last --max-output-bytes of its "
+        "stdout and of its stderr, and its exit status: see logs, ps and kill. It reads "
+        "nothing on its standard input.",
+    )
+    st.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help="seconds before the command is killed (default: none, it runs until it ends)",
+    )
+    _add_cwd_and_env(st)
+    st.add_argument("--tag", default=None, help="a tag, shown by ps")
+    st.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=DEFAULT_START_OUTPUT,
+        help=f"output kept per stream, the latest (default {DEFAULT_START_OUTPUT}, "
+        "at least 1024)",
+    )
+    _add_command_words(st)
+
+    lg = _command(
+        sub, "logs", "commands.cmd_logs", sandbox=True,
+        help="show the output of a background command",
+        description="Print the output the sandbox keeps of a background command "
+        "(stdout to stdout, stderr to stderr). With -f, then follow it live until the "
+        "command ends and exit with its status (124 if it timed out, 1 if it was killed "
+        "or its status is unknown); Ctrl-C stops following (exit 130), not the command.",
+    )
+    _add_command_id(lg)
+    lg.add_argument("-f", "--follow", action="store_true",
+                    help="follow the output until the command ends")
+
+    k = _command(
+        sub, "kill", "commands.cmd_kill", sandbox=True,
+        help="stop a background command",
+        description="Stop a background command and its whole process tree (killing "
+        "one that has ended does nothing). Prints its id.",
+    )
+    _add_command_id(k)
+
+    ps = _command(
+        sub, "ps", "commands.cmd_ps", sandbox=True,
+        help="list the background commands and terminals that run in a sandbox",
+        description="List the background commands and the terminals (their ids have "
+        "pty-) that still run in the sandbox, whoever started them, oldest first: id, pid, "
+        "tag, start time (local) and command line (cut to the terminal's width unless "
+        "--no-trunc). logs takes a command's id, kill either.",
+    )
+    ps.add_argument("--no-trunc", action="store_true", help="show whole command lines")
+
+    cp = _command(
+        sub, "cp", "files.cmd_cp", sandbox=False,
+        help="copy files or directories to or from a sandbox",
+        description="Copy a file, or with -r a directory tree, between this machine "
+        "and a sandbox; write the sandbox side as SANDBOX:/absolute/path. As cp does: "
+        "when DST is an existing directory the copy goes into it. Each file is written "
+        "whole or not at all; symbolic links are copied as links. A progress line is "
+        "shown on a terminal.",
+    )
+    cp.add_argument("-r", "-R", "--recursive", action="store_true",
+                    help="copy directories and everything below them")
+    cp.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                    help="skip entries whose relative path or name matches (repeatable)")
+    cp.add_argument("src", metavar="SRC")
+    cp.add_argument("dst", metavar="DST")
+
+    ls = _command(
+        sub, "ls", "sandboxes.cmd_ls", sandbox=False,
+        help="list sandboxes, or the files in one",
+        description="Without an argument, list running and paused sandboxes; with "
+        "SANDBOX:/path, list the entries of that directory as user sandbox sees them.",
+    )
+    ls.add_argument("where", nargs="?", default=None, metavar="SANDBOX:/PATH",
+                    help="a directory in a sandbox")
+    ls.add_argument("--name", default=None, help="only sandboxes of this name")
+    ls.add_argument("-l", "--long", action="store_true",
+                    help="with SANDBOX:/PATH: type, mode, size and time too")
+    ls.add_argument("--depth", type=int, default=1,
+                    help="with SANDBOX:/PATH: levels to list (default 1)")
+
+    fw = _command(
+        sub, "forward", "ports.cmd_forward", sandbox=True,
+        help="serve a sandbox port on this machine (like kubectl port-forward)",
+        description="Listen on 127.0.0.1 and relay every connection (HTTP/1.1, streaming, "
+        "Server-Sent Events, WebSockets) to PORT inside the sandbox, through E2B's edge or "
+        "the emulator, adding the sandbox's traffic token when its traffic is private. "
+        "Prints 'Forwarding from 127.0.0.1:LOCAL -> PORT', then runs until Ctrl-C "
+        "(exit 0).",
+    )
+    fw.add_argument("port", type=_ports_type, metavar="[LOCAL:]PORT",
+                    help="the port inside the sandbox, optionally after the local port")
+    fw.add_argument("--local-port", type=_port_type, default=None, metavar="N",
+                    help="the local port (default: a free one)")
+
+    ur = _command(
+        sub, "url", "ports.cmd_url", sandbox=True,
+        help="print the URL of a sandbox port",
+        description="Print the URL at which E2B serves PORT of the sandbox (on the "
+        "emulator, one a browser on this machine opens). Requests to it need the "
+        "sandbox's traffic token when its traffic is private; 'forward' adds it.",
+    )
+    ur.add_argument("port", type=_port_type, metavar="PORT")
+
+    wt = _command(
+        sub, "watch", "files.cmd_watch", sandbox=True,
+        help="print the changes in a sandbox directory as they happen",
+        description="Watch a directory of the sandbox (as user sandbox: it must exist and "
+        "be readable by it) and print one line per change as it happens, until Ctrl-C "
+        "(exit 130): 'create PATH', 'write PATH', 'remove PATH', 'rename PATH' (the old "
+        "name; the new one comes as create), 'chmod PATH', or 'overflow DIR' when changes "
+        "came faster than they were read and some were lost (the watch goes on). Paths are "
+        "absolute. Exits 0 once --timeout passed, the directory itself was removed or "
+        "renamed, or the reader of the output went away (| head -n 1).",
+    )
+    wt.add_argument("path", metavar="PATH", help="an absolute directory path in the sandbox")
+    wt.add_argument("-r", "--recursive", action="store_true",
+                    help="watch every directory below PATH too")
+    wt.add_argument("--json", action="store_true",
+                    help='one JSON object per line: {"type": ..., "path": ...}')
+    wt.add_argument("--timeout", type=_positive_float, default=None,
+                    help="stop after this many seconds (exit 0)")
+
+    rm = _command(sub, "rm", "sandboxes.cmd_rm", sandbox=False, help="destroy sandboxes",
+                  description="Destroy sandboxes.")
+    rm.add_argument("sandboxes", nargs="+", metavar="SANDBOX")
+
+    for name, what in (("suspend", "pause a sandbox (memory kept)"),
+                       ("resume", "resume a paused sandbox")):
+        s = _command(sub, name, f"sandboxes.cmd_{name}", sandbox=False, help=what,
+                     description=what[0].upper() + what[1:] + ".")
+        s.add_argument("sandbox", metavar="SANDBOX")
+
+    em = _command(
+        sub, "emulator", "local_emulator.cmd_emulator", sandbox=False,
+        help="run the local E2B emulator in the foreground",
+        description="Run the local E2B emulator in the foreground until Ctrl-C or "
+        "SIGTERM (which destroy its sandboxes), as python -m e2b_provider.emulator does, "
+        "with the same options. Once it serves, it writes the export lines another shell "
+        "needs, and only them, on stdout, then a ready line on stderr: e.g. "
+        "'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there.",
+    )
+    if emulator_options:
+        from ..emulator.__main__ import add_arguments
+
+        add_arguments(em)
+    return p
+
+
