@@ -30,8 +30,8 @@ import requests
 
 from e2b_provider import DeploymentConfig, E2BSandboxProvider
 from e2b_provider.emulator import Emulator
+from e2b_provider.protocol.e2b_facts import ENVD_PORT
 
-ENVD_PORT = "49983"
 MiB = 1 << 20
 
 # -- statistics and tables --------------------------------------------------------------------
@@ -283,7 +283,7 @@ class RawEnvd:
         self.session.headers.update(
             {
                 "E2b-Sandbox-Id": sandbox_id,
-                "E2b-Sandbox-Port": ENVD_PORT,
+                "E2b-Sandbox-Port": str(ENVD_PORT),
                 "Accept-Encoding": "identity",
             }
         )

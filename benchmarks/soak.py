@@ -56,9 +56,9 @@ from e2b_provider import (
 )
 from e2b_provider.emulator import Emulator
 
-KILL_BOUND = 10.0
+KILL_BOUND_SECONDS = 10.0
 GRACE = 3.0
-REBOOT_BOUND = 60.0
+REBOOT_BOUND_SECONDS = 60.0
 FILE_BOUND = 120.0
 ESCAPING = (
     "setsid sleep 81{m} & ( (setsid sleep 82{m} &) ); (env -i /bin/sleep 83{m} &); sleep 84{m}"
@@ -310,10 +310,10 @@ class Soak:
             bound: Optional[float]
             if r < 0.55:
                 kind, timeout, run = self.plan_exec(h, rnd)
-                bound = timeout + KILL_BOUND + 1.0 + GRACE
+                bound = timeout + KILL_BOUND_SECONDS + 1.0 + GRACE
             elif r < 0.93:
                 kind, run = self.plan_file(h, rnd, me)
-                bound = FILE_BOUND + KILL_BOUND + GRACE
+                bound = FILE_BOUND + KILL_BOUND_SECONDS + GRACE
             else:
                 h = own
                 kind, run = self.plan_lifecycle(me, rnd)
@@ -330,7 +330,7 @@ class Soak:
             except Exception as exc:  # not from the library's error tree: a defect
                 outcome = "UNEXPECTED " + type(exc).__name__
             if outcome == "wedged" and bound is not None:
-                bound += REBOOT_BOUND
+                bound += REBOOT_BOUND_SECONDS
             self.journal.add(
                 Op(kind, h.id, start, time.monotonic(), outcome, bound, self.local.bound_from)
             )
@@ -483,9 +483,9 @@ def soak(emu: Emulator, args: argparse.Namespace) -> int:
     before = _open_fds()
     p = E2BSandboxProvider(
         emu.config(template="base"),
-        kill_bound=KILL_BOUND,
+        kill_bound=KILL_BOUND_SECONDS,
         kill_grace=GRACE,
-        reboot_bound=REBOOT_BOUND,
+        reboot_bound=REBOOT_BOUND_SECONDS,
     )
     s = Soak(emu, p, args)
     reboot_log = RebootLog(s.journal)

@@ -25,7 +25,7 @@ from e2b_provider import E2BSandboxProvider, ExecResult, SandboxHandle
 from e2b_provider.emulator import Emulator
 
 #: The provider's bounds in this run (its defaults).
-KILL_BOUND = 20.0
+KILL_BOUND_SECONDS = 20.0
 GRACE = 3.0
 FLAG = "/workspace/burst-done"
 
@@ -51,7 +51,7 @@ def run_burst(emu: Emulator, threads: int, sandboxes: int, timeout: float = 2.0)
     logger.addHandler(reboots)
     try:
         with E2BSandboxProvider(
-            emu.config(template="base"), kill_bound=KILL_BOUND, kill_grace=GRACE
+            emu.config(template="base"), kill_bound=KILL_BOUND_SECONDS, kill_grace=GRACE
         ) as p:
             hs = [p.create(f"burst-{i}-{time.monotonic_ns()}") for i in range(sandboxes)]
             try:
@@ -131,7 +131,7 @@ def _burst(
                 break
             time.sleep(0.5)
         left += count
-    bound = timeout + KILL_BOUND + 1.0 + GRACE
+    bound = timeout + KILL_BOUND_SECONDS + 1.0 + GRACE
     return {
         "execs": n,
         "sandboxes": len(hs),

@@ -43,9 +43,9 @@ Clock = Callable[[], float]
 
 #: Upper bound for one idle wait of the timer thread (it re-checks and waits again), so no
 #: wait in the library is unbounded.
-MAX_IDLE_WAIT_S = 30.0
+MAX_IDLE_WAIT_SECONDS = 30.0
 #: How long :meth:`Watchdog.close` waits for the timer thread to stop.
-CLOSE_JOIN_S = 2.0
+CLOSE_JOIN_SECONDS = 2.0
 THREAD_NAME = "e2b-provider-watchdog"
 WORKER_PREFIX = "e2b-provider-worker"
 
@@ -92,7 +92,7 @@ class _WorkerPool:
             with self._lock:
                 while not self._jobs and not self._shutdown:
                     self._idle += 1
-                    self._cond.wait(MAX_IDLE_WAIT_S)
+                    self._cond.wait(MAX_IDLE_WAIT_SECONDS)
                     self._idle -= 1
                 if not self._jobs:
                     return
@@ -344,14 +344,14 @@ class Watchdog:
                         return
                     self._drop_dead_head()
                     if not self._heap:
-                        cond.wait(MAX_IDLE_WAIT_S)
+                        cond.wait(MAX_IDLE_WAIT_SECONDS)
                         continue
                     now = self._clock()
                     delay = self._heap[0][0] - now
                     if delay <= 0:
                         due = self._pop_due(now)
                         break
-                    cond.wait(min(delay, MAX_IDLE_WAIT_S))
+                    cond.wait(min(delay, MAX_IDLE_WAIT_SECONDS))
             for handle in due:
                 self._invoke(handle)
 
@@ -405,7 +405,7 @@ class Watchdog:
         if pool is not None:
             pool.shutdown()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(CLOSE_JOIN_S)
+            thread.join(CLOSE_JOIN_SECONDS)
 
     def __enter__(self) -> Watchdog:
         return self

@@ -22,6 +22,10 @@ from .errors import Cancelled
 
 __all__ = ["CancelReason", "CancelToken", "Deadline"]
 
+#: How long one blocking wait of the library sleeps before it looks again at its cancel token
+#: and deadline (so a cancel or Ctrl-C is seen within this).
+WAIT_SLICE_SECONDS = 0.25
+
 Clock = Callable[[], float]
 Source = Literal["deadline", "explicit", "interrupt", "shutdown"]
 

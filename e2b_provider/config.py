@@ -26,10 +26,11 @@ import attrs
 
 from . import errors
 from .errors import ConfigError, InvalidArgument
+from .protocol.e2b_facts import MAX_TIMEOUT_SECONDS
 from .protocol.validate import (
     HOSTNAME_RE,
     MAX_HOSTNAME_CHARS,
-    MAX_TIMEOUT_SECONDS,
+    UNPRINTABLE_CATEGORIES,
     check_hostname,
     show,
 )
@@ -53,7 +54,6 @@ MAX_TEMPLATE_CHARS = 256
 MAX_API_KEY_CHARS = 4096
 MAX_URL_CHARS = 2048
 
-_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _DIGITS_RE = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 # Field problem checkers: value -> problem text (without the field name) or None.
@@ -61,7 +61,7 @@ Checker = Callable[[Any], Optional[str]]
 
 
 def _bad_char(text: str) -> bool:
-    return any(c.isspace() or unicodedata.category(c) in _BAD_CATEGORIES for c in text)
+    return any(c.isspace() or unicodedata.category(c) in UNPRINTABLE_CATEGORIES for c in text)
 
 
 def _api_key_problem(value: Any) -> Optional[str]:

@@ -66,25 +66,24 @@ from .models import (
 )
 from .ports.relay import Ports, check_port, forward_limits
 from .protocol import validate as v
+from .protocol.escalation import KILL_GRACE_SECONDS
 from .sandboxes.lifecycle import Lifecycle, ResumeOutcome
 
 __all__ = ["E2BSandboxProvider"]
 
 #: Default exec timeout (seconds) and output budget (bytes).
-DEFAULT_EXEC_TIMEOUT = 60.0
+DEFAULT_EXEC_TIMEOUT_SECONDS = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_MAX_READ_BYTES = 1 << 20
 #: Content a download accepts by default (at most
 #: :data:`~e2b_provider.files.arguments.MAX_DOWNLOAD_BYTES`).
 DEFAULT_MAX_DOWNLOAD_BYTES = 10 << 30
 #: The kill job is bounded by this; past it the sandbox counts as wedged.
-KILL_BOUND = 20.0
-#: After a successful kill, how long the stream may take to end.
-KILL_GRACE = 3.0
+KILL_BOUND_SECONDS = 20.0
 #: Ctrl-C: how long we try to kill the remote command before re-raising.
-INTERRUPT_KILL_BOUND = 10.0
+INTERRUPT_KILL_BOUND_SECONDS = 10.0
 #: Reboot of a wedged sandbox: the whole sequence is bounded by this.
-REBOOT_BOUND = 120.0
+REBOOT_BOUND_SECONDS = 120.0
 
 
 class E2BSandboxProvider:
@@ -132,10 +131,10 @@ class E2BSandboxProvider:
         pool_connections: int = 32,
         pool_maxsize: int = 256,
         watchdog: Optional[Watchdog] = None,
-        kill_bound: float = KILL_BOUND,
-        kill_grace: float = KILL_GRACE,
-        interrupt_kill_bound: float = INTERRUPT_KILL_BOUND,
-        reboot_bound: float = REBOOT_BOUND,
+        kill_bound: float = KILL_BOUND_SECONDS,
+        kill_grace: float = KILL_GRACE_SECONDS,
+        interrupt_kill_bound: float = INTERRUPT_KILL_BOUND_SECONDS,
+        reboot_bound: float = REBOOT_BOUND_SECONDS,
         keepalive_seconds: int = 50,
     ) -> None:
         if not isinstance(config, DeploymentConfig):
@@ -450,7 +449,7 @@ class E2BSandboxProvider:
         sandbox: SandboxRef,
         command: str,
         *,
-        timeout: float = DEFAULT_EXEC_TIMEOUT,
+        timeout: float = DEFAULT_EXEC_TIMEOUT_SECONDS,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
@@ -1090,7 +1089,7 @@ class E2BSandboxProvider:
         sandbox: SandboxRef,
         path: str,
         *,
-        timeout: float = DEFAULT_EXEC_TIMEOUT,
+        timeout: float = DEFAULT_EXEC_TIMEOUT_SECONDS,
         cancel: Optional[CancelToken] = None,
     ) -> FileStat:
         """Wait until ``path`` exists in the sandbox (as user ``sandbox`` sees it).

@@ -16,7 +16,7 @@ from .._version import __version__
 from .exits import EXIT_USAGE, PROG
 
 #: ``exec``'s timeout unless ``--timeout`` says otherwise (``exec -t``: none).
-DEFAULT_EXEC_TIMEOUT_SECONDS = 600.0
+CLI_EXEC_TIMEOUT_SECONDS = 600.0
 #: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise.
 DEFAULT_EXEC_OUTPUT = 64 << 20
 #: Output the sandbox keeps per stream of a ``start``-ed command unless told otherwise.
@@ -168,7 +168,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "--timeout",
         type=_positive_float,
         default=None,
-        help=f"seconds before the command is killed (default {DEFAULT_EXEC_TIMEOUT_SECONDS:g}; "
+        help=f"seconds before the command is killed (default {CLI_EXEC_TIMEOUT_SECONDS:g}; "
         "with -t: none)",
     )
     _add_cwd_and_env(e)

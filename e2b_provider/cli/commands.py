@@ -14,7 +14,7 @@ import sys
 from datetime import datetime
 
 from ..commands.terminals import Terminal
-from .arguments import DEFAULT_EXEC_TIMEOUT_SECONDS
+from .arguments import CLI_EXEC_TIMEOUT_SECONDS
 from .exits import EXIT_INTERRUPTED, PROG, exit_status
 from .inputs import command_line, env_vars, our_stdin
 from .lookup import attach, connect, found, resolve
@@ -29,7 +29,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return run_terminal(args, command, interactive=args.interactive)
     command = command_line(args.command, "exec")
     env = env_vars(args.env)
-    timeout = DEFAULT_EXEC_TIMEOUT_SECONDS if args.timeout is None else args.timeout
+    timeout = CLI_EXEC_TIMEOUT_SECONDS if args.timeout is None else args.timeout
     with connect() as p:
         h = resolve(p, args.sandbox)
         r = p.exec(

@@ -18,8 +18,8 @@ connect, set_timeout (all idempotent), pause (unless ``retry=False``), and creat
 Bounds: one request may take at most ``request_timeout`` seconds in total (default 60:
 connect, send, wait for and read the answer, whatever the peer does), and one call — every
 request it makes, its retries, its waits, 409 handling and list pages included — at most
-``call_timeout`` seconds (default :data:`CALL_TIMEOUT_S`, 120), or less when the caller
-passes an earlier ``deadline``. A retry is made only while at least :data:`RETRY_MIN_S`
+``call_timeout`` seconds (default :data:`CALL_TIMEOUT_SECONDS`, 120), or less when the caller
+passes an earlier ``deadline``. A retry is made only while at least :data:`RETRY_MIN_SECONDS`
 seconds are left after its wait; otherwise the answer at hand is the call's answer. Past its
 bound a call raises :class:`~e2b_provider.errors.TransportTimeout`.
 
@@ -51,6 +51,7 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import validate as _validate
+from ..protocol.e2b_facts import ENVD_PORT
 from ..transport.client import Transport
 from ..transport.error_mapping import error_from_response, parse_error_body
 from ..transport.response import HttpResponse
@@ -64,20 +65,19 @@ from .control_answers import (
     sizes,
     valid_host,
 )
-from .envd_requests import ENVD_PORT
 
 __all__ = [
-    "CALL_TIMEOUT_S",
+    "CALL_TIMEOUT_SECONDS",
     "CONNECT_CONFLICT_RETRIES",
-    "CONNECT_CONFLICT_WAIT_S",
+    "CONNECT_CONFLICT_WAIT_SECONDS",
     "ENVD_PORT",
     "GUEST_UNRESPONSIVE",
     "LIST_MAX_PAGES",
     "PERMANENT_CONFLICT_CODES",
-    "REQUEST_TIMEOUT_S",
-    "RETRY_BACKOFF_S",
-    "RETRY_MIN_S",
-    "RETRY_AFTER_CAP_S",
+    "REQUEST_TIMEOUT_SECONDS",
+    "RETRY_BACKOFF_SECONDS",
+    "RETRY_MIN_SECONDS",
+    "RETRY_AFTER_CAP_SECONDS",
     "ControlPlane",
     "ListedSandbox",
     "SandboxInfo",
@@ -90,7 +90,7 @@ log = logging.getLogger("e2b_provider")
 CONNECT_CONFLICT_RETRIES = 5
 #: A 409 on DELETE is retried this many times (0.5 s apart) before it is raised.
 DELETE_CONFLICT_RETRIES = 3
-CONNECT_CONFLICT_WAIT_S = 0.5
+CONNECT_CONFLICT_WAIT_SECONDS = 0.5
 #: The 409 ``error_code`` of a snapshot taken while envd did not answer: only
 #: ``memory: false`` can resume it.
 GUEST_UNRESPONSIVE = "sandbox_snapshot_guest_agent_unresponsive"
@@ -104,14 +104,14 @@ PERMANENT_CONFLICT_CODES = frozenset(
     }
 )
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-RETRY_BACKOFF_S = (0.2, 0.5, 1.0)
-RETRY_AFTER_CAP_S = 5.0
+RETRY_BACKOFF_SECONDS = (0.2, 0.5, 1.0)
+RETRY_AFTER_CAP_SECONDS = 5.0
 #: The longest one control-plane request may take, in total (and its longest silence).
-REQUEST_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_SECONDS = 60.0
 #: The longest one control-plane call may take: its requests, retries and waits together.
-CALL_TIMEOUT_S = 120.0
+CALL_TIMEOUT_SECONDS = 120.0
 #: A retry (or a wait for a 409 to clear) is made only if this much time is left after it.
-RETRY_MIN_S = 1.0
+RETRY_MIN_SECONDS = 1.0
 #: ``GET /v2/sandboxes`` page size (the server's maximum) and the page bound.
 LIST_LIMIT = 100
 LIST_MAX_PAGES = 1000
@@ -159,7 +159,7 @@ def _retry_after(resp: HttpResponse) -> Optional[float]:
         seconds = when.timestamp() - time.time()
     if math.isnan(seconds):
         return None
-    return min(max(seconds, 0.0), RETRY_AFTER_CAP_S)
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP_SECONDS)
 
 
 def _should_retry(resp: HttpResponse) -> bool:
@@ -205,8 +205,8 @@ class ControlPlane:
         api_key: str,
         domain: str,
         sandbox_url: Optional[str] = None,
-        request_timeout: float = REQUEST_TIMEOUT_S,
-        call_timeout: float = CALL_TIMEOUT_S,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+        call_timeout: float = CALL_TIMEOUT_SECONDS,
     ) -> None:
         if not isinstance(api_key, str) or not api_key.strip():
             raise ConfigError("api_key must be a non-empty string")
@@ -291,12 +291,12 @@ class ControlPlane:
                 max_body=max_body,
                 deadline=deadline.earliest(Deadline.after(self._timeout)),
             )
-            if not retry or attempt >= len(RETRY_BACKOFF_S) or not _should_retry(resp):
+            if not retry or attempt >= len(RETRY_BACKOFF_SECONDS) or not _should_retry(resp):
                 return resp
             delay = _retry_after(resp)
             if delay is None:
-                delay = RETRY_BACKOFF_S[attempt]
-            if deadline.remaining() < delay + RETRY_MIN_S:
+                delay = RETRY_BACKOFF_SECONDS[attempt]
+            if deadline.remaining() < delay + RETRY_MIN_SECONDS:
                 return resp  # no time for another try: this answer is the call's answer
             attempt += 1
             log.debug("e2b_provider: %s answered %d; retry %d in %.2f s", op, resp.status,
@@ -502,11 +502,11 @@ class ControlPlane:
                     raise
                 if (
                     conflicts >= CONNECT_CONFLICT_RETRIES
-                    or limit.remaining() < CONNECT_CONFLICT_WAIT_S + RETRY_MIN_S
+                    or limit.remaining() < CONNECT_CONFLICT_WAIT_SECONDS + RETRY_MIN_SECONDS
                 ):
                     raise
                 conflicts += 1
-                _wait(cancel, CONNECT_CONFLICT_WAIT_S)
+                _wait(cancel, CONNECT_CONFLICT_WAIT_SECONDS)
 
     def pause(
         self,
@@ -577,12 +577,12 @@ class ControlPlane:
             if (
                 resp.status != 409
                 or attempt == DELETE_CONFLICT_RETRIES
-                or limit.remaining() < CONNECT_CONFLICT_WAIT_S + RETRY_MIN_S
+                or limit.remaining() < CONNECT_CONFLICT_WAIT_SECONDS + RETRY_MIN_SECONDS
             ):
                 break
             # A 409 is documented on DELETE without a meaning (a state change in flight):
             # retried briefly, then surfaced.
-            _wait(cancel, CONNECT_CONFLICT_WAIT_S)
+            _wait(cancel, CONNECT_CONFLICT_WAIT_SECONDS)
         if resp.ok:
             return True
         if resp.status == 404:

@@ -53,7 +53,7 @@ __all__ = [
     "ERROR_BODY_BYTES",
     "KEEPALIVE_SECONDS",
     "START_OPEN_SECONDS",
-    "SIGNALS",
+    "SENDABLE_SIGNALS",
     "EnvdClient",
     "ProcessStream",
 ]
@@ -63,7 +63,7 @@ __all__ = [
 #: arguments (the file agent about 59 KB, a background command's supervisor about 11 KiB).
 LIST_BODY_BYTES = 64 << 20
 #: The signals envd's SendSignal accepts.
-SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
+SENDABLE_SIGNALS = frozenset({"SIGNAL_SIGKILL", "SIGNAL_SIGTERM"})
 _CONNECT_OP = "process connect"
 _WATCH_OP = "filesystem watch"
 
@@ -483,8 +483,8 @@ class EnvdClient(EnvdFiles):
         cancel: Optional[CancelToken],
         timeout: float,
     ) -> bool:
-        if signal not in SIGNALS:
-            raise InvalidArgument(f"signal must be one of {sorted(SIGNALS)}")
+        if signal not in SENDABLE_SIGNALS:
+            raise InvalidArgument(f"signal must be one of {sorted(SENDABLE_SIGNALS)}")
         op = "process signal"
         resp = self._rpc("SendSignal", {"process": selector, "signal": signal}, op, cancel,
                          timeout)

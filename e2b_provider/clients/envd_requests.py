@@ -19,6 +19,7 @@ from ..cancel import CancelToken, Deadline
 from ..errors import InvalidArgument, ProtocolError
 from ..models import Target
 from ..protocol.connect import encode_envelope
+from ..protocol.e2b_facts import ENVD_PORT
 from ..transport.client import Transport
 from ..transport.error_mapping import error_from_response
 from ..transport.raw_stream import RawStream
@@ -44,7 +45,6 @@ __all__ = [
     "within",
 ]
 
-ENVD_PORT = 49983
 KEEPALIVE_SECONDS = 50
 #: The longest the opening of a process stream may take (connect, send, response headers:
 #: envd answers once the process started).

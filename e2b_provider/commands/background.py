@@ -63,7 +63,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import attrs
 
 from ..cancel import CancelToken, Deadline
-from ..core.context import FILE_OP_TIMEOUT, STDERR_ROOM, ProviderContext, script_failed
+from ..core.context import (
+    FILE_OP_TIMEOUT_SECONDS,
+    MAX_REMEMBERED_SANDBOXES,
+    STDERR_ROOM,
+    ProviderContext,
+    script_failed,
+)
 from ..core.file_agents import AgentUnavailable, FileAgents
 from ..core.messages import clean_stderr, mark_worded
 from ..errors import (
@@ -87,6 +93,7 @@ from ..protocol.command_records import (
     tag_of_control_path,
 )
 from ..protocol.process_events import DataEvent, EndEvent
+from ..protocol.scripts import NO_PYTHON_STATUSES
 from ..sandbox_side import source
 from .command import Command, CommandInfo, CommandOutput, OnText
 from .following import Follower, StreamGuard
@@ -101,10 +108,6 @@ log = logging.getLogger("e2b_provider")
 START_SECONDS = 60.0
 #: Pieces of standard input per ``SendInput`` request.
 STDIN_PIECE = 256 * 1024
-#: Exit statuses that say the sandbox could not run ``python3`` (not found, not runnable).
-_NO_PYTHON = (126, 127)
-#: Sandboxes remembered as lacking ``python3`` at most (the least recent dropped).
-_MAX_REMEMBERED = 1024
 #: Exit status of ``records.sh read`` for a record that does not exist.
 _ABSENT_EXIT = 3
 #: Exit status of ``records.sh read`` for a record with a file that is not a regular file.
@@ -175,7 +178,7 @@ class Background:
         with self._lock:
             self._no_python[sid] = None
             self._no_python.move_to_end(sid)
-            while len(self._no_python) > _MAX_REMEMBERED:
+            while len(self._no_python) > MAX_REMEMBERED_SANDBOXES:
                 self._no_python.popitem(last=False)
 
     # -- start ------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class Background:
     ) -> Command:
         ctl = scripts.control_path(tag)
         seconds = "0" if timeout is None else str(math.ceil(timeout))
-        need = FILE_OP_TIMEOUT if timeout is None else math.ceil(timeout) + FILE_OP_TIMEOUT
+        need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def python_args(cid: str) -> List[str]:
             return ["-c", _LAUNCH, "capybara-bg", source("supervisor"), cid, ctl, seconds,
@@ -261,7 +264,7 @@ class Background:
                                 meta["pid"] = stream.pid
                             return Command(self, sid, cid, meta)
                 elif isinstance(ev, EndEvent):
-                    if python and ev.exit_code in _NO_PYTHON:
+                    if python and ev.exit_code in NO_PYTHON_STATUSES:
                         raise _NoPython()
                     text = stderr.decode("utf-8", "replace").strip()
                     if ev.exit_code == _NOT_OWN_EXIT:
@@ -295,7 +298,7 @@ class Background:
         if self.lacks_python(sid):
             answer, data, waited = self._read_by_script(sid, fields, cancel, wait)
         else:
-            deadline = Deadline.after(FILE_OP_TIMEOUT)
+            deadline = Deadline.after(FILE_OP_TIMEOUT_SECONDS)
             try:
                 got = self._ctx.on_target(
                     sid, cancel,
@@ -368,7 +371,7 @@ class Background:
         if self.lacks_python(sid):
             metas = self._list_by_script(sid, cancel)
         else:
-            deadline = Deadline.after(FILE_OP_TIMEOUT)
+            deadline = Deadline.after(FILE_OP_TIMEOUT_SECONDS)
             try:
                 got = self._ctx.on_target(
                     sid, cancel,

@@ -54,7 +54,7 @@ _RECONNECTS = 3
 POLL_WAIT_SECONDS = 2.0
 #: The pause between two reads of a record that could not wait in the sandbox (the file
 #: agent's) and brought nothing new.
-_POLL_PAUSE = 0.25
+_POLL_PAUSE_SECONDS = 0.25
 
 
 def _result(status: Optional[Dict[str, Any]], out: KeptOutput, err: KeptOutput) -> ExecResult:
@@ -237,7 +237,7 @@ class Follower:
     def _poll(self) -> None:
         """Follow a command without live frames (``supervisor.sh``'s): read its record until
         it ended, each read waiting in the sandbox for news when it can, else pausing
-        :data:`_POLL_PAUSE` after a read that brought nothing."""
+        :data:`_POLL_PAUSE_SECONDS` after a read that brought nothing."""
         out, err = self.kept["o"], self.kept["e"]
         self._catch_up()
         while not self.ended:
@@ -246,7 +246,7 @@ class Follower:
             wait = min(POLL_WAIT_SECONDS, self.deadline.remaining())
             waited = self._catch_up(wait)
             if not self.ended and not waited and (out.end, err.end) == before:
-                self._pause(_POLL_PAUSE)
+                self._pause(_POLL_PAUSE_SECONDS)
 
     def _connect_once(self) -> None:
         """Follow the supervisor's frames until its last one (or the stream's end)."""

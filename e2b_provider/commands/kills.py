@@ -32,7 +32,7 @@ A kill's verdict is evidence about its own sandbox only:
 * ``None``, no verdict: the provider was closed; or the sandbox was rebooted since the exec
   began (the reboot stopped it, and a pid file left from before must not be acted on: the
   pid may belong to a new process); or the script had not started after
-  :data:`KILL_WAIT_CAP` seconds although the sandbox kept answering other requests (a
+  :data:`KILL_WAIT_CAP_SECONDS` seconds although the sandbox kept answering other requests (a
   sandbox busy with a backlog of our own requests is slow, not wedged).
 
 A kill still waiting is never counted as failed: the exec engine stops waiting for a verdict
@@ -58,15 +58,15 @@ from ..errors import E2BProviderError
 from ..models import Target
 from ..protocol import scripts as scripts
 
-__all__ = ["KILL_WAIT_CAP", "KillBatcher"]
+__all__ = ["KILL_WAIT_CAP_SECONDS", "KillBatcher"]
 
 log = logging.getLogger("e2b_provider")
 
 #: Seconds a batch waits at most for its script to start in a sandbox that keeps answering
 #: other requests (beyond that: no verdict).
-KILL_WAIT_CAP = 120.0
+KILL_WAIT_CAP_SECONDS = 120.0
 #: Read timeout of each SIGKILL by pid after the script.
-SIGNAL_TIMEOUT = 5.0
+SIGNAL_TIMEOUT_SECONDS = 5.0
 
 #: ``rebooted_since(sandbox_id, t)``: True if a reboot of that sandbox began at or after
 #: ``t`` (monotonic clock).
@@ -187,7 +187,7 @@ class KillBatcher:
         self,
         ctx: ProviderContext,
         rebooted_since: RebootedSince,
-        wait_cap: float = KILL_WAIT_CAP,
+        wait_cap: float = KILL_WAIT_CAP_SECONDS,
     ) -> None:
         self._ctx = ctx
         self._rebooted_since = rebooted_since
@@ -393,7 +393,8 @@ class KillBatcher:
         if not kills:
             return set()
         try:
-            listed = envd.list_processes(timeout=min(SIGNAL_TIMEOUT, max(k.bound for k in kills)))
+            bound = min(SIGNAL_TIMEOUT_SECONDS, max(k.bound for k in kills))
+            listed = envd.list_processes(timeout=bound)
         except E2BProviderError as exc:
             log.info("e2b_provider: listing the processes of sandbox %s for a kill failed (no "
                      "pid signalled): %s", sid, exc)
@@ -404,7 +405,7 @@ class KillBatcher:
     def _signal(self, envd: EnvdClient, sid: str, k: _Kill, pid: int) -> None:
         """SIGKILL, by pid, the process envd started for ``k``."""
         try:
-            envd.send_signal(pid, timeout=min(SIGNAL_TIMEOUT, k.bound))
+            envd.send_signal(pid, timeout=min(SIGNAL_TIMEOUT_SECONDS, k.bound))
         except E2BProviderError as exc:
             log.info("e2b_provider: SIGKILL of an exec in sandbox %s failed: %s", sid, exc)
 

@@ -5,7 +5,7 @@ by :class:`~e2b_provider.commands.terminals.Terminals`, which drives its envd ca
 
 Output is read on the caller's thread, straight from the ``Start`` (or ``Connect``) stream
 (a :class:`~e2b_provider.clients.envd_streams.PtyStream`: a timed-out read loses nothing), in
-slices of :data:`SLICE_SECONDS` so cancels and deadlines are seen promptly. No thread per
+slices of :data:`WAIT_SLICE_SECONDS` so cancels and deadlines are seen promptly. No thread per
 terminal: the terminal's timeout is a watchdog timer, its kills run on the watchdog's worker
 pool. A kill by pid through envd (root) is sent only while envd lists that pid as the
 terminal's (tagged with its control path): a handle that has not read the end may hold a pid
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Union
 
-from ..cancel import CancelReason, CancelToken, Deadline
+from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
 from ..core.messages import describe, mark_worded
 from ..errors import (
@@ -44,12 +44,10 @@ from .terminal_wrapper import terminal_id
 if TYPE_CHECKING:
     from .terminals import Terminals
 
-__all__ = ["SLICE_SECONDS", "Terminal", "wait_verdict"]
+__all__ = ["WAIT_SLICE_SECONDS", "Terminal", "wait_verdict"]
 
 log = logging.getLogger("e2b_provider")
 
-#: Slice of every wait on the caller's thread (cancels and Ctrl-C stay responsive).
-SLICE_SECONDS = 0.25
 #: A terminal that is read keeps its sandbox's lease renewed, looked at this often.
 _LEASE_LOOK_SECONDS = 30.0
 
@@ -62,7 +60,7 @@ def wait_verdict(fut: concurrent.futures.Future[Optional[bool]], bound: float
     while True:
         left = deadline.remaining()
         try:
-            value = fut.result(timeout=max(0.0, min(left, SLICE_SECONDS)))
+            value = fut.result(timeout=max(0.0, min(left, WAIT_SLICE_SECONDS)))
             return True, None if value is None else bool(value)
         except concurrent.futures.TimeoutError:
             if left <= 0:
@@ -252,7 +250,7 @@ class Terminal:
             if self._broken is not None:
                 raise self._broken
             self._keep_lease()
-            wait = SLICE_SECONDS
+            wait = WAIT_SLICE_SECONDS
             if deadline is not None:
                 left = deadline.remaining()
                 if left <= 0:
@@ -529,7 +527,8 @@ class Terminal:
         while True:
             if cancel is not None:
                 cancel.raise_if_cancelled()
-            finished, ok = wait_verdict(fut, min(SLICE_SECONDS, max(0.0, deadline.remaining())))
+            slice_seconds = min(WAIT_SLICE_SECONDS, max(0.0, deadline.remaining()))
+            finished, ok = wait_verdict(fut, slice_seconds)
             if finished:
                 break
             if deadline.expired():

@@ -32,6 +32,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import InvalidArgument, ProtocolError
 from ..protocol import scripts as scripts
+from ..protocol.scripts import CONTROL_PREFIX
 
 __all__ = [
     "DEFAULT_TERM",
@@ -92,7 +93,6 @@ TERMINAL_WRAPPER = (
 )
 
 _ID_RE = re.compile(r"pty-(?P<pid>[1-9][0-9]{0,9})-(?P<hex>[0-9a-f]{32})")
-_CONTROL_PREFIX = "/tmp/.capybara-exec-"
 #: The largest pid envd can name (its pids are 32-bit): an id with a larger one names none.
 MAX_PID = 2**32 - 1
 #: As the sandbox user, with the pids of terminals as arguments: the kernel's account of
@@ -119,7 +119,7 @@ def terminal_env(env: Mapping[str, str], ctl: str) -> Dict[str, str]:
 
 def terminal_id(sandbox_id: str, pid: int, ctl: str) -> str:
     """The id of the terminal with envd pid ``pid`` and control path ``ctl``."""
-    return f"{sandbox_id}:{TERMINAL_ID_PREFIX}{pid}-{uuid.UUID(ctl[len(_CONTROL_PREFIX):]).hex}"
+    return f"{sandbox_id}:{TERMINAL_ID_PREFIX}{pid}-{uuid.UUID(ctl[len(CONTROL_PREFIX):]).hex}"
 
 
 def is_terminal_id(value: object) -> bool:
@@ -140,7 +140,7 @@ def parse_terminal_id(value: object) -> Tuple[str, int, str]:
         sid, sep, tail = value.rpartition(":")
         m = _ID_RE.fullmatch(tail)
         if sep and sid and m is not None:
-            return sid, int(m.group("pid")), _CONTROL_PREFIX + str(uuid.UUID(m.group("hex")))
+            return sid, int(m.group("pid")), CONTROL_PREFIX + str(uuid.UUID(m.group("hex")))
     raise InvalidArgument(
         f"{str(value)[:100]!r} is not a terminal id (they look like "
         "'<sandbox id>:pty-<pid>-<32 hex>', as Terminal.id gives them)"
@@ -162,7 +162,7 @@ def listed_terminal(p: Mapping[str, Any]) -> Optional[Tuple[int, str, str]]:
             or envs.get(scripts.EXEC_MARKER) != ctl):
         return None
     try:  # a control path without a tag, as terminals have, that their ids name exactly
-        if _CONTROL_PREFIX + str(uuid.UUID(ctl[len(_CONTROL_PREFIX):])) != ctl:
+        if CONTROL_PREFIX + str(uuid.UUID(ctl[len(CONTROL_PREFIX):])) != ctl:
             return None
     except ValueError:
         return None

@@ -29,10 +29,10 @@ import math
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..cancel import CancelToken, Deadline
+from ..cancel import WAIT_SLICE_SECONDS, CancelToken, Deadline
 from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import PtyStream, StreamEnd
-from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed
+from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
 from ..core.messages import mark_worded
 from ..core.reboot import Reboots
 from ..errors import (
@@ -54,7 +54,7 @@ from ..protocol import scripts as scripts
 from ..protocol.process_events import EndEvent, StartEvent
 from .background import CommandInfo
 from .kills import KillBatcher
-from .terminal_handle import SLICE_SECONDS, Terminal, wait_verdict
+from .terminal_handle import Terminal, wait_verdict
 from .terminal_wrapper import (
     DEFAULT_TERM,
     MAX_PID,
@@ -147,7 +147,7 @@ class Terminals:
         timeout_ms = None if timeout is None else (
             (math.ceil(timeout) + scripts.IN_SANDBOX_GRACE_SECONDS) * 1000
         )
-        need = FILE_OP_TIMEOUT if timeout is None else math.ceil(timeout) + FILE_OP_TIMEOUT
+        need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def run(target: Target) -> Terminal:
             began = time.monotonic()
@@ -190,7 +190,7 @@ class Terminals:
             if deadline.expired():
                 raise OperationTimeout(f"envd did not answer within {OPEN_SECONDS:.0f} s while "
                                        f"{doing} the terminal")
-            ev = events.poll(min(SLICE_SECONDS, max(0.0, deadline.remaining())))
+            ev = events.poll(min(WAIT_SLICE_SECONDS, max(0.0, deadline.remaining())))
             if isinstance(ev, StartEvent):
                 return ev.pid
             if isinstance(ev, (EndEvent, StreamEnd)):
@@ -244,7 +244,7 @@ class Terminals:
                     # not running any more: ended within envd's 30 s, its end is on the way
                     deadline = Deadline.after(_ENDED_WAIT_SECONDS)
                     while not deadline.expired():
-                        ev = events.poll(min(SLICE_SECONDS, deadline.remaining()))
+                        ev = events.poll(min(WAIT_SLICE_SECONDS, deadline.remaining()))
                         if ev is not None:
                             term._take(ev)
                         if term._ended:

@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import attrs
 
 from .._watchdog import TimerHandle
-from ..cancel import CancelToken, Deadline
+from ..cancel import WAIT_SLICE_SECONDS, CancelToken, Deadline
 from ..clients.envd import ProcessStream
 from ..errors import (
     Cancelled,
@@ -53,8 +53,7 @@ from .run_engine import run_process
 
 __all__ = [
     "AGENT_SILENCE_SECONDS",
-    "GOODBYE_S",
-    "SLICE_S",
+    "GOODBYE_SECONDS",
     "STDERR_KEPT",
     "WITHDRAW_SECONDS",
     "WRITES",
@@ -72,14 +71,12 @@ AGENT_SILENCE_SECONDS = 30.0
 #: comes and its requests stop at their next step, so a healthy one answers in a round
 #: trip): past it the agent counts as hung and is retired.
 WITHDRAW_SECONDS = 5.0
-#: Slice of every wait, so Ctrl-C and cancels stay responsive.
-SLICE_S = 0.25
 #: Standard error kept from an agent, for messages.
 STDERR_KEPT = 4096
 #: How long a session's goodbye (closing the agent's input) may take.
-GOODBYE_S = 5.0
+GOODBYE_SECONDS = 5.0
 #: How long sending a withdrawal may take.
-_WITHDRAW_S = 5.0
+_WITHDRAW_SECONDS = 5.0
 #: Requests that replace files: one whose outcome was lost is sent again, whatever its
 #: cancel says (the same bytes written again), so that it never ends as "cancelled" with
 #: its new content in place.
@@ -302,7 +299,7 @@ class AgentSession:
             else:
                 with self._lock:
                     if not call.done and self._ended is None:
-                        self._changed.wait(SLICE_S)
+                        self._changed.wait(WAIT_SLICE_SECONDS)
 
     def _lead(
         self, call: _Call, deadline: Deadline, cancel: Optional[CancelToken], settling: bool
@@ -421,7 +418,7 @@ class AgentSession:
             lease = self._ctx.leases.lease(self.sid)
             if lease is None:
                 return
-            self._ctx.envd(lease.target).send_input(self.pid, data, timeout=_WITHDRAW_S)
+            self._ctx.envd(lease.target).send_input(self.pid, data, timeout=_WITHDRAW_SECONDS)
         except E2BHttpError as exc:
             if _agent_gone(exc):
                 self.end(f"the file agent is gone ({exc})")
@@ -458,7 +455,7 @@ class AgentSession:
         except RuntimeError:
             pass
 
-    def goodbye(self, timeout: float = GOODBYE_S) -> None:
+    def goodbye(self, timeout: float = GOODBYE_SECONDS) -> None:
         """Close the agent's standard input, so it exits once its work is done; kill it
         if it was found hung. Best effort, bounded by ``timeout`` seconds."""
         ctx = self._ctx

@@ -36,13 +36,13 @@ from .messages import (
     unknown_sandbox_id,
 )
 
-__all__ = ["NAME_LOOKUP_BOUND", "Calls", "sandbox_id"]
+__all__ = ["NAME_LOOKUP_BOUND_SECONDS", "Calls", "sandbox_id"]
 
 log = logging.getLogger("e2b_provider")
 
 #: When E2B knows no sandbox by the id a call was given: the look-up of sandboxes of that
 #: name (was it a name?) is bounded by this.
-NAME_LOOKUP_BOUND = 10.0
+NAME_LOOKUP_BOUND_SECONDS = 10.0
 
 #: The sandboxes of one name, listed within a deadline (their ids).
 NamedSandboxes = Callable[[str, Deadline], List[str]]
@@ -146,7 +146,7 @@ class Calls:
         if not self._ctx.closed:
             try:
                 v.check_name(given)
-                named = self._named(given, Deadline.after(NAME_LOOKUP_BOUND))
+                named = self._named(given, Deadline.after(NAME_LOOKUP_BOUND_SECONDS))
             except (E2BProviderError, Cancelled) as err:
                 log.debug("e2b_provider: could not look up sandboxes named %r: %s", given, err)
         if named or not looks_like_sandbox_id(given):

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 import attrs
 
 from .._watchdog import Watchdog
-from ..cancel import CancelReason, CancelToken
+from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken
 from ..clients.control import ControlPlane
 from ..clients.envd import EnvdClient
 from ..config import DeploymentConfig
@@ -46,15 +46,14 @@ from ..errors import (
 from ..models import Target
 from ..protocol import scripts as scripts
 from ..protocol import validate as v
-from ..protocol.validate import MAX_TIMEOUT_SECONDS
+from ..protocol.e2b_facts import MAX_TIMEOUT_SECONDS
 from ..transport.client import Transport
 from .leases import LeaseCache
 from .messages import command_failed, script_reason
 from .run_engine import RunOutcome, run_process
 
 __all__ = [
-    "FILE_OP_TIMEOUT",
-    "MAX_TIMEOUT_SECONDS",
+    "FILE_OP_TIMEOUT_SECONDS",
     "STDERR_ROOM",
     "Bounds",
     "KeyedLocks",
@@ -68,15 +67,16 @@ __all__ = [
 log = logging.getLogger("e2b_provider")
 
 #: File operations and the reference's scripts are bounded by this (reference: 120 s).
-FILE_OP_TIMEOUT = 120.0
+FILE_OP_TIMEOUT_SECONDS = 120.0
 #: Room kept for a script's standard error.
 STDERR_ROOM = 64 * 1024
 #: Sandboxes whose pause by this provider is remembered (least recently paused dropped).
 MAX_PAUSE_MARKS = 4096
 #: Seconds the look-up of a sandbox's state after a cut connection may take.
-PAUSE_LOOKUP_BOUND = 10.0
-#: Slice of every wait for a keyed lock (cancel and Ctrl-C stay responsive).
-_LOCK_SLICE_S = 0.25
+PAUSE_LOOKUP_BOUND_SECONDS = 10.0
+#: Sandboxes a per-sandbox memo keeps at most (what a sandbox lacks, its agent sessions...;
+#: the least recently used dropped first).
+MAX_REMEMBERED_SANDBOXES = 1024
 
 _T = TypeVar("_T")
 
@@ -189,7 +189,7 @@ class KeyedLocks:
             while not got:
                 if cancel is not None:
                     cancel.raise_if_cancelled()
-                left = _LOCK_SLICE_S
+                left = WAIT_SLICE_SECONDS
                 if ends is not None:
                     left = max(0.0, min(left, ends - time.monotonic()))
                 got = lock.acquire(timeout=left)
@@ -341,7 +341,7 @@ class ProviderContext:
         its connection broke: ``"paused"`` (by this provider, as its own mark says, or as
         the control plane says now), ``"gone"`` (the control plane no longer knows it: it
         was deleted, by another client say), or None (running, or the look-up failed).
-        At most one control-plane GET, bounded by :data:`PAUSE_LOOKUP_BOUND`."""
+        At most one control-plane GET, bounded by :data:`PAUSE_LOOKUP_BOUND_SECONDS`."""
         with self._lock:
             mark = self._paused.get(sid)
         if mark is not None and mark >= began:
@@ -353,7 +353,7 @@ class ProviderContext:
             guard.cancel(reason)
 
         timer = self.watchdog.call_later(
-            PAUSE_LOOKUP_BOUND, lambda: stop(CancelReason("deadline", "look-up bound"))
+            PAUSE_LOOKUP_BOUND_SECONDS, lambda: stop(CancelReason("deadline", "look-up bound"))
         )
         unlink = cancel.on_cancel(stop) if cancel is not None else None
         try:
@@ -409,7 +409,7 @@ class ProviderContext:
         sid: str,
         cancel: Optional[CancelToken],
         fn: Callable[[Target], _T],
-        need: float = FILE_OP_TIMEOUT,
+        need: float = FILE_OP_TIMEOUT_SECONDS,
     ) -> _T:
         """``fn(target)`` on a target that lasts ``need`` seconds; once more if it was stale.
 
@@ -443,7 +443,7 @@ class ProviderContext:
         max_output_bytes: int,
         cancel: Optional[CancelToken],
     ) -> RunOutcome:
-        """Run ``/bin/sh args`` as ``user``, bounded by :data:`FILE_OP_TIMEOUT`.
+        """Run ``/bin/sh args`` as ``user``, bounded by :data:`FILE_OP_TIMEOUT_SECONDS`.
 
         Raises:
             Cancelled: ``cancel`` fired.
@@ -458,7 +458,7 @@ class ProviderContext:
                 args=args,
                 cwd="/",
                 max_output_bytes=max_output_bytes,
-                timeout=FILE_OP_TIMEOUT,
+                timeout=FILE_OP_TIMEOUT_SECONDS,
                 cancel=cancel,
                 watchdog=self.watchdog,
                 keepalive_seconds=self.bounds.keepalive,
@@ -466,7 +466,7 @@ class ProviderContext:
         if r.cancelled:
             raise Cancelled(cancel.reason if cancel is not None else None)
         if r.timed_out:
-            raise OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT:.0f} s")
+            raise OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT_SECONDS:.0f} s")
         return r
 
     def script_on(

@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..cancel import CancelReason, CancelToken, Deadline
+from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd import ProcessStream
 from ..errors import (
     Cancelled,
@@ -44,17 +44,17 @@ from ..models import Target
 from ..protocol import scripts as scripts
 from ..protocol.agent_frames import AGENT_VERSION, FrameDecoder
 from ..protocol.process_events import DataEvent, EndEvent, StartEvent, exit_code_of
+from ..protocol.scripts import NO_PYTHON_STATUSES
 from ..sandbox_side import source
 from .agent_session import (
-    GOODBYE_S,
-    SLICE_S,
+    GOODBYE_SECONDS,
     STDERR_KEPT,
     WRITES,
     AgentAnswer,
     AgentLost,
     AgentSession,
 )
-from .context import ProviderContext
+from .context import MAX_REMEMBERED_SANDBOXES, ProviderContext
 
 __all__ = [
     "AGENT_IDLE_SECONDS",
@@ -85,10 +85,6 @@ MAX_PAYLOAD = 1 << 20
 #: trip (on a 20 ms link a 1 MiB write is quicker inside a request; on loopback the two
 #: are about even at 1 MiB).
 MAX_INLINE_FILE = 1 << 20
-#: Sandboxes whose sessions or unavailability are remembered at most.
-_MAX_REMEMBERED = 1024
-#: Exit statuses that say the sandbox has no usable ``python3`` (not found, not runnable).
-_NO_PYTHON = (126, 127)
 
 
 class AgentUnavailable(Exception):
@@ -193,11 +189,11 @@ class FileAgents:
 
     def close(self) -> None:
         """End every session and tell each agent to leave (its standard input is closed:
-        it exits once its work is done), all at once, within :data:`GOODBYE_S` seconds
+        it exits once its work is done), all at once, within :data:`GOODBYE_SECONDS` seconds
         in all (an agent not told in time exits once idle). An agent still starting is
         waited for within the same bound and told to leave as it becomes ready."""
         self._after_fork()
-        bound = Deadline.after(GOODBYE_S)
+        bound = Deadline.after(GOODBYE_SECONDS)
         with self._lock:
             self._closed = True
             sessions = list(self._sessions.values())
@@ -246,7 +242,7 @@ class FileAgents:
             if left <= 0:
                 raise OperationTimeout("the file agent did not start within the bound")
             try:
-                return fut.result(timeout=min(SLICE_S, left))
+                return fut.result(timeout=min(WAIT_SLICE_SECONDS, left))
             except concurrent.futures.TimeoutError:
                 continue
 
@@ -286,7 +282,7 @@ class FileAgents:
         except AgentUnavailable as exc:
             with self._lock:
                 self._unavailable[sid] = (time.monotonic(), str(exc))
-                while len(self._unavailable) > _MAX_REMEMBERED:
+                while len(self._unavailable) > MAX_REMEMBERED_SANDBOXES:
                     self._unavailable.popitem(last=False)
                 self._starting.pop(sid, None)
             log.info("e2b_provider: sandbox %s cannot run the file agent (%s); using the "
@@ -306,7 +302,7 @@ class FileAgents:
             old = None if closed else self._sessions.pop(sid, None)
             if not closed:
                 self._sessions[sid] = session
-            while len(self._sessions) > _MAX_REMEMBERED:
+            while len(self._sessions) > MAX_REMEMBERED_SANDBOXES:
                 _, gone = self._sessions.popitem(last=False)
                 gone.end("too many sessions")
         if old is not None:
@@ -369,7 +365,7 @@ class FileAgents:
                 elif isinstance(ev, EndEvent):
                     code = exit_code_of(ev)
                     text = stderr.decode("utf-8", "replace").strip()[-300:]
-                    if code in _NO_PYTHON:
+                    if code in NO_PYTHON_STATUSES:
                         raise AgentUnavailable("it has no python3")
                     raise AgentUnavailable(
                         f"the file agent exited at once (status {code}): {text or 'no message'}"

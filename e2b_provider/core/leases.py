@@ -32,7 +32,7 @@ from typing import Callable, Dict, Optional
 
 import attrs
 
-from ..cancel import CancelToken
+from ..cancel import WAIT_SLICE_SECONDS, CancelToken
 from ..errors import Cancelled, E2BProviderError, MissingAccessToken, SandboxGoneError
 from ..models import Target
 
@@ -42,8 +42,6 @@ log = logging.getLogger("e2b_provider")
 
 #: Sandboxes remembered at most (least recently used forgotten first).
 DEFAULT_MAX_ENTRIES = 4096
-#: Slice of every wait for another caller's connect (Ctrl-C and cancel stay responsive).
-_WAIT_SLICE_S = 0.25
 
 #: ``connect(sandbox_id, lease_seconds, cancel) -> Target``: one attach (may raise).
 Connector = Callable[[str, int, Optional[CancelToken]], Target]
@@ -226,7 +224,7 @@ class LeaseCache:
             if cancel is not None and cancel.cancelled:
                 raise Cancelled(cancel.reason)
             try:
-                return flight.result(timeout=_WAIT_SLICE_S)
+                return flight.result(timeout=WAIT_SLICE_SECONDS)
             except concurrent.futures.TimeoutError:
                 continue
 

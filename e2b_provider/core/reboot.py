@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ..cancel import CancelReason, CancelToken, Deadline
 from ..errors import Cancelled, E2BHttpError, E2BProviderError, OperationTimeout
 from ..models import Target
+from ..protocol.e2b_facts import MAX_TIMEOUT_SECONDS
 from ..protocol.reboot_plan import (
     Answer,
     Connect,
@@ -32,7 +33,6 @@ from ..protocol.reboot_plan import (
     Wait,
     Waited,
 )
-from ..protocol.validate import MAX_TIMEOUT_SECONDS
 from .context import KeyedLocks, ProviderContext
 
 __all__ = ["MAX_REBOOT_MARKS", "Reboots", "fire"]

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 import attrs
 
 from .._watchdog import Watchdog
-from ..cancel import CancelReason, CancelToken, Deadline
+from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd import EnvdClient, ProcessStream
 from ..errors import (
     E2BProviderError,
@@ -60,8 +60,6 @@ KillStarter = Callable[
 #: A live-output callback: called on the reading thread with each piece of decoded text.
 OnText = Callable[[str], None]
 
-#: Slice for every wait on the caller's thread, so Ctrl-C stays responsive.
-_WAIT_SLICE_S = 0.25
 
 
 @attrs.frozen
@@ -139,7 +137,7 @@ def _wait_future(
         left = deadline.remaining()
         try:
             # timeout=0 once the deadline passed: a finished job still counts.
-            return True, _verdict(fut.result(timeout=min(left, _WAIT_SLICE_S)))
+            return True, _verdict(fut.result(timeout=min(left, WAIT_SLICE_SECONDS)))
         except concurrent.futures.TimeoutError:
             if left <= 0:
                 return False, None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from ..core.context import FILE_OP_TIMEOUT, script_failed
+from ..core.context import FILE_OP_TIMEOUT_SECONDS, script_failed
 from ..core.file_agents import AgentAnswer
 from ..core.messages import clean_stderr, script_reason, scrub
 from ..core.run_engine import RunOutcome
@@ -29,7 +29,7 @@ ACCESS_HINT = (
 
 def timed_out() -> OperationTimeout:
     """The error for a file operation that did not finish within its bound."""
-    return OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT:.0f} s")
+    return OperationTimeout(f"it did not finish within {FILE_OP_TIMEOUT_SECONDS:.0f} s")
 
 
 #: Why a root write under /skills is refused, for its error.

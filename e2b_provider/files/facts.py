@@ -2,7 +2,7 @@
 
 This module owns :class:`SandboxFacts`: that a sandbox lacks a tool the fast paths need
 (``base64``, ``python3``), and that this provider made its staging directory root-only and
-swept it (:data:`STAGED`). At most :data:`_MAX_REMEMBERED` facts are kept, the least
+swept it (:data:`STAGED`). At most :data:`MAX_REMEMBERED_SANDBOXES` facts are kept, the least
 recently learnt dropped first.
 """
 
@@ -13,11 +13,10 @@ import logging
 import threading
 from typing import Tuple
 
+from ..core.context import MAX_REMEMBERED_SANDBOXES
+
 log = logging.getLogger("e2b_provider")
 
-#: Facts remembered about sandboxes (a tool the fast paths need is missing; the staging
-#: directory was made root-only and swept by this provider).
-_MAX_REMEMBERED = 1024
 #: The fact that this provider made a sandbox's staging directory root-only and swept it.
 STAGED = "staged"
 
@@ -48,7 +47,7 @@ class SandboxFacts:
         with self._lock:
             self._facts[(sid, fact)] = None
             self._facts.move_to_end((sid, fact))
-            while len(self._facts) > _MAX_REMEMBERED:
+            while len(self._facts) > MAX_REMEMBERED_SANDBOXES:
                 self._facts.popitem(last=False)
 
     def forget(self, sid: str, fact: str) -> None:

@@ -4,13 +4,13 @@ This module owns :class:`FilePart`, the base of :class:`~e2b_provider.files.read
 :class:`~e2b_provider.files.writes.Writes` and :class:`~e2b_provider.files.listing.Listing`
 (which :class:`~e2b_provider.files.files.Files` brings together): the provider's context,
 the file agents, what is known about each sandbox, the processes of each file operation,
-and each operation's bound (:data:`~e2b_provider.core.context.FILE_OP_TIMEOUT`).
+and each operation's bound (:data:`~e2b_provider.core.context.FILE_OP_TIMEOUT_SECONDS`).
 """
 
 from __future__ import annotations
 
 from ..cancel import Deadline
-from ..core.context import FILE_OP_TIMEOUT, ProviderContext
+from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext
 from ..core.file_agents import FileAgents
 from .facts import SandboxFacts
 from .fileops import FileOps
@@ -29,5 +29,5 @@ class FilePart:
 
     @staticmethod
     def _bound() -> Deadline:
-        """A new file operation's deadline: :data:`FILE_OP_TIMEOUT` from now."""
-        return Deadline.after(FILE_OP_TIMEOUT)
+        """A new file operation's deadline: :data:`FILE_OP_TIMEOUT_SECONDS` from now."""
+        return Deadline.after(FILE_OP_TIMEOUT_SECONDS)

@@ -4,7 +4,7 @@ This module owns :class:`Files`, the provider's part that reads, writes and exam
 with the sandbox user's permissions. It brings its parts together
 (:mod:`~e2b_provider.files.reads`, :mod:`~e2b_provider.files.writes`,
 :mod:`~e2b_provider.files.listing`, over :mod:`~e2b_provider.files.fileops`; each call
-bound by :data:`~e2b_provider.core.context.FILE_OP_TIMEOUT`) and owns what concerns a whole
+bound by :data:`~e2b_provider.core.context.FILE_OP_TIMEOUT_SECONDS`) and owns what concerns a whole
 sandbox: what it lacks, its staging directory, the sweep of its file operations. Arguments
 arrive validated (the provider facade checks them). Every path keeps the reference's
 semantics: reads and stats as user ``sandbox``; writes by ``sandbox`` (parents created by

@@ -57,7 +57,7 @@ from ..clients.envd import START_OPEN_SECONDS
 from ..clients.envd_streams import WATCH_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 from ..clients.envd_streams import WATCH_READ_BYTES as READ_BYTES
 from ..clients.envd_streams import WatchStream
-from ..core.context import FILE_OP_TIMEOUT, ProviderContext, script_failed
+from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
 from ..core.messages import is_ambiguous, mark_worded, reword
 from ..errors import (
     Cancelled,
@@ -99,14 +99,10 @@ log = logging.getLogger("e2b_provider")
 MAX_RESTARTS = 3
 #: envd ends a watch with a timeout this much after its timeout passed here (a backstop
 #: for a client that went away: the watchdog ends it here first).
-SERVER_SLACK_S = 10.0
+SERVER_SLACK_SECONDS = 10.0
 #: While a watch goes on, its sandbox's lease is looked at this often (at most), so that a
 #: long watch keeps the sandbox alive as any other use does.
-LEASE_TOUCH_S = 30.0
-#: How long the opening of a watch's stream may take, its start message included (envd
-#: sends it, with its answer's headers, once the watch is set up: a recursive watch of a
-#: large tree walks the tree first).
-START_SECONDS = START_OPEN_SECONDS
+LEASE_TOUCH_SECONDS = 30.0
 #: What envd calls the operation in its messages.
 _OPERATION = "filesystem watch"
 
@@ -304,8 +300,8 @@ class Watch:
         server: Optional[float] = None
         if self._timeout is not None:
             left = self._timeout if self._deadline.at == math.inf else self._deadline.remaining()
-            server = max(0.001, left) + SERVER_SLACK_S
-        need = FILE_OP_TIMEOUT + (server or 0.0)
+            server = max(0.001, left) + SERVER_SLACK_SECONDS
+        need = FILE_OP_TIMEOUT_SECONDS + (server or 0.0)
 
         began: List[float] = []
 
@@ -334,7 +330,7 @@ class Watch:
             late.append(True)
             self._abort_stream(stream)
 
-        left = max(0.0, START_SECONDS - (time.monotonic() - began[0]))
+        left = max(0.0, START_OPEN_SECONDS - (time.monotonic() - began[0]))
         opening = ctx.watchdog.call_later(left, too_late)
         undo = (self._cancel.on_cancel(lambda _r: self._abort_stream(stream))
                 if self._cancel is not None else None)
@@ -354,7 +350,7 @@ class Watch:
                 raise Cancelled(self._cancel.reason) from None
             if late:
                 raise OperationTimeout(
-                    f"the sandbox did not start watching within {START_SECONDS:.0f} s"
+                    f"the sandbox did not start watching within {START_OPEN_SECONDS:.0f} s"
                 ) from None
             raise
         finally:
@@ -561,12 +557,12 @@ class Watch:
         """Keep the sandbox's lease going while the watch lasts (a renewal, when one is due,
         runs off this thread)."""
         now = time.monotonic()
-        if now - self._touched < LEASE_TOUCH_S:
+        if now - self._touched < LEASE_TOUCH_SECONDS:
             return
         self._touched = now
         ctx = self._ctx
         try:
-            ctx.leases.get(self.sandbox_id, need=FILE_OP_TIMEOUT,
+            ctx.leases.get(self.sandbox_id, need=FILE_OP_TIMEOUT_SECONDS,
                            lease_seconds=ctx.lease_seconds(), cancel=self._cancel)
         except (E2BProviderError, Cancelled) as exc:
             log.debug("e2b_provider: could not renew the lease of sandbox %s: %s",

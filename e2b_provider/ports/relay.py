@@ -35,6 +35,7 @@ from ..cancel import CancelToken
 from ..errors import E2BProviderError, InvalidArgument
 from ..models import Target
 from ..protocol import validate as v
+from ..protocol.e2b_facts import ENVD_PORT
 from ..protocol.http1 import HEAD, REFUSED, SWITCHED, Event, Framer, FramingError, Head
 
 if TYPE_CHECKING:
@@ -55,15 +56,13 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-#: envd's port: E2B's edge needs no traffic token for it.
-ENVD_PORT = 49983
 #: The header E2B's edge wants on a port of a sandbox whose traffic is private.
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 _READ = 64 * 1024
 #: Request headers a forward replaces (lowercase): routing is the forward's to say.
 _REPLACED = (b"host", b"e2b-sandbox-id", b"e2b-sandbox-port", TRAFFIC_TOKEN_HEADER.encode())
-_START_TIMEOUT = 10.0
-_CLOSE_TIMEOUT = 5.0
+_START_TIMEOUT_SECONDS = 10.0
+_CLOSE_TIMEOUT_SECONDS = 5.0
 
 
 def check_port(port: object, what: str = "port") -> int:
@@ -241,7 +240,7 @@ class PortRelay:
         listener = _Listener(self, upstream, limits)
         future = asyncio.run_coroutine_threadsafe(listener.start(local_port), loop)
         try:
-            future.result(timeout=_START_TIMEOUT)
+            future.result(timeout=_START_TIMEOUT_SECONDS)
         except OSError as exc:
             raise InvalidArgument(
                 f"cannot listen on 127.0.0.1:{local_port}: {exc.strerror or exc}"
@@ -259,9 +258,9 @@ class PortRelay:
             return
         future = asyncio.run_coroutine_threadsafe(listener.aclose(), loop)
         try:
-            future.result(timeout=_CLOSE_TIMEOUT)
+            future.result(timeout=_CLOSE_TIMEOUT_SECONDS)
         except Exception:
-            log.debug("e2b_provider: a forward did not close within %.0f s", _CLOSE_TIMEOUT)
+            log.debug("e2b_provider: a forward did not close within %.0f s", _CLOSE_TIMEOUT_SECONDS)
 
     def close(self) -> None:
         """Close every forward and stop the loop (bounded). Idempotent."""
@@ -277,7 +276,7 @@ class PortRelay:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(loop.stop)
             if thread is not threading.current_thread():
-                thread.join(_CLOSE_TIMEOUT)
+                thread.join(_CLOSE_TIMEOUT_SECONDS)
 
     def after_fork(self) -> None:
         """In a forked child: forget the parent's loop and listeners (not ours to close)."""
@@ -322,7 +321,7 @@ class PortRelay:
 
                 thread = threading.Thread(target=run, name="e2b-provider-forward", daemon=True)
                 thread.start()
-                if not ready.wait(_START_TIMEOUT):
+                if not ready.wait(_START_TIMEOUT_SECONDS):
                     raise E2BProviderError("the port forwarding thread did not start")
                 self._loop, self._thread = loop, thread
             return self._loop
@@ -335,7 +334,7 @@ def _shut(loop: asyncio.AbstractEventLoop) -> None:
         for task in tasks:
             task.cancel()
         if tasks:
-            loop.run_until_complete(asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT))
+            loop.run_until_complete(asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT_SECONDS))
     finally:
         loop.close()
 
@@ -372,7 +371,7 @@ class _Listener:
             conn.abort()
         if self._server is not None:
             try:
-                await asyncio.wait_for(self._server.wait_closed(), _CLOSE_TIMEOUT)
+                await asyncio.wait_for(self._server.wait_closed(), _CLOSE_TIMEOUT_SECONDS)
             except asyncio.TimeoutError:
                 pass
 
@@ -436,7 +435,7 @@ class _Connection:
             ).encode("latin-1")
             try:
                 self.cwriter.write(head + body)
-                await asyncio.wait_for(self.cwriter.drain(), _CLOSE_TIMEOUT)
+                await asyncio.wait_for(self.cwriter.drain(), _CLOSE_TIMEOUT_SECONDS)
             except (OSError, asyncio.TimeoutError):
                 pass
         if self.uwriter is not None:  # nothing more goes upstream: its answer ends too
@@ -484,7 +483,7 @@ class _Connection:
             if clean:  # the server closed: what it sent reaches the client, then the end
                 self.cwriter.close()
                 try:
-                    await asyncio.wait_for(self.cwriter.wait_closed(), _CLOSE_TIMEOUT)
+                    await asyncio.wait_for(self.cwriter.wait_closed(), _CLOSE_TIMEOUT_SECONDS)
                 except (OSError, asyncio.TimeoutError):
                     self.cwriter.transport.abort()
             else:

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: Seconds the stream may keep going after a successful kill (the reference's KILL_GRACE_MS).
-KILL_GRACE_S = 3.0
+KILL_GRACE_SECONDS = 3.0
 
 
 class State(enum.Enum):
@@ -113,7 +113,7 @@ class Escalation:
         stopping: a stop was triggered (deadline, cancel or interrupt).
     """
 
-    def __init__(self, has_killer: bool = True, grace_seconds: float = KILL_GRACE_S) -> None:
+    def __init__(self, has_killer: bool = True, grace_seconds: float = KILL_GRACE_SECONDS) -> None:
         self.has_killer = has_killer
         self.grace_seconds = grace_seconds
         self.state = State.RUNNING

@@ -52,11 +52,11 @@ FULL_PAUSE_RETRIES = 2
 #: Retries of a connect (step 3, or the plain connect) answering 409 or 503, together.
 CONNECT_RETRIES = 3
 #: Wait before retrying a connect that answered 409 (the reference's CONNECT_CONFLICT_WAIT_MS).
-CONFLICT_WAIT_S = 0.5
+CONFLICT_WAIT_SECONDS = 0.5
 #: Wait before retrying a 503 when the answer has no Retry-After (doubles per retry).
-BUSY_WAIT_S = 1.5
+BUSY_WAIT_SECONDS = 1.5
 #: A server's Retry-After is clamped to this many seconds.
-MAX_WAIT_S = 10.0
+MAX_WAIT_SECONDS = 10.0
 #: The ``error_code`` of a ``memory: false`` connect refused because cold boot is disabled.
 MEMORY_OVERRIDE_DISABLED = "sandbox_memory_override_disabled"
 
@@ -143,7 +143,7 @@ def _retry_after(value: Optional[float]) -> Optional[float]:
     value = float(value)
     if math.isnan(value):
         return None
-    return min(max(0.0, value), MAX_WAIT_S)
+    return min(max(0.0, value), MAX_WAIT_SECONDS)
 
 
 @attrs.frozen
@@ -331,7 +331,7 @@ class RebootPlan:
         self._fs_retries += 1
         self._phase = _FS_PAUSE
         ra = self._retry_after
-        return self._wait(BUSY_WAIT_S if ra is None else ra)
+        return self._wait(BUSY_WAIT_SECONDS if ra is None else ra)
 
     def _after_wait(self) -> Step:
         if self._phase == _FS_PAUSE:
@@ -348,7 +348,11 @@ class RebootPlan:
         if a.status == 404:
             return self._gone("pause")
         if a.status == 503 and self._full_retries < FULL_PAUSE_RETRIES:
-            wait = BUSY_WAIT_S * (2**self._full_retries) if a.retry_after is None else a.retry_after
+            wait = (
+                BUSY_WAIT_SECONDS * (2**self._full_retries)
+                if a.retry_after is None
+                else a.retry_after
+            )
             self._full_retries += 1
             return self._wait(wait)
         return self._finish(
@@ -361,10 +365,10 @@ class RebootPlan:
         if self._connect_retries >= CONNECT_RETRIES:
             return None
         if a.status == 409:
-            wait = CONFLICT_WAIT_S
+            wait = CONFLICT_WAIT_SECONDS
         elif a.status == 503:
             n = self._connect_retries
-            wait = BUSY_WAIT_S * (2**n) if a.retry_after is None else a.retry_after
+            wait = BUSY_WAIT_SECONDS * (2**n) if a.retry_after is None else a.retry_after
         else:
             return None
         self._connect_retries += 1

@@ -207,7 +207,10 @@ SKILLS_WRITE_SCRIPT = (
     'chmod 0644 "$1" && s=0; rm -f -- "$2"; exit $s'
 )
 
-_CONTROL_PREFIX = "/tmp/.capybara-exec-"
+#: Exit statuses that say the sandbox could not run ``python3`` (not found, not runnable).
+NO_PYTHON_STATUSES = (126, 127)
+#: The start of every exec's control path (its pid file, kill refusal and records).
+CONTROL_PREFIX = "/tmp/.capybara-exec-"
 
 
 def check_tag(tag: str) -> str:
@@ -237,8 +240,8 @@ def control_path(tag: Optional[str] = None) -> str:
         InvalidArgument: ``tag`` is not a valid exec tag.
     """
     if tag is None:
-        return f"{_CONTROL_PREFIX}{uuid.uuid4()}"
-    return f"{_CONTROL_PREFIX}{check_tag(tag)}-{uuid.uuid4()}"
+        return f"{CONTROL_PREFIX}{uuid.uuid4()}"
+    return f"{CONTROL_PREFIX}{check_tag(tag)}-{uuid.uuid4()}"
 
 
 def exec_args(
@@ -1035,7 +1038,7 @@ def is_control_path(value: str) -> bool:
 
 
 _CONTROL_RE = re.compile(
-    re.escape(_CONTROL_PREFIX)
+    re.escape(CONTROL_PREFIX)
     + r"(?:[A-Za-z0-9_-]{1,64}-)?[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"
 )
 

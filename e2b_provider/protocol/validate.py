@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Patte
 from ..cancel import CancelToken
 from ..errors import InvalidArgument
 from ..models import SandboxLimits
+from .e2b_facts import MAX_TIMEOUT_SECONDS
 
 __all__ = [
     "ENV_KEY_RE",
@@ -80,7 +81,6 @@ MAX_PATH_COMPONENT_BYTES = 255
 MAX_HOSTNAME_CHARS = 253
 MAX_LABEL_CHARS = 63
 MAX_ALLOW_HOSTS = 256
-MAX_TIMEOUT_SECONDS = 86400
 MAX_BYTES_LIMIT = 1024 * 1024 * 1024
 #: The longest single argument string Linux accepts (``MAX_ARG_STRLEN`` less its NUL).
 MAX_ARG_BYTES = 128 * 1024 - 1
@@ -88,7 +88,7 @@ MAX_ARG_BYTES = 128 * 1024 - 1
 _SHOW_CHARS = 80
 # Control characters, invisible format characters (U+200B, U+202E, BOM, ...), and the
 # Unicode line and paragraph separators.
-_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _EGRESS = ("none", "allowlist", "open")
 _HOST_CHARS_RE = re.compile(r"[A-Za-z0-9.:/*_-]+", re.ASCII)
 
@@ -100,7 +100,7 @@ def show(value: object) -> str:
 
 
 def _has_bad_chars(text: str) -> bool:
-    return any(unicodedata.category(c) in _BAD_CATEGORIES for c in text)
+    return any(unicodedata.category(c) in UNPRINTABLE_CATEGORIES for c in text)
 
 
 def _utf8_len(text: str) -> Optional[int]:

@@ -303,7 +303,7 @@ def test_attach_cancel_during_409_wait(
     import e2b_provider.clients.control as control
 
     # a 30 s wait between tries: one not ended by the cancel takes far past the bound
-    monkeypatch.setattr(control, "CONNECT_CONFLICT_WAIT_S", 30.0)
+    monkeypatch.setattr(control, "CONNECT_CONFLICT_WAIT_SECONDS", 30.0)
     server.on("POST", CONNECT, err(409, "busy"))
     tok = CancelToken()
 

@@ -145,7 +145,7 @@ def test_a_file_call_past_its_deadline_leaves_nothing(
     p, h = provider, fresh
     warm_file_agent(p, h)
     p.write_file(h, "/workspace/big", os.urandom(LARGE))
-    monkeypatch.setattr(_files, "FILE_OP_TIMEOUT", 0.02)
+    monkeypatch.setattr(_files, "FILE_OP_TIMEOUT_SECONDS", 0.02)
     seen = set()
     for _ in range(10):
         for call in (lambda: p.write_file(h, "/workspace/big", os.urandom(LARGE)),
