@@ -18,12 +18,11 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 import requests
+import waiting
 
 from e2b_provider.emulator import Emulator, EmulatorUnavailable
 
@@ -104,23 +103,10 @@ def make_sandbox(
             api.delete(f"{emulator.api_url}/sandboxes/{sid}", timeout=60)
 
 
-def _run_in_threads(worker: Callable[[int], None], n: int, join_timeout: float) -> float:
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(join_timeout)
-    return time.monotonic() - t0
-
-
 @pytest.fixture
 def run_in_threads() -> Callable[[Callable[[int], None], int, float], float]:
-    """``run_in_threads(worker, n, join_timeout)``: run ``worker(i)`` for ``i`` in
-    ``range(n)`` in ``n`` threads started together, join each for at most ``join_timeout``
-    seconds and return the seconds from the first start until the last join. The worker
-    records its own results and errors."""
-    return _run_in_threads
+    """:func:`waiting.run_in_threads`: ``run_in_threads(worker, n, join_timeout) -> seconds``."""
+    return waiting.run_in_threads
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

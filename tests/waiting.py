@@ -9,10 +9,11 @@ directory of the top-level ``conftest.py`` is on ``sys.path``).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
-__all__ = ["last_request", "thread_blocked_in", "wait_until"]
+__all__ = ["last_request", "run_in_threads", "thread_blocked_in", "wait_until"]
 
 T = TypeVar("T")
 
@@ -54,3 +55,16 @@ def last_request(emu: Any) -> int:
     Requests logged later have higher numbers: wait for ``e["seq"] > mark`` to see only them.
     """
     return max((e["seq"] for e in emu.requests()), default=0)
+
+
+def run_in_threads(worker: Callable[[int], None], n: int, join_timeout: float) -> float:
+    """Run ``worker(i)`` for ``i`` in ``range(n)`` in ``n`` threads started together, join
+    each for at most ``join_timeout`` seconds and return the seconds from the first start
+    until the last join. The worker records its own results and errors."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    return time.monotonic() - t0

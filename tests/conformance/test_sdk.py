@@ -30,25 +30,15 @@ from e2b import (
 
 from e2b_provider.emulator import Emulator
 
+from .conftest import sdk_sandbox
+
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
 def sandbox(sdk: Emulator) -> Iterator[Sandbox]:
-    sb = Sandbox.create(metadata={"suite": "conformance"}, timeout=600)
-    try:
+    with sdk_sandbox(metadata={"suite": "conformance"}, timeout=600) as sb:
         yield sb
-    finally:
-        sb.kill()
-
-
-@pytest.fixture
-def fresh(sdk: Emulator) -> Iterator[Sandbox]:
-    sb = Sandbox.create(timeout=300)
-    try:
-        yield sb
-    finally:
-        sb.kill()
 
 
 def _report(name: str, value: str) -> None:

@@ -30,6 +30,8 @@ from waiting import wait_until
 
 from e2b_provider.emulator import Emulator
 
+from .conftest import sdk_sandbox
+
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
 UNKNOWN_PID = 999_999
@@ -40,20 +42,8 @@ NO_TTY = "error resizing tty: tty not assigned to process"
 
 @pytest.fixture(scope="module")
 def sandbox(sdk: Emulator) -> Iterator[Sandbox]:
-    sb = Sandbox.create(timeout=600)
-    try:
+    with sdk_sandbox(timeout=600) as sb:
         yield sb
-    finally:
-        sb.kill()
-
-
-@pytest.fixture
-def fresh(sdk: Emulator) -> Iterator[Sandbox]:
-    sb = Sandbox.create(timeout=300)
-    try:
-        yield sb
-    finally:
-        sb.kill()
 
 
 def workdir(sb: Sandbox) -> str:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
-import re
 import time
 import uuid
 from typing import Any, Awaitable, Callable, Iterator, List, TypeVar
@@ -36,9 +34,12 @@ from e2b import (
     SandboxException,
     TimeoutException,
 )
+from host_proc import inotify_watches_on
 from waiting import wait_until
 
 from e2b_provider.emulator import Emulator
+
+from .conftest import sdk_sandbox
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
@@ -47,16 +48,10 @@ BIG = bytes(range(256)) * 4096 + b"end"  # 1 MiB and a bit
 
 
 @pytest.fixture(scope="module")
-def envd_sandbox(emulator: Emulator) -> Iterator[Sandbox]:
+def envd_sandbox(sdk: Emulator) -> Iterator[Sandbox]:
     """One sandbox for the module, with the SDK pointed at the emulator."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in emulator.sdk_env().items():
-            mp.setenv(key, value)
-        sb = Sandbox.create(timeout=600)
-        try:
-            yield sb
-        finally:
-            sb.kill()
+    with sdk_sandbox(timeout=600) as sb:
+        yield sb
 
 
 def run_async(sandbox: Sandbox, body: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
@@ -79,28 +74,9 @@ def tmpdir() -> str:
     return f"/home/user/t-{uuid.uuid4().hex[:10]}"
 
 
-def _watches_on(emulator: Emulator, sandbox_id: str, inode: int) -> int:
-    """How many inotify watches the sandbox's processes hold on ``inode``, read on the host
-    (the agent is not dumpable: even the sandbox's root cannot read its /proc files)."""
-    pattern = re.compile(rf"^inotify wd:\S+ ino:{inode:x} ", re.MULTILINE)
-    count = 0
-    for pid in emulator.sandbox_pids(sandbox_id):
-        try:
-            names = os.listdir(f"/proc/{pid}/fdinfo")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                    count += len(pattern.findall(f.read()))
-            except OSError:
-                continue
-    return count
-
-
 def watched(emulator: Emulator, sb: Sandbox, path: str) -> int:
     inode = int(sb.commands.run(f"stat -c %i {path}").stdout)
-    return _watches_on(emulator, sb.sandbox_id, inode)
+    return inotify_watches_on(emulator, sb.sandbox_id, inode)
 
 
 # -- uploads and downloads ----------------------------------------------------------------
@@ -465,7 +441,7 @@ def test_watch_dir_async_timeout_ends_the_watch(
 
 async def awatched(emulator: Emulator, sb: AsyncSandbox, path: str) -> int:
     inode = int((await sb.commands.run(f"stat -c %i {path}")).stdout)
-    return _watches_on(emulator, sb.sandbox_id, inode)
+    return inotify_watches_on(emulator, sb.sandbox_id, inode)
 
 
 # -- signed URLs -----------------------------------------------------------------------------

@@ -20,19 +20,15 @@ from waiting import wait_until
 from e2b_provider import CommandNotFound, E2BSandboxProvider, OperationTimeout, Terminal
 from e2b_provider.emulator import Emulator
 
+from .conftest import sdk_sandbox
+
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def sb(emulator: Emulator) -> Iterator[Sandbox]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in emulator.sdk_env().items():
-            mp.setenv(key, value)
-        box = Sandbox.create(timeout=600)
-        try:
-            yield box
-        finally:
-            box.kill()
+def sb(sdk: Emulator) -> Iterator[Sandbox]:
+    with sdk_sandbox(timeout=600) as box:
+        yield box
 
 
 def collect(out: List[bytes]) -> str:

@@ -6,10 +6,9 @@ updates and traffic tokens, metrics, snapshots and forks.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import uuid
-from typing import Any, Awaitable, List, TypeVar
+from typing import Any, List
 
 import pytest
 import requests
@@ -26,19 +25,11 @@ from e2b import (
 
 from e2b_provider.emulator import Emulator
 
+from .conftest import arun
+
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
-T = TypeVar("T")
 MIB = 1024 * 1024
-
-
-def arun(coro: Awaitable[T]) -> T:
-    """Run one async SDK scenario to its end on a fresh event loop."""
-
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 def _port_get(emu: Emulator, sandbox_id: str, **headers: str) -> requests.Response:

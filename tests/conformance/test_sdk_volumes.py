@@ -7,10 +7,8 @@ sandboxes both ways, and hostile paths and symlinks that must never reach host f
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
-from typing import Awaitable, TypeVar
 
 import pytest
 import requests
@@ -29,18 +27,9 @@ from e2b import (
 
 from e2b_provider.emulator import Emulator
 
+from .conftest import arun
+
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
-
-T = TypeVar("T")
-
-
-def arun(coro: Awaitable[T]) -> T:
-    """Run one async SDK scenario to its end on a fresh event loop."""
-
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 def _name(prefix: str) -> str:

@@ -2,7 +2,8 @@
 
 ``tests/http`` is deliberately not a package: as a package rooted at ``tests/`` (which has no
 ``__init__.py``) it would be imported as ``http`` and shadow the standard library's ``http``.
-Its helpers live in ``server.py``, imported by plain name.
+Its helpers live in ``server.py``, ``envd_wire.py`` and ``control_wire.py``, imported by plain
+name.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-from server import ScriptedServer
+from envd_wire import SID
+from server import ACCESS_TOKEN, ScriptedServer
 
+from e2b_provider.clients.envd import EnvdClient
+from e2b_provider.models import Target
 from e2b_provider.transport.client import Transport
 
 
@@ -32,3 +36,8 @@ def transport() -> Iterator[Transport]:
     finally:
         t.close()
 
+
+@pytest.fixture
+def envd(server: ScriptedServer, transport: Transport) -> Iterator[EnvdClient]:
+    """An envd client of sandbox :data:`envd_wire.SID`, talking to ``server``."""
+    yield EnvdClient(transport, Target(url=server.url, sandbox_id=SID, access_token=ACCESS_TOKEN))

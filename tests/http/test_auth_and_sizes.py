@@ -13,6 +13,8 @@ import logging
 from typing import Any, Callable, Iterator, List
 
 import pytest
+from control_wire import CONNECT, SANDBOX, SID
+from envd_wire import START
 from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer, assert_no_secret
 
 from e2b_provider import (
@@ -21,18 +23,6 @@ from e2b_provider import (
     E2BSandboxProvider,
     SandboxLimits,
 )
-
-SID = "iabcdefghij0123456789"
-CONNECT = f"/v2/sandboxes/{SID}/connect"
-START = "/process.Process/Start"
-SANDBOX = {
-    "sandboxID": SID,
-    "templateID": "base",
-    "clientID": "6532622b",
-    "envdVersion": "0.6.13",
-    "envdAccessToken": ACCESS_TOKEN,
-    "domain": "e2b.test",
-}
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import urllib.parse
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from control_wire import CONNECT, SID
 from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer, assert_no_secret
 from waiting import wait_until
 
@@ -34,8 +35,6 @@ from e2b_provider.errors import (
 from e2b_provider.models import Target
 from e2b_provider.transport.client import Transport
 from e2b_provider.transport.response import HttpResponse
-
-SID = "iabcdefghij0123456789"
 
 
 def sandbox(sid: str = SID, **extra: Any) -> Dict[str, Any]:
@@ -187,7 +186,6 @@ def test_error_text_never_holds_the_key(server: ScriptedServer, cp: ControlPlane
 
 # -- connect / attach --------------------------------------------------------------------
 
-CONNECT = f"/v2/sandboxes/{SID}/connect"
 
 
 def test_connect_body_and_status(server: ScriptedServer, cp: ControlPlane) -> None:

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
+from control_wire import SID
 from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer
 from waiting import thread_blocked_in, wait_until
 
@@ -29,7 +30,6 @@ from e2b_provider.models import Target
 from e2b_provider.protocol.connect import encode_envelope
 from e2b_provider.transport.client import Transport
 
-SID = "iabcdefghij0123456789"
 #: The peer's pace: one byte (or one piece) this often. It is the peer's behaviour, not a
 #: way to wait for anything.
 PACE = 0.02

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import email.parser
 import email.policy
 import socket
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, List
 
 import pytest
+from envd_wire import END_OK, SID, SIGNAL, START, b64, ev, started_then_silent
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 from waiting import wait_until
 
@@ -27,26 +27,6 @@ from e2b_provider.models import Target
 from e2b_provider.protocol.connect import encode_envelope
 from e2b_provider.protocol.process_events import DataEvent, EndEvent, KeepaliveEvent, StartEvent
 from e2b_provider.transport.client import Transport
-
-SID = "isandbox0123456789abc"
-START = "/process.Process/Start"
-SIGNAL = "/process.Process/SendSignal"
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def ev(event: Dict[str, Any]) -> bytes:
-    return encode_envelope({"event": event})
-
-
-END_OK = encode_envelope({}, end_stream=True)
-
-
-@pytest.fixture
-def envd(server: ScriptedServer, transport: Transport) -> Iterator[EnvdClient]:
-    yield EnvdClient(transport, Target(url=server.url, sandbox_id=SID, access_token=ACCESS_TOKEN))
 
 
 def stream_of(*frames: bytes, end: bool = True, chunk_split: bool = False) -> Any:
@@ -203,12 +183,7 @@ def test_dropped_connection_is_transport_error(server: ScriptedServer, envd: Env
 def test_abort_process_stream_from_another_thread(
     server: ScriptedServer, envd: EnvdClient
 ) -> None:
-    def stall(q: Request, r: Responder) -> None:
-        r.start_chunked()
-        r.chunk(ev({"start": {"pid": 5}}))
-        r.hold(timeout=30)
-
-    server.on("POST", START, stall)
+    server.on("POST", START, started_then_silent(5))
     ps = envd.start(user="sandbox", cmd="sleep", args=["100"])
     assert next(ps) == StartEvent(5)
     timer = threading.Timer(0.2, ps.abort)

@@ -4,13 +4,13 @@ a forwarding proxy), SendInput with ``input.pty``, Update and List."""
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
+from envd_wire import CONNECT, END_OK, START, b64, ev, started_then_silent
 from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, assert_no_secret
 
 from e2b_provider.cancel import CancelToken, Deadline
@@ -24,30 +24,9 @@ from e2b_provider.errors import (
     TransportError,
     TransportTimeout,
 )
-from e2b_provider.models import Target
-from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message, encode_envelope
+from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message
 from e2b_provider.transport.client import Transport
 from e2b_provider.transport.raw_stream import RawStream
-
-SID = "isandbox0123456789abc"
-START = "/process.Process/Start"
-CONNECT = "/process.Process/Connect"
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def ev(event: Dict[str, Any]) -> bytes:
-    return encode_envelope({"event": event})
-
-
-END_OK = encode_envelope({}, end_stream=True)
-
-
-@pytest.fixture
-def envd(server: ScriptedServer, transport: Transport) -> Iterator[EnvdClient]:
-    yield EnvdClient(transport, Target(url=server.url, sandbox_id=SID, access_token=ACCESS_TOKEN))
 
 
 def events_of(raw: RawStream, want: int, timeout: float = 5.0) -> List[Dict[str, Any]]:
@@ -121,12 +100,7 @@ def test_start_pty_request_and_timed_reads_that_lose_nothing(
 def test_a_raw_stream_is_aborted_from_another_thread(
     server: ScriptedServer, envd: EnvdClient
 ) -> None:
-    def stall(q: Request, r: Responder) -> None:
-        r.start_chunked()
-        r.chunk(ev({"start": {"pid": 5}}))
-        r.hold(timeout=30)
-
-    server.on("POST", CONNECT, stall)
+    server.on("POST", CONNECT, started_then_silent(5))
     raw = envd.connect_pty(5, user="sandbox")
     assert events_of(raw, 1) == [{"start": {"pid": 5}}]
     timer = threading.Timer(0.2, raw.abort)

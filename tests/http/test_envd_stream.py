@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-import base64
-from typing import Any, Dict, Iterator, List
+from typing import Any, List
 
 import pytest
-from server import ACCESS_TOKEN, Request, Responder, ScriptedServer, client_sockets
+from envd_wire import END_OK, START, b64, ev
+from server import Request, Responder, ScriptedServer, client_sockets
 
 from e2b_provider.clients.envd import EnvdClient
 from e2b_provider.errors import ProtocolError, RemoteError
-from e2b_provider.models import Target
 from e2b_provider.protocol.connect import encode_envelope
 from e2b_provider.protocol.process_events import DataEvent, EndEvent, StartEvent
-from e2b_provider.transport.client import Transport
-
-START = "/process.Process/Start"
-
-
-def ev(event: Dict[str, Any]) -> bytes:
-    return encode_envelope({"event": event})
 
 
 def data(out: bytes) -> bytes:
-    return ev({"data": {"stdout": base64.b64encode(out).decode()}})
+    return ev({"data": {"stdout": b64(out)}})
 
 
 END = ev({"end": {"exited": True, "status": "exit status 0"}})
-END_OK = encode_envelope({}, end_stream=True)
-
-
-@pytest.fixture
-def envd(server: ScriptedServer, transport: Transport) -> Iterator[EnvdClient]:
-    target = Target(url=server.url, sandbox_id="isbx", access_token=ACCESS_TOKEN)
-    yield EnvdClient(transport, target)
 
 
 def chunks(*parts: bytes) -> Any:

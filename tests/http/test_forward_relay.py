@@ -23,6 +23,7 @@ import attrs
 import pytest
 import requests
 from aiohttp import web
+from waiting import run_in_threads
 
 from e2b_provider.ports.relay import ForwardLimits, PortRelay, Upstream, port_address
 
@@ -229,18 +230,14 @@ def test_a_hundred_concurrent_requests(upstream: Upstream_, relay: PortRelay) ->
     errors: List[BaseException] = []
     results: List[Any] = []
 
-    def one() -> None:
+    def one(_: int) -> None:
         try:
             r = requests.get(fwd.url + "/slow?s=0.2", timeout=30)
             results.append(r.text)
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one) for _ in range(100)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_in_threads(one, 100, 60)
     assert errors == [] and results == ["slow"] * 100
     fwd.close()
 

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, List
 
 import pytest
 from server import Request, Responder, ScriptedServer, client_sockets
+from waiting import run_in_threads
 
 import e2b_provider.transport.pool as pool_mod
 from e2b_provider.cancel import CancelToken
@@ -329,11 +330,7 @@ def test_close_leaves_no_socket_open(server: ScriptedServer) -> None:
     server.on("GET", "/c", concurrent)
     server.on("POST", "/s", _streaming(b"done"))
     t = Transport(pool_connections=4, pool_maxsize=8)
-    threads = [threading.Thread(target=lambda: _get(t, server, "/c")) for _ in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(10)
+    run_in_threads(lambda _: _get(t, server, "/c"), 6, 10)
     assert len(server.received()) == 6
     # A finished stream the caller still holds keeps a reference to its pool, as a result
     # or a traceback might: closing must not depend on the pools being freed.

@@ -17,17 +17,15 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
-from server import ACCESS_TOKEN, API_KEY, Request, Responder, ScriptedServer
+from control_wire import CONNECT, SANDBOX, SID
+from envd_wire import SIGNAL, START
+from server import API_KEY, Request, Responder, ScriptedServer
 from waiting import thread_blocked_in, wait_until
 
 from e2b_provider import DeploymentConfig, E2BHttpError, E2BSandboxProvider, OperationTimeout
 from e2b_provider._watchdog import Watchdog
 from e2b_provider.protocol.connect import encode_envelope
 
-SID = "iabcdefghij0123456789"
-CONNECT = f"/v2/sandboxes/{SID}/connect"
-START = "/process.Process/Start"
-SIGNAL = "/process.Process/SendSignal"
 PID = 42
 
 #: A sandbox paused between our connect and our request: E2B's edge answers this itself.
@@ -35,17 +33,7 @@ EDGE_NOT_FOUND = {"sandboxId": SID, "message": "The sandbox was not found", "cod
 
 
 def connected(q: Request, r: Responder) -> None:
-    r.json(
-        200,
-        {
-            "sandboxID": SID,
-            "templateID": "base",
-            "clientID": "6532622b",
-            "envdVersion": "0.6.13",
-            "envdAccessToken": ACCESS_TOKEN,
-            "domain": "e2b.test",
-        },
-    )
+    r.json(200, SANDBOX)
 
 
 def event(**ev: Any) -> bytes:

@@ -17,7 +17,7 @@ from server import (
     assert_no_secret,
     blackhole,
 )
-from waiting import thread_blocked_in, wait_until
+from waiting import run_in_threads, thread_blocked_in, wait_until
 
 from e2b_provider.cancel import CancelReason, CancelToken
 from e2b_provider.errors import (
@@ -129,11 +129,7 @@ def test_shared_transport_across_threads(server: ScriptedServer, transport: Tran
             if body != i.encode():
                 failures.append(i)
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(20)
+    run_in_threads(worker, 16, 20)
     assert failures == []
     assert len(server.received()) == 160
 

@@ -15,7 +15,7 @@ import time
 from typing import Dict, List
 
 import pytest
-from waiting import wait_until
+from waiting import run_in_threads, wait_until
 
 from e2b_provider import (
     Cancelled,
@@ -29,7 +29,7 @@ from e2b_provider import (
     SandboxHandle,
 )
 
-from .conftest import root, unique_name
+from .conftest import root, run_readme_example, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -92,16 +92,21 @@ with E2BSandboxProvider(cfg) as p:
 """
 
 
+def started_by_another_process(emu, h: SandboxHandle) -> str:  # type: ignore[no-untyped-def]
+    """Run :data:`_STARTER` in a Python process of its own, which ends once it started its
+    command (200 lines out, ``oops`` on stderr, exit 7); that command's id."""
+    starter = subprocess.run(
+        [sys.executable, "-c", _STARTER, emu.api_key, emu.api_url, emu.sandbox_url, h.id],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    return starter.stdout.strip()
+
+
 def test_another_process_attaches_after_the_starter_exited(
     emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle  # type: ignore[no-untyped-def]
 ) -> None:
     p, h = shared_provider, sandbox
-    starter = subprocess.run(
-        [sys.executable, "-c", _STARTER, emulator.api_key, emulator.api_url,
-         emulator.sandbox_url, h.id],
-        capture_output=True, text=True, timeout=120, check=True,
-    )
-    cid = starter.stdout.strip()
+    cid = started_by_another_process(emulator, h)
     c = p.attach(h, cid)
     assert c.command.startswith("for i in") and c.id == cid
     r = c.wait(timeout=60)
@@ -130,11 +135,7 @@ def test_100_commands_followed_live_with_few_library_threads(emu) -> None:  # ty
 
                 results[i] = cmds[i].wait(timeout=300, on_stdout=on_out)
 
-            threads = [threading.Thread(target=follow, args=(i,)) for i in range(100)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(320)
+            run_in_threads(follow, 100, 320)
             assert len(results) == 100
             for i in range(100):
                 want = "".join(f"c{i} {n}\n" for n in range(1, lines + 1))
@@ -189,16 +190,22 @@ def test_exec_takes_stdin_as_bytes_text_or_a_file(
         p.exec(h, "cat", stdin=12)  # type: ignore[arg-type]
 
 
-def test_kill_timeout_and_the_tail_of_long_output(
-    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
-) -> None:
-    p, h = shared_provider, sandbox
+def kill_after_the_first_line(p: E2BSandboxProvider, h: SandboxHandle) -> None:
+    """A command killed once its first line came ends cancelled with that line; a second
+    kill does nothing."""
     c = p.start(h, "echo started; sleep 300")
     wait_until(lambda: c.output().stdout == "started\n", 30, "the command's first line")
     c.kill()
     r = c.wait(timeout=30)
     assert (r.exit_code, r.cancelled, r.timed_out, r.stdout) == (None, True, False, "started\n")
     c.kill()  # ended: nothing to do
+
+
+def test_kill_timeout_and_the_tail_of_long_output(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    p, h = shared_provider, sandbox
+    kill_after_the_first_line(p, h)
     t = p.start(h, "sleep 300", timeout=1)
     r = t.wait(timeout=60)
     assert r.timed_out and r.exit_code is None
@@ -225,6 +232,18 @@ def test_a_slow_follower_loses_nothing_within_the_cap(
     assert "".join(pieces) == want and r.stdout == want and not r.truncated
 
 
+def a_keyboard_interrupt_stops_only_the_wait(p: E2BSandboxProvider, h: SandboxHandle,
+                                             c: Command) -> None:
+    """A ``KeyboardInterrupt`` raised by the output callback ends ``c.wait()``; ``c`` runs on,
+    listed."""
+    def interrupt(text: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        c.wait(timeout=30, on_stdout=interrupt)
+    assert c.running and c.id in {i.id for i in p.commands(h)}
+
+
 def test_stopping_a_wait_leaves_the_command_running(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
@@ -236,13 +255,7 @@ def test_stopping_a_wait_leaves_the_command_running(
     threading.Timer(0.3, token.cancel).start()
     with pytest.raises(Cancelled):
         c.wait(cancel=token)
-
-    def interrupt(text: str) -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        c.wait(timeout=30, on_stdout=interrupt)
-    assert c.running and c.id in {i.id for i in p.commands(h)}
+    a_keyboard_interrupt_stops_only_the_wait(p, h, c)
     c.kill()
     assert c.wait(timeout=30).cancelled
 
@@ -281,23 +294,31 @@ os._exit(9)  # a crash: nothing closed, nothing cleaned up
 """
 
 
+def kill_all_after_a_client_crash(emu, p: E2BSandboxProvider,  # type: ignore[no-untyped-def]
+                                  h: SandboxHandle) -> List[str]:
+    """Run :data:`_CRASHER` in a Python process of its own (its three commands, five sleeps,
+    outlive it), then ``p.kill_all(h)``: no sleep and no supervisor is left. The three
+    commands' ids."""
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHER, emu.api_key, emu.api_url, emu.sandbox_url, h.id],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert crashed.returncode == 9, crashed.stderr
+    ids = crashed.stdout.split()
+    assert len(ids) == 3
+    wait_until(lambda: len(_alive(p, h, "-x", "sleep")) == 5, 30, "the five sleeps")
+    assert {i.id for i in p.commands(h)} == set(ids)
+    p.kill_all(h)
+    wait_until(lambda: not _alive(p, h, "-x", "sleep"), 30, "no command left")
+    wait_until(lambda: not _alive(p, h, "-f", "'capybara-b[g] '"), 30, "no supervisor left")
+    return ids
+
+
 def test_kill_all_after_a_client_crash_leaves_nothing_running(emu) -> None:  # type: ignore[no-untyped-def]
     with E2BSandboxProvider(emu.config(template="base")) as p:
         h = p.create(unique_name("bgcrash"))
         try:
-            crashed = subprocess.run(
-                [sys.executable, "-c", _CRASHER, emu.api_key, emu.api_url, emu.sandbox_url,
-                 h.id], capture_output=True, text=True, timeout=120,
-            )
-            assert crashed.returncode == 9, crashed.stderr
-            ids = crashed.stdout.split()
-            assert len(ids) == 3
-            wait_until(lambda: len(_alive(p, h, "-x", "sleep")) == 5, 30, "the five sleeps")
-            assert {i.id for i in p.commands(h)} == set(ids)
-            p.kill_all(h)
-            wait_until(lambda: not _alive(p, h, "-x", "sleep"), 30, "no command left")
-            wait_until(lambda: not _alive(p, h, "-f", "'capybara-b[g] '"), 30,
-                       "no supervisor left")
+            ids = kill_all_after_a_client_crash(emu, p, h)
             assert p.commands(h) == []
             for cid in ids:  # each end is recorded, by the supervisor that watched it
                 r = p.attach(h, cid).wait(timeout=10)
@@ -342,13 +363,7 @@ def test_records_are_the_sandbox_users_own(
 
 
 def test_the_readme_dev_server_example_runs_as_written() -> None:
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
-        readme = f.read()
-    section = readme.split("### Long-running commands", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
+    out = run_readme_example("### Long-running commands")
     lines = out.stdout.splitlines()
     assert lines[0] == "200" and lines[-1] == "True"
     assert '"GET / HTTP/1.1" 200' in out.stdout  # the server's own log, read back

@@ -11,8 +11,6 @@ bound outside ``PATH``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from typing import Iterator, List, Tuple
@@ -31,13 +29,17 @@ from e2b_provider import (
 )
 from e2b_provider.emulator import Emulator
 
-from .conftest import count_requests, root, unique_name
-from .test_background import _alive, start_follow_and_end
+from .conftest import NO_PYTHON, count_requests, root, unique_name
+from .test_background import (
+    _alive,
+    a_keyboard_interrupt_stops_only_the_wait,
+    kill_after_the_first_line,
+    kill_all_after_a_client_crash,
+    start_follow_and_end,
+    started_by_another_process,
+)
 
 pytestmark = pytest.mark.integration
-
-#: The emulator's template without python3.
-NO_PYTHON = "base-without-python3"
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +101,7 @@ def test_kill_timeout_and_the_tail_of_long_output(
     bare: Tuple[E2BSandboxProvider, SandboxHandle],
 ) -> None:
     p, h = bare
-    c = p.start(h, "echo started; sleep 300")
-    wait_until(lambda: c.output().stdout == "started\n", 30, "the command's first line")
-    c.kill()
-    r = c.wait(timeout=30)
-    assert (r.exit_code, r.cancelled, r.timed_out, r.stdout) == (None, True, False, "started\n")
-    c.kill()  # ended: nothing to do
+    kill_after_the_first_line(p, h)
     t = p.start(h, "sleep 300", timeout=1)
     r = t.wait(timeout=60)
     assert r.timed_out and r.exit_code is None and not r.cancelled
@@ -133,40 +130,17 @@ def test_stopping_a_wait_leaves_the_command_running(
     with pytest.raises(Cancelled):
         c.wait(cancel=token)  # while a read waits in the sandbox for news
     assert time.monotonic() - t0 < 2
-
-    def interrupt(text: str) -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        c.wait(timeout=30, on_stdout=interrupt)
-    assert c.running and c.id in {i.id for i in p.commands(h)}
+    a_keyboard_interrupt_stops_only_the_wait(p, h, c)
     c.kill()
     r = c.wait(timeout=30)
     assert r.cancelled and r.stdout == "tick\n"
-
-
-_STARTER = """
-import sys
-from e2b_provider import DeploymentConfig, E2BSandboxProvider
-cfg = DeploymentConfig(api_key=sys.argv[1], template="base", api_url=sys.argv[2],
-                       sandbox_url=sys.argv[3])
-with E2BSandboxProvider(cfg) as p:
-    c = p.start(sys.argv[4], "for i in $(seq 1 200); do echo line $i; done; "
-                "echo oops >&2; sleep 1; exit 7")
-    print(c.id, flush=True)
-"""
 
 
 def test_another_process_and_another_provider_attach(
     bare_emu: Emulator, bare: Tuple[E2BSandboxProvider, SandboxHandle],
 ) -> None:
     p, h = bare
-    starter = subprocess.run(
-        [sys.executable, "-c", _STARTER, bare_emu.api_key, bare_emu.api_url,
-         bare_emu.sandbox_url, h.id],
-        capture_output=True, text=True, timeout=120, check=True,
-    )
-    cid = starter.stdout.strip()
+    cid = started_by_another_process(bare_emu, h)
     with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as fresh:
         c = fresh.attach(h, cid)  # knows nothing of the sandbox yet: the agent cannot run
         assert c.command.startswith("for i in") and c.id == cid and not c._frames
@@ -176,36 +150,11 @@ def test_another_process_and_another_provider_attach(
     assert p.attach(h, cid).wait(timeout=10) == r
 
 
-_CRASHER = """
-import os, sys
-from e2b_provider import DeploymentConfig, E2BSandboxProvider
-cfg = DeploymentConfig(api_key=sys.argv[1], template="base", api_url=sys.argv[2],
-                       sandbox_url=sys.argv[3])
-p = E2BSandboxProvider(cfg)
-ids = [p.start(sys.argv[4], cmd).id for cmd in (
-    "sleep 300", "setsid sleep 301 & sleep 302", "(sleep 303 &); sleep 304")]
-print(" ".join(ids), flush=True)
-os._exit(9)  # a crash: nothing closed, nothing cleaned up
-"""
-
-
 def test_kill_all_after_a_client_crash_and_kill_tagged(bare_emu: Emulator) -> None:
     with E2BSandboxProvider(bare_emu.config(template=NO_PYTHON)) as p:
         h = p.create(unique_name("nopycrash"))
         try:
-            crashed = subprocess.run(
-                [sys.executable, "-c", _CRASHER, bare_emu.api_key, bare_emu.api_url,
-                 bare_emu.sandbox_url, h.id], capture_output=True, text=True, timeout=120,
-            )
-            assert crashed.returncode == 9, crashed.stderr
-            ids = crashed.stdout.split()
-            assert len(ids) == 3
-            wait_until(lambda: len(_alive(p, h, "-x", "sleep")) == 5, 30, "the five sleeps")
-            assert {i.id for i in p.commands(h)} == set(ids)
-            p.kill_all(h)
-            wait_until(lambda: not _alive(p, h, "-x", "sleep"), 30, "no command left")
-            wait_until(lambda: not _alive(p, h, "-f", "'capybara-b[g] '"), 30,
-                       "no supervisor left")
+            ids = kill_all_after_a_client_crash(bare_emu, p, h)
             wait_until(lambda: not _alive(p, h, "-x", "split"), 30, "no output keeper left")
             assert p.commands(h) == []
             for cid in ids:  # each end is recorded, by the supervisor that watched it

@@ -33,31 +33,16 @@ from e2b_provider import (
 from e2b_provider.core.file_agents import MAX_INLINE_FILE
 from e2b_provider.protocol.scripts import COMMIT_PREFIX, INLINE_WRITE_MAX
 
-from .conftest import root, unique_name
+from .conftest import NO_PYTHON, own_sandbox, root, warm_file_agent
 from .test_leftovers import agents, processes, staged
 
 pytestmark = pytest.mark.integration
 
-#: The emulator's template without python3 (E2B's base, python3 hidden from PATH).
-NO_PYTHON = "base-without-python3"
 #: Cancelled writes per path.
 TRIALS = 40
 
 Write = Callable[[bytes, Optional[CancelToken]], None]
 Read = Callable[[], bytes]
-
-
-@pytest.fixture(scope="module")
-def base(emulator) -> Iterator[E2BSandboxProvider]:  # type: ignore[no-untyped-def]
-    with E2BSandboxProvider(emulator.config(template="base")) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def box(base: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = base.create(unique_name("outcome"))
-    yield h
-    base.destroy(h)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +53,8 @@ def nopy(emulator) -> Iterator[E2BSandboxProvider]:  # type: ignore[no-untyped-d
 
 @pytest.fixture(scope="module")
 def nopy_box(nopy: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = nopy.create(unique_name("outcome-nopy"))
-    yield h
-    nopy.destroy(h)
+    with own_sandbox(nopy, "outcome-nopy") as h:
+        yield h
 
 
 def marks(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:
@@ -124,6 +108,13 @@ def _trials(write: Write, read: Read, rng: random.Random) -> Dict[str, int]:
     return counts
 
 
+def _writer(p: E2BSandboxProvider, h: SandboxHandle, path: str) -> Write:
+    def write(data: bytes, c: Optional[CancelToken]) -> None:
+        p.write_file(h, path, data, cancel=c)
+
+    return write
+
+
 def _reader(p: E2BSandboxProvider, h: SandboxHandle, path: str) -> Read:
     def read() -> bytes:
         got = p.read_file(h, path, max_bytes=1 << 20)
@@ -134,17 +125,12 @@ def _reader(p: E2BSandboxProvider, h: SandboxHandle, path: str) -> Read:
 
 
 def test_a_cancelled_write_through_the_agent_tells_its_outcome(
-    base: E2BSandboxProvider, box: SandboxHandle
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
-    p, h = base, box
-    p.stat(h, "/workspace")
-    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+    p, h = shared_provider, sandbox
+    warm_file_agent(p, h)
     path = "/workspace/outcome/agent"
-
-    def write(data: bytes, c: Optional[CancelToken]) -> None:
-        p.write_file(h, path, data, cancel=c)
-
-    counts = _trials(write, _reader(p, h, path), random.Random(51))
+    counts = _trials(_writer(p, h, path), _reader(p, h, path), random.Random(51))
     assert counts["cancelled"] > 0 and counts["done"] > 0, counts
     assert len(p._files._agents.sessions()) == 1
 
@@ -169,11 +155,10 @@ class _Stalled:
 
 
 def test_a_cancelled_write_whose_agent_went_silent_after_the_rename_returns(
-    base: E2BSandboxProvider, box: SandboxHandle
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
-    p, h = base, box
-    p.stat(h, "/workspace")
-    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+    p, h = shared_provider, sandbox
+    warm_file_agent(p, h)
     path = "/workspace/outcome/silent"
     p.write_file(h, path, b"old")
     [session] = p._files._agents.sessions()
@@ -209,11 +194,7 @@ def test_a_cancelled_write_without_python3_tells_its_outcome(
 ) -> None:
     p, h = nopy, nopy_box
     path = "/workspace/outcome/nopy"
-
-    def write(data: bytes, c: Optional[CancelToken]) -> None:
-        p.write_file(h, path, data, cancel=c)
-
-    counts = _trials(write, _reader(p, h, path), random.Random(52))
+    counts = _trials(_writer(p, h, path), _reader(p, h, path), random.Random(52))
     assert counts["cancelled"] > 0 and counts["done"] > 0, counts
     assert p._files.lacks_python(h.id)
     assert staged(p, h) == [] and marks(p, h) == []
@@ -240,9 +221,9 @@ def test_a_cancelled_large_write_without_python3_tells_its_outcome(
 
 
 def test_the_cancelled_first_write_of_a_fresh_provider_tells_its_outcome(
-    emulator, base: E2BSandboxProvider, box: SandboxHandle  # type: ignore[no-untyped-def]
+    emulator, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle  # type: ignore[no-untyped-def]
 ) -> None:
-    h = box
+    base, h = shared_provider, sandbox
     path = "/workspace/outcome/first"
     first: List[bool] = []
 
@@ -261,10 +242,10 @@ def test_the_cancelled_first_write_of_a_fresh_provider_tells_its_outcome(
 
 
 def test_a_cancelled_large_write_tells_its_outcome(
-    base: E2BSandboxProvider, box: SandboxHandle
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
     # larger than a request to the agent carries: a helper script fed through envd's /files
-    p, h = base, box
+    p, h = shared_provider, sandbox
     path = "/workspace/outcome/large"
     rng = random.Random(55)
 
@@ -282,11 +263,10 @@ def test_a_cancelled_large_write_tells_its_outcome(
 
 
 def test_a_cancelled_batch_tells_its_outcome(
-    base: E2BSandboxProvider, box: SandboxHandle
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
-    p, h = base, box
-    p.stat(h, "/workspace")
-    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+    p, h = shared_provider, sandbox
+    warm_file_agent(p, h)
     paths = [f"/workspace/outcome/batch/{i}" for i in range(4)]
     rng = random.Random(54)
     pending: Dict[str, bytes] = {}
@@ -334,14 +314,12 @@ def test_a_file_uploaded_into_an_existing_directory_without_python3(
 
 
 def test_closing_right_after_the_first_file_call_ends_the_starting_agent(
-    emulator, base: E2BSandboxProvider  # type: ignore[no-untyped-def]
+    emulator, shared_provider: E2BSandboxProvider  # type: ignore[no-untyped-def]
 ) -> None:
-    h = base.create(unique_name("close-start"))
-    try:
+    base = shared_provider
+    with own_sandbox(base, "close-start") as h:
         for _ in range(3):
             with E2BSandboxProvider(emulator.config(template="base")) as p:
                 assert p.stat(h, "/workspace") is not None  # starts its agent meanwhile
             wait_until(lambda: agents(processes(base, h)) == [], 10,
                        "the starting agent of a closed provider to end")
-    finally:
-        base.destroy(h)

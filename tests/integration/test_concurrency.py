@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from waiting import run_in_threads
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 
@@ -36,11 +37,7 @@ def test_200_concurrent_execs_from_200_threads(
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(N)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    run_in_threads(run, N, 180)
     assert not errors, errors[:3]
     assert len(results) == N
     for i, r in results.items():

@@ -34,7 +34,7 @@ from e2b_provider import (
 from e2b_provider.files import local_fs as _local_fs
 from e2b_provider.files import trees as _trees
 
-from .conftest import unique_name
+from .conftest import own_sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +64,8 @@ def _sh(p: E2BSandboxProvider, h: SandboxHandle, cmd: str, timeout: float = 120.
 
 @pytest.fixture(scope="module")
 def box(shared_provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = shared_provider.create(unique_name("hostile"))
-    yield h
-    shared_provider.destroy(h)
+    with own_sandbox(shared_provider, "hostile") as h:
+        yield h
 
 
 # -- links -----------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Callable, List, Tuple
 
 import pytest
-from waiting import wait_until
 
 from e2b_provider import (
     CommandEnded,
@@ -24,7 +23,7 @@ from e2b_provider import (
     UnsafePath,
 )
 
-from .conftest import no_file_agent, root, unique_name
+from .conftest import no_file_agent, own_sandbox, root, unique_name, warm_file_agent
 
 pytestmark = pytest.mark.integration
 
@@ -39,9 +38,8 @@ def internal_words(text: str) -> List[str]:
 
 @pytest.fixture
 def fresh(provider: E2BSandboxProvider):  # type: ignore[no-untyped-def]
-    h = provider.create(unique_name("msg"))
-    yield h
-    provider.destroy(h)
+    with own_sandbox(provider, "msg") as h:
+        yield h
 
 
 def test_file_errors_name_the_path_the_sandbox_and_the_reason(provider, fresh) -> None:  # type: ignore[no-untyped-def]
@@ -77,8 +75,7 @@ def test_file_errors_name_the_path_the_sandbox_and_the_reason(provider, fresh) -
 
 def test_failed_requests_name_the_callers_operation(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]
     sid = fresh.id
-    provider.stat(fresh, "/workspace")  # the file agent starts in the background, now
-    wait_until(lambda: provider._files._agents.sessions() != [], 30, "the file agent")
+    warm_file_agent(provider, fresh)  # the file agent starts in the background, now
     emu.edge_not_found(sandbox_id=sid, count=2)
     with pytest.raises(E2BHttpError) as http:
         provider.read_file(fresh, "/workspace/x")

@@ -18,7 +18,7 @@ from e2b_provider import (
     TransportError,
 )
 
-from .conftest import no_file_agent, unique_name
+from .conftest import no_file_agent, own_sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +33,8 @@ def provider(emu) -> Iterator[E2BSandboxProvider]:  # type: ignore[no-untyped-de
 
 @pytest.fixture
 def fresh(provider: E2BSandboxProvider):  # type: ignore[no-untyped-def]
-    h = provider.create(unique_name("fault"))
-    yield h
-    provider.destroy(h)
+    with own_sandbox(provider, "fault") as h:
+        yield h
 
 
 def test_409_storm_is_retried_then_surfaces(emu, provider: E2BSandboxProvider, fresh) -> None:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ import time
 from typing import Iterator, List
 
 import pytest
-from waiting import wait_until
+from waiting import run_in_threads, wait_until
 
 from e2b_provider import (
     Cancelled,
@@ -26,7 +26,7 @@ from e2b_provider import (
 from e2b_provider.core.agent_session import WITHDRAW_SECONDS
 from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
 
-from .conftest import root, unique_name
+from .conftest import own_sandbox, root, warm_file_agent
 
 
 def agents_running(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:
@@ -35,17 +35,10 @@ def agents_running(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:
     return out.split()
 
 
-def warm(p: E2BSandboxProvider, h: SandboxHandle) -> None:
-    """Make the provider's agent in ``h`` ready (the first call starts it in the background)."""
-    p.stat(h, "/workspace")
-    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
-
-
 @pytest.fixture
 def fresh(provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = provider.create(unique_name("agent"))
-    yield h
-    provider.destroy(h)
+    with own_sandbox(provider, "agent") as h:
+        yield h
 
 
 def test_first_call_starts_one_agent_and_later_calls_use_it(
@@ -53,7 +46,7 @@ def test_first_call_starts_one_agent_and_later_calls_use_it(
 ) -> None:
     p = provider
     assert agents_running(p, fresh) == []
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     [pid] = agents_running(p, fresh)
     for i in range(20):
         p.write_file(fresh, f"/workspace/a{i}", b"x")
@@ -67,7 +60,7 @@ def test_many_threads_share_the_agent_without_threads_of_their_own(
     provider: E2BSandboxProvider, fresh: SandboxHandle
 ) -> None:
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     before = threading.active_count()
     errors: List[BaseException] = []
     peak = [0]
@@ -83,11 +76,7 @@ def test_many_threads_share_the_agent_without_threads_of_their_own(
         except BaseException as exc:  # recorded for the assertion
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_in_threads(work, 16, 120)
     assert errors == []
     # 16 workers of the test, plus at most the watchdog and its pool: no reader threads
     assert peak[0] <= before + 16 + 2
@@ -98,7 +87,7 @@ def test_a_killed_agent_is_replaced_without_an_error(
     provider: E2BSandboxProvider, fresh: SandboxHandle
 ) -> None:
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     [pid] = agents_running(p, fresh)
     root(p, fresh, f"kill -9 {pid}")
     # the next calls find the session over, start another agent and succeed
@@ -115,7 +104,7 @@ def test_a_cancel_that_a_stopped_agent_cannot_answer_retires_it_and_nobody_else_
     within WITHDRAW_SECONDS the agent is retired (killed) before the call returns, and the
     other call waiting on it is sent again to a new agent."""
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     p.write_file(fresh, "/workspace/other", b"other")
     [pid] = agents_running(p, fresh)
     root(p, fresh, f"kill -STOP {pid}")  # the agent answers nothing while stopped
@@ -152,7 +141,7 @@ def test_a_cancel_while_reading_the_stream_retires_the_agent(
     provider: E2BSandboxProvider, fresh: SandboxHandle
 ) -> None:
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     [pid] = agents_running(p, fresh)
     root(p, fresh, f"kill -STOP {pid}")
     token = CancelToken()
@@ -170,9 +159,9 @@ def test_kill_all_ends_every_agent_and_files_go_on(
     emu, provider: E2BSandboxProvider, fresh: SandboxHandle
 ) -> None:  # type: ignore[no-untyped-def]
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     with E2BSandboxProvider(emu.config(template="base")) as other:  # another client's
-        warm(other, fresh)
+        warm_file_agent(other, fresh)
         assert len(agents_running(p, fresh)) == 2
         p.kill_all(fresh)
         assert agents_running(p, fresh) == []
@@ -185,7 +174,7 @@ def test_pause_and_resume_keep_files_working(
     provider: E2BSandboxProvider, fresh: SandboxHandle
 ) -> None:
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     p.write_file(fresh, "/workspace/before-pause", b"1")
     p.suspend(fresh)
     assert p._files._agents.sessions() == []
@@ -202,7 +191,7 @@ def test_an_idle_agent_exits_and_the_next_call_starts_another(
 
     monkeypatch.setattr(_agent, "AGENT_IDLE_SECONDS", 1)
     p = provider
-    warm(p, fresh)
+    warm_file_agent(p, fresh)
     wait_until(lambda: agents_running(p, fresh) == [], 30, "the idle agent to exit")
     t0 = time.monotonic()
     p.write_file(fresh, "/workspace/after-idle", b"again")
@@ -212,7 +201,7 @@ def test_an_idle_agent_exits_and_the_next_call_starts_another(
 
 def test_closing_the_provider_ends_its_sessions(emu, fresh: SandboxHandle) -> None:  # type: ignore[no-untyped-def]
     with E2BSandboxProvider(emu.config(template="base")) as p:
-        warm(p, fresh)
+        warm_file_agent(p, fresh)
         assert len(p._files._agents.sessions()) == 1
     assert p._files._agents.sessions() == []
 

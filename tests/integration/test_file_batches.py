@@ -11,7 +11,6 @@ import os
 from typing import Iterator, List
 
 import pytest
-from waiting import wait_until
 
 from e2b_provider import (
     CommandFailed,
@@ -23,14 +22,13 @@ from e2b_provider import (
     SandboxHandle,
 )
 
-from .conftest import count_requests, root
+from .conftest import count_requests, root, warm_file_agent
 
 
 @pytest.fixture(scope="module")
 def box(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> Iterator[SandboxHandle]:
     p = shared_provider
-    p.stat(sandbox, "/workspace")  # starts the file agent in the background
-    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+    warm_file_agent(p, sandbox)  # the first call starts the file agent in the background
     yield sandbox
 
 

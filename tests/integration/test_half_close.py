@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import socket
 import urllib.parse
-from pathlib import Path
 from typing import List, Tuple
 
 import pytest
-from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 from e2b_provider.protocol.connect import encode_envelope
 
-SERVER = Path(__file__).resolve().parents[1] / "support" / "sandbox_server.py"
-PORT = 8000
+from .conftest import SERVER_PORT as PORT
+from .conftest import serve
+
 TRIES = 5
 BODY = b"half-closed body\n"
 
@@ -100,15 +99,8 @@ def answered(address: Tuple[str, int], host: str, extra: str = "") -> List[bytes
 @pytest.fixture(scope="module")
 def served(shared_provider: E2BSandboxProvider, sandbox: SandboxHandle) -> SandboxHandle:
     p = shared_provider
-    p.write_file(sandbox, "/workspace/sandbox_server.py", SERVER.read_bytes())
     p.write_file(sandbox, "/workspace/half_close.py", INSIDE.encode())
-    p.start(sandbox, f"python3 /workspace/sandbox_server.py {PORT}", tag="half-close")
-    probe = (
-        "python3 -c \"import urllib.request as u; "
-        f"print(u.urlopen('http://127.0.0.1:{PORT}/hello', timeout=2).read().decode(), end='')\""
-    )
-    wait_until(lambda: p.exec(sandbox, probe, timeout=10).stdout == "hello\n", 30,
-               "the server answers inside the sandbox")
+    serve(p, sandbox, tag="half-close")
     return sandbox
 
 

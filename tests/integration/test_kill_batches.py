@@ -13,6 +13,7 @@ import time
 from typing import List
 
 import pytest
+from waiting import run_in_threads
 
 from e2b_provider import E2BSandboxProvider, ExecResult
 from e2b_provider.protocol import scripts as scripts
@@ -45,11 +46,7 @@ def _burst(p: E2BSandboxProvider, n: int, batch_max: int, monkeypatch: pytest.Mo
             with lock:
                 results.append(r)
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        run_in_threads(one, n, 60)
         assert len(results) == n and all(r.timed_out and not r.wedged for r in results)
         # every exec returned after its kill worked: nothing of any family is left, and it is
         # looked at before the first backstop could have fired

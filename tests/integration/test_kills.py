@@ -13,6 +13,7 @@ import time
 from typing import Callable, Iterator, List, Optional
 
 import pytest
+from waiting import run_in_threads
 
 from e2b_provider import E2BSandboxProvider, ExecResult, SandboxHandle
 from e2b_provider._watchdog import Watchdog
@@ -110,11 +111,7 @@ def test_a_burst_of_timeouts_kills_only_its_own_commands(emu, reboots) -> None: 
                 except BaseException as exc:  # collected and asserted below
                     errors.append(exc)
 
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
+            run_in_threads(one, n, 300)
             assert wd.thread_count() <= 1 + 2  # constant: the timer thread and two workers
             assert not errors, errors[:3]
             assert all(r is not None and r.timed_out and r.exit_code is None for r in results)

@@ -12,7 +12,7 @@ import requests
 
 from e2b_provider import E2BSandboxProvider, ExecResult, SandboxGoneError, SandboxHandle
 
-from .conftest import unique_name
+from .conftest import own_sandbox, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +23,8 @@ def _connects(emu, sid: str) -> int:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def fresh(provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = provider.create(unique_name("lease"))
-    yield h
-    provider.destroy(h)
+    with own_sandbox(provider, "lease") as h:
+        yield h
 
 
 def test_warm_sandbox_calls_make_no_control_plane_request(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
 from e2b_provider.files import file_part as _files
 from e2b_provider.protocol import scripts as scripts
 
-from .conftest import root, unique_name
+from .conftest import own_sandbox, root, warm_file_agent
 
 pytestmark = pytest.mark.integration
 
@@ -79,21 +79,15 @@ def nothing_but_agents(p: E2BSandboxProvider, h: SandboxHandle, most: int = 1) -
 
 @pytest.fixture
 def fresh(provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = provider.create(unique_name("left"))
-    yield h
-    provider.destroy(h)
-
-
-def _warm(p: E2BSandboxProvider, h: SandboxHandle) -> None:
-    p.stat(h, "/workspace")
-    wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+    with own_sandbox(provider, "left") as h:
+        yield h
 
 
 def test_cancelled_file_calls_leave_only_the_agent_and_each_write_is_whole_or_not_done(
     provider: E2BSandboxProvider, fresh: SandboxHandle, tmp_path: Any
 ) -> None:
     p, h = provider, fresh
-    _warm(p, h)
+    warm_file_agent(p, h)
     [agent] = agents(processes(p, h))
     rng = random.Random(22)
     small_old, small_new = os.urandom(200_000), os.urandom(200_000)
@@ -149,7 +143,7 @@ def test_a_file_call_past_its_deadline_leaves_nothing(
     provider: E2BSandboxProvider, fresh: SandboxHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     p, h = provider, fresh
-    _warm(p, h)
+    warm_file_agent(p, h)
     p.write_file(h, "/workspace/big", os.urandom(LARGE))
     monkeypatch.setattr(_files, "FILE_OP_TIMEOUT_SECONDS", 0.02)
     seen = set()
@@ -283,7 +277,7 @@ def test_nothing_accumulates_over_a_thousand_cancels(
     write through a FIFO and envd's /files): the staging directory, the registries of
     temporary files and the processes are the same before and after."""
     p, h = provider, fresh
-    _warm(p, h)
+    warm_file_agent(p, h)
     large = os.urandom((1 << 20) + 4096)  # just over MAX_INLINE_FILE: through a FIFO
     small = large[:200_000]
     p.write_file(h, "/workspace/w", large)

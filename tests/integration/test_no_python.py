@@ -27,14 +27,10 @@ from e2b_provider import (
     SandboxHandle,
 )
 
-from .conftest import root, unique_name
+from .conftest import NO_PYTHON, own_sandbox, root, unique_name
 from .test_leftovers import agents, processes, staged
 
 pytestmark = pytest.mark.integration
-
-#: The emulator's template without python3 (E2B's base, python3 hidden from PATH).
-NO_PYTHON = "base-without-python3"
-
 
 def tree_of(top: Path) -> Dict[str, Tuple[str, Any, int]]:
     """Each entry below ``top``: its kind, content (or link target) and mode bits."""
@@ -67,9 +63,8 @@ def make_tree(top: Path) -> None:
 
 @pytest.fixture
 def box(provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
-    h = provider.create(unique_name("nopy"))
-    yield h
-    provider.destroy(h)
+    with own_sandbox(provider, "nopy") as h:
+        yield h
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from waiting import wait_until
+from waiting import run_in_threads, wait_until
 
 from e2b_provider import (
     CommandFailed,
@@ -21,7 +21,7 @@ from e2b_provider import (
     TransportTimeout,
 )
 
-from .conftest import no_file_agent, unique_name
+from .conftest import no_file_agent, own_sandbox, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +30,8 @@ LARGE = bytes(range(256)) * 1024  # 256 KiB: the streamed write path (over the i
 
 @pytest.fixture
 def fresh(provider: E2BSandboxProvider):  # type: ignore[no-untyped-def]
-    h = provider.create(unique_name("outcome"))
-    yield h
-    provider.destroy(h)
+    with own_sandbox(provider, "outcome") as h:
+        yield h
 
 
 # -- a result received is a result -----------------------------------------------------------
@@ -233,11 +232,7 @@ def test_concurrent_creates_of_one_name_leave_one_sandbox(provider) -> None:  # 
         with lock:
             done.append(h.id)
 
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    run_in_threads(create, 6, 180)
     try:
         assert errors == [] and len(done) == 6
         live = provider.list_sandboxes(name)

@@ -13,37 +13,21 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 import urllib.parse
-from pathlib import Path
 from typing import Dict, Iterator, List
 
 import aiohttp
 import command_line
 import pytest
 import requests
-from waiting import wait_until
+from waiting import run_in_threads
 
 from e2b_provider import E2BSandboxProvider, InvalidArgument, SandboxHandle, SandboxLimits
 
-from .conftest import unique_name
-
-SERVER = Path(__file__).resolve().parents[1] / "support" / "sandbox_server.py"
-PORT = 8000
-
-
-def serve(p: E2BSandboxProvider, h: SandboxHandle, port: int = PORT) -> None:
-    """Start the test server in ``h`` on ``port`` and wait until it answers inside."""
-    p.write_file(h, "/workspace/sandbox_server.py", SERVER.read_bytes())
-    p.start(h, f"python3 /workspace/sandbox_server.py {port}", tag="port-test")
-    probe = (
-        "python3 -c \"import urllib.request as u; "
-        f"print(u.urlopen('http://127.0.0.1:{port}/hello', timeout=2).read().decode(), end='')\""
-    )
-    wait_until(lambda: p.exec(h, probe, timeout=10).stdout == "hello\n", 30,
-               "the server answers inside the sandbox")
+from .conftest import SERVER_PORT as PORT
+from .conftest import run_readme_example, serve, unique_name
 
 
 @pytest.fixture(scope="module")
@@ -158,17 +142,13 @@ def test_a_hundred_concurrent_requests_through_forward(
     errors: List[BaseException] = []
     answers: List[str] = []
     with shared_provider.forward(served, PORT) as url:
-        def one() -> None:
+        def one(_: int) -> None:
             try:
                 answers.append(requests.get(url + "/hello", timeout=60).text)
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=one) for _ in range(100)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(90)
+        run_in_threads(one, 100, 90)
     assert errors == [] and answers == ["hello\n"] * 100
 
 
@@ -230,12 +210,7 @@ def test_cli_forward_runs_until_ctrl_c(cli_forward: subprocess.Popen[str]) -> No
 
 
 def test_the_readme_example_runs_as_written() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Ports and previews", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
+    out = run_readme_example("### Ports and previews")
     status, url = out.stdout.splitlines()
     assert status == "200"
     assert url.startswith("http://8000-") and ".e2b.localhost:" in url

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import requests
@@ -142,30 +142,44 @@ def test_exec_in_a_missing_directory_says_it_did_not_run(
     assert provider.exec(sandbox, "pwd", cwd="/tmp").stdout == "/tmp\n"
 
 
-def test_a_sandbox_deleted_under_a_running_exec_is_gone_not_a_network_error(
-    emu: Any, api: requests.Session, provider: E2BSandboxProvider
-) -> None:
-    h = provider.create(unique_name("killed"))
-    running = threading.Event()
+def _raised_when_deleted_under(
+    emu: Any, api: requests.Session, h: SandboxHandle, call: Callable[[], object],
+    started: threading.Event, not_started: str,
+) -> List[BaseException]:
+    """Run ``call`` in a thread; once it set ``started`` (``not_started`` says it did not),
+    another client deletes ``h`` through the control plane. What the call raised."""
     outcome: List[BaseException] = []
 
     def run() -> None:
         try:
-            provider.exec(h, "echo up; sleep 120", timeout=150.0,
-                          on_stdout=lambda text: running.set())
+            call()
         except BaseException as exc:  # recorded for the main thread
             outcome.append(exc)
 
     worker = threading.Thread(target=run)
     worker.start()
     try:
-        assert running.wait(60), "the command did not start"
+        assert started.wait(60), not_started
         # another client deletes the sandbox through the control plane
         r = api.delete(f"{emu.api_url}/sandboxes/{h.id}", timeout=60)
         assert r.status_code == 204, r.text
     finally:
         worker.join(120)
     assert not worker.is_alive()
+    return outcome
+
+
+def test_a_sandbox_deleted_under_a_running_exec_is_gone_not_a_network_error(
+    emu: Any, api: requests.Session, provider: E2BSandboxProvider
+) -> None:
+    h = provider.create(unique_name("killed"))
+    running = threading.Event()
+    outcome = _raised_when_deleted_under(
+        emu, api, h,
+        lambda: provider.exec(h, "echo up; sleep 120", timeout=150.0,
+                              on_stdout=lambda text: running.set()),
+        running, "the command did not start",
+    )
     assert len(outcome) == 1 and isinstance(outcome[0], SandboxGoneError), outcome
     text = str(outcome[0])
     assert text == (
@@ -221,27 +235,17 @@ def test_a_sandbox_deleted_under_a_file_call_is_gone_not_a_network_error(
     provider.exec(h, "mkdir -p /workspace/big && for i in $(seq 1 64); do "
                      "head -c 4194304 /dev/urandom > /workspace/big/f$i; done", timeout=120.0)
     moving = threading.Event()
-    outcome: List[BaseException] = []
 
     def progress(done: int, total: Any) -> None:
         if done:
             moving.set()
             time.sleep(0.01)  # a slow reader: the transfer is still under way at the delete
 
-    def run() -> None:
-        try:
-            provider.download(h, "/workspace/big", str(tmp_path / "big"), progress=progress)
-        except BaseException as exc:  # recorded for the main thread
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    try:
-        assert moving.wait(60), "the download did not start"
-        r = api.delete(f"{emu.api_url}/sandboxes/{h.id}", timeout=60)
-        assert r.status_code == 204, r.text
-    finally:
-        worker.join(120)
-    assert not worker.is_alive()
+    outcome = _raised_when_deleted_under(
+        emu, api, h,
+        lambda: provider.download(h, "/workspace/big", str(tmp_path / "big"),
+                                  progress=progress),
+        moving, "the download did not start",
+    )
     assert len(outcome) == 1 and isinstance(outcome[0], SandboxGoneError), outcome
     assert "was deleted meanwhile" in str(outcome[0]) and "network" not in str(outcome[0])

@@ -34,7 +34,7 @@ from e2b_provider.errors import (
     OperationTimeout,
 )
 
-from .conftest import root, until
+from .conftest import child_config, count_processes, root, run_readme_example, until
 
 pytestmark = pytest.mark.integration
 
@@ -44,16 +44,9 @@ def marked(p: E2BSandboxProvider, h: SandboxHandle, t: Terminal) -> str:
     return root(p, h, f"grep -lsz 'CAPYBARA_EXEC={t._ctl}$' /proc/[0-9]*/environ || true")
 
 
-def count(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> int:
-    """How many processes of the sandbox match ``pattern`` (``pgrep -f``; anchor it,
-    ``^sleep 1``, so neither the pgrep's own shell nor a wrapper whose arguments hold the
-    command line matches it)."""
-    return int(root(p, h, f"pgrep -fc -- '{pattern}' || true").strip())
-
-
 def gone(p: E2BSandboxProvider, h: SandboxHandle, t: Terminal, pattern: str) -> bool:
     """Nothing matches ``pattern`` and no process carries ``t``'s marker."""
-    return count(p, h, pattern) == 0 and not marked(p, h, t).strip()
+    return count_processes(p, h, pattern) == 0 and not marked(p, h, t).strip()
 
 
 @pytest.fixture
@@ -140,7 +133,7 @@ def test_kill_stops_the_whole_tree(
         until(t, r"\$ $")
         # a job, a process that left the session, and one in the foreground
         t.write(f"sleep 1001.{tag} & setsid sleep 1002.{tag} & sleep 1003.{tag}\n")
-        wait_until(lambda: count(p, sandbox, rf"^sleep 100[123]\.{tag}") == 3, 30,
+        wait_until(lambda: count_processes(p, sandbox, rf"^sleep 100[123]\.{tag}") == 3, 30,
                    "the three sleeps")
         t0 = time.monotonic()
         t.kill()
@@ -154,20 +147,20 @@ def test_closing_kills_the_tree_and_detach_leaves_it(
 ) -> None:
     p = shared_provider
     with p.terminal(sandbox, "sleep 2001") as t:
-        wait_until(lambda: count(p, sandbox, "^sleep 2001") == 1,
+        wait_until(lambda: count_processes(p, sandbox, "^sleep 2001") == 1,
                    30, "the sleep")
     assert gone(p, sandbox, t, "^sleep 2001")
     with pytest.raises(InvalidArgument, match="was closed"):
         t.read(timeout=0)
     kept = p.terminal(sandbox, "sleep 2002")
-    wait_until(lambda: count(p, sandbox, "^sleep 2002") == 1,
+    wait_until(lambda: count_processes(p, sandbox, "^sleep 2002") == 1,
                30, "the sleep")
     kept.detach()
-    assert count(p, sandbox, "^sleep 2002") == 1
+    assert count_processes(p, sandbox, "^sleep 2002") == 1
     again = p.attach(sandbox, kept.id)
     assert isinstance(again, Terminal) and again.pid == kept.pid
     again.close()  # an attached handle lets go
-    assert count(p, sandbox, "^sleep 2002") == 1
+    assert count_processes(p, sandbox, "^sleep 2002") == 1
     p.kill_all(sandbox)  # kill_all reaches terminals too
     assert gone(p, sandbox, kept, "^sleep 2002")
 
@@ -178,7 +171,7 @@ def test_cancel_kills_the_tree_and_wakes_a_blocked_read(
     p = shared_provider
     token = CancelToken()
     with p.terminal(sandbox, "sleep 3001 & sleep 3002", cancel=token) as t:
-        wait_until(lambda: count(p, sandbox, "^sleep 300[12]") == 2,
+        wait_until(lambda: count_processes(p, sandbox, "^sleep 300[12]") == 2,
                    30, "the sleeps")
         timer = threading.Timer(0.3, token.cancel, ("enough",))
         timer.start()
@@ -213,7 +206,7 @@ def test_a_detached_terminal_is_still_killed_at_its_timeout_by_envd(
     terminal's hang-up ends its programs."""
     p = shared_provider
     t = p.terminal(sandbox, "sleep 4003 & sleep 4004", timeout=1.5)
-    wait_until(lambda: count(p, sandbox, "^sleep 400[34]") == 2, 30, "the sleeps")
+    wait_until(lambda: count_processes(p, sandbox, "^sleep 400[34]") == 2, 30, "the sleeps")
     t.detach()
     wait_until(lambda: gone(p, sandbox, t, "^sleep 400[34]"), 30, "envd to kill it")
 
@@ -242,7 +235,7 @@ def test_keyboard_interrupt_in_a_read_kills_the_tree_then_propagates(
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with p.terminal(sandbox, "sleep 5001 & sleep 5002") as t:
-            wait_until(lambda: count(p, sandbox, "^sleep 500[12]") == 2, 30, "the sleeps")
+            wait_until(lambda: count_processes(p, sandbox, "^sleep 500[12]") == 2, 30, "the sleeps")
             timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
             timer.start()
             t0 = time.monotonic()
@@ -294,12 +287,10 @@ CHILD = textwrap.dedent(
 def test_attach_from_another_process_writes_reads_and_resizes(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle, emulator  # type: ignore[no-untyped-def]
 ) -> None:
-    cfg = {"api_key": emulator.api_key, "template": "base", "api_url": emulator.api_url,
-           "sandbox_url": emulator.sandbox_url, "domain": "e2b.localhost"}
     with shared_provider.terminal(sandbox, "python3 -q -i") as t:
         until(t, ">>> ")
         child = subprocess.run(
-            [sys.executable, "-c", CHILD, json.dumps(cfg), sandbox.id, t.id],
+            [sys.executable, "-c", CHILD, json.dumps(child_config(emulator)), sandbox.id, t.id],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -398,13 +389,7 @@ def test_errors_are_typed_and_worded(
 
 
 def test_the_readme_terminal_example_runs_as_written() -> None:
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
-        readme = f.read()
-    section = readme.split("### Terminals", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
+    out = run_readme_example("### Terminals")
     lines = out.stdout.splitlines()
     assert lines[:2] == ["3", "True"], out.stdout
     assert re.fullmatch(r"\w+:pty-\d+-[0-9a-f]{32}", lines[2]), out.stdout

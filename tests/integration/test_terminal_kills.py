@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from typing import Iterator
+from typing import Iterator, Tuple
 
 import pytest
 from waiting import wait_until
@@ -28,7 +28,7 @@ from waiting import wait_until
 from e2b_provider import CancelToken, E2BSandboxProvider, SandboxHandle, Terminal
 from e2b_provider.errors import CommandEnded
 
-from .conftest import root
+from .conftest import count_processes, root
 from .test_cli_tty import Pane, env, pane  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.integration
@@ -105,18 +105,21 @@ def warm(neighbour: E2BSandboxProvider, sandbox: SandboxHandle) -> E2BSandboxPro
     return neighbour
 
 
-def _ended_unread(p: E2BSandboxProvider, h: SandboxHandle, **kw: object) -> Terminal:
+def _ended_unread_and_the_pids_new_owner(
+    p: E2BSandboxProvider, neighbour: E2BSandboxProvider, h: SandboxHandle, **kw: object
+) -> Tuple[Terminal, Terminal]:
+    """A terminal of ``p``'s whose program ended, its end unread, and the neighbour's
+    terminal that got its pid (:func:`_bystander_at`)."""
     t = p.terminal(h, "exit 0", **kw)  # type: ignore[arg-type]
     assert not t.ended
-    return t
+    return t, _bystander_at(p, neighbour, h, t.pid)
 
 
 def test_kill_of_a_terminal_whose_end_was_not_read_spares_the_pids_new_owner(
     shared_provider: E2BSandboxProvider, warm: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
     p = shared_provider
-    t = _ended_unread(p, sandbox)
-    by = _bystander_at(p, warm, sandbox, t.pid)
+    t, by = _ended_unread_and_the_pids_new_owner(p, warm, sandbox)
     t.kill()
     assert _still_runs(by) == 7
     assert t.wait(timeout=30) == 0  # its own end, read now
@@ -127,8 +130,7 @@ def test_close_of_a_terminal_whose_end_was_not_read_spares_the_pids_new_owner(
     shared_provider: E2BSandboxProvider, warm: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
     p = shared_provider
-    t = _ended_unread(p, sandbox)
-    by = _bystander_at(p, warm, sandbox, t.pid)
+    t, by = _ended_unread_and_the_pids_new_owner(p, warm, sandbox)
     t.close()
     assert _still_runs(by) == 7
 
@@ -153,8 +155,7 @@ def test_a_cancel_of_a_terminal_whose_end_was_not_read_spares_the_pids_new_owner
 ) -> None:
     p = shared_provider
     token = CancelToken()
-    t = _ended_unread(p, sandbox, cancel=token)
-    by = _bystander_at(p, warm, sandbox, t.pid)
+    t, by = _ended_unread_and_the_pids_new_owner(p, warm, sandbox, cancel=token)
     token.cancel("enough")
     t.close()  # waits for the kill the cancel started
     assert _still_runs(by) == 7
@@ -164,8 +165,7 @@ def test_a_timeout_of_a_terminal_whose_end_was_not_read_spares_the_pids_new_owne
     shared_provider: E2BSandboxProvider, warm: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
     p = shared_provider
-    t = _ended_unread(p, sandbox, timeout=10.0)
-    by = _bystander_at(p, warm, sandbox, t.pid)
+    t, by = _ended_unread_and_the_pids_new_owner(p, warm, sandbox, timeout=10.0)
     assert not t.timed_out, "the timeout fired before the pid was reused"
     wait_until(lambda: t.timed_out, 60, "the terminal's timeout")
     t.close()  # waits for the kill the timeout started
@@ -183,10 +183,6 @@ DAEMONS = (
 )
 
 
-def _count(p: E2BSandboxProvider, h: SandboxHandle, pattern: str) -> int:
-    return int(root(p, h, f"pgrep -fc -- '{pattern}' || true").strip())
-
-
 def test_a_terminal_timeout_kills_every_kind_of_daemon(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
@@ -195,10 +191,10 @@ def test_a_terminal_timeout_kills_every_kind_of_daemon(
     pattern = rf"^sleep 700[1-5]\.{n}$"
     with p.terminal(sandbox, timeout=12.0) as t:  # the login shell, typed into
         t.write(DAEMONS.format(n=n) + "\n")
-        wait_until(lambda: _count(p, sandbox, pattern) == 5, 30, "the five daemons")
+        wait_until(lambda: count_processes(p, sandbox, pattern) == 5, 30, "the five daemons")
         assert t.wait(timeout=60) == 137
         assert t.timed_out
-    wait_until(lambda: _count(p, sandbox, pattern) == 0, 10, "no daemon left")
+    wait_until(lambda: count_processes(p, sandbox, pattern) == 0, 10, "no daemon left")
 
 
 def test_exec_it_timeout_kills_every_kind_of_daemon(
@@ -210,9 +206,9 @@ def test_exec_it_timeout_kills_every_kind_of_daemon(
     pane.start(["exec", "-it", "--timeout", "12", sandbox.id, "--", "bash", "-c",
                 DAEMONS.format(n=n) + "; sleep 300"])
     pane.wait_for(rf"(?m)^started-{n}$")
-    wait_until(lambda: _count(p, sandbox, pattern) == 5, 30, "the five daemons")
+    wait_until(lambda: count_processes(p, sandbox, pattern) == 5, 30, "the five daemons")
     assert pane.status() == 124
-    wait_until(lambda: _count(p, sandbox, pattern) == 0, 10, "no daemon left")
+    wait_until(lambda: count_processes(p, sandbox, pattern) == 0, 10, "no daemon left")
 
 
 # -- the program's exit ends the terminal ----------------------------------------------------
@@ -225,7 +221,7 @@ def test_wait_returns_when_the_program_exits_leaving_a_child_that_holds_the_pty(
     n = uuid.uuid4().int % 10**6
     with p.terminal(sandbox, f"trap '' HUP; sleep 7101.{n} & exit 5") as t:
         assert t.wait(timeout=60) == 5
-    assert _count(p, sandbox, rf"^sleep 7101\.{n}$") == 0
+    assert count_processes(p, sandbox, rf"^sleep 7101\.{n}$") == 0
 
 
 def test_a_shell_returns_after_exit_with_a_job_left_running(
@@ -236,8 +232,8 @@ def test_a_shell_returns_after_exit_with_a_job_left_running(
     pane.start(["shell", sandbox.id])
     pane.wait_for(r"(?m)^sandbox@\S+:~\$$")
     pane.keys(f"text:sleep 7201.{n} &", "Enter")
-    wait_until(lambda: _count(p, sandbox, rf"^sleep 7201\.{n}$") == 1, 30, "the job")
+    wait_until(lambda: count_processes(p, sandbox, rf"^sleep 7201\.{n}$") == 1, 30, "the job")
     pane.keys("text:exit 3", "Enter")
     assert pane.status() == 3
-    assert _count(p, sandbox, rf"^sleep 7201\.{n}$") == 0
+    assert count_processes(p, sandbox, rf"^sleep 7201\.{n}$") == 0
 

@@ -7,6 +7,7 @@ paused, and attaches to ids that name no terminal, raise the error that says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -36,8 +37,9 @@ from e2b_provider.errors import (
     TransportTimeout,
 )
 from e2b_provider.transport.client import Transport
+from e2b_provider.transport.raw_stream import RawStream
 
-from .conftest import count_requests, root, unique_name, until
+from .conftest import child_config, count_requests, own_sandbox, root, unique_name, until
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +51,8 @@ SILENCE_BOUND = 12.0
 @pytest.fixture
 def sb(shared_provider: E2BSandboxProvider) -> Iterator[SandboxHandle]:
     """A sandbox of the test's own (some tests delete or pause it)."""
-    h = shared_provider.create(unique_name("tl"))
-    yield h
-    shared_provider.destroy(h)
+    with own_sandbox(shared_provider, "tl") as h:
+        yield h
 
 
 # -- terminals of a client that died ------------------------------------------------------------
@@ -74,11 +75,9 @@ BEATING = "i=0; while :; do echo \"beat $i\"; i=$((i+1)); sleep 1; done"
 def test_a_terminal_of_a_killed_client_is_listed_attached_and_killed(
     shared_provider: E2BSandboxProvider, sb: SandboxHandle, emulator  # type: ignore[no-untyped-def]
 ) -> None:
-    cfg = {"api_key": emulator.api_key, "template": "base", "api_url": emulator.api_url,
-           "sandbox_url": emulator.sandbox_url, "domain": "e2b.localhost"}
     t0 = float(root(shared_provider, sb, "date +%s.%N"))  # the sandbox's clock
     opener = subprocess.Popen(
-        [sys.executable, "-c", OPENER, json.dumps(cfg), sb.id, BEATING],
+        [sys.executable, "-c", OPENER, json.dumps(child_config(emulator)), sb.id, BEATING],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -254,12 +253,15 @@ def _silent_after(chunks: int, ready: threading.Event, stop: threading.Event,
         stop.wait(60)
 
 
-def test_a_peer_silent_past_the_bound_of_reading_is_still_caught() -> None:
+@contextlib.contextmanager
+def _stream_from_a_peer_silent_after(chunks: int) -> Iterator[RawStream]:
+    """A raw stream (1 s silence bound) from a local peer that sends ``chunks`` chunks
+    (:func:`_silent_after`) and then nothing; open once the peer has answered."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         ready, stop = threading.Event(), threading.Event()
-        serving = threading.Thread(target=_silent_after, args=(10, ready, stop, server))
+        serving = threading.Thread(target=_silent_after, args=(chunks, ready, stop, server))
         serving.start()
         transport = Transport()
         try:
@@ -268,56 +270,43 @@ def test_a_peer_silent_past_the_bound_of_reading_is_still_caught() -> None:
                                             operation="terminal stream")
             try:
                 assert ready.wait(30)
-                first = raw.read(30)
-                assert first == b"<0>"
-                threading.Event().wait(3.0)  # unread for 3 s while 9 more chunks come
-                got = b""
-                while len(got) < len(b"".join(f"<{i}>".encode() for i in range(1, 10))):
-                    piece = raw.read(30)
-                    assert piece, "the stream ended"
-                    got += piece
-                assert got == b"".join(f"<{i}>".encode() for i in range(1, 10))
-                # then the peer is silent while we read: caught after the bound
-                with pytest.raises(TransportTimeout, match=r"sent nothing for 1 s"):
-                    raw.read(None)
+                yield raw
             finally:
                 raw.close()
         finally:
             stop.set()
             serving.join(30)
             transport.close()
+
+
+def test_a_peer_silent_past_the_bound_of_reading_is_still_caught() -> None:
+    with _stream_from_a_peer_silent_after(10) as raw:
+        first = raw.read(30)
+        assert first == b"<0>"
+        threading.Event().wait(3.0)  # unread for 3 s while 9 more chunks come
+        got = b""
+        while len(got) < len(b"".join(f"<{i}>".encode() for i in range(1, 10))):
+            piece = raw.read(30)
+            assert piece, "the stream ended"
+            got += piece
+        assert got == b"".join(f"<{i}>".encode() for i in range(1, 10))
+        # then the peer is silent while we read: caught after the bound
+        with pytest.raises(TransportTimeout, match=r"sent nothing for 1 s"):
+            raw.read(None)
 
 
 def test_a_silent_peer_is_caught_by_a_reader_that_polls_as_a_select_loop_does() -> None:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        ready, stop = threading.Event(), threading.Event()
-        serving = threading.Thread(target=_silent_after, args=(1, ready, stop, server))
-        serving.start()
-        transport = Transport()
-        try:
-            url = f"http://127.0.0.1:{server.getsockname()[1]}/x"
-            raw = transport.open_raw_stream("POST", url, data=b"{}", read_timeout=1.0,
-                                            operation="terminal stream")
+    with _stream_from_a_peer_silent_after(1) as raw:
+        assert raw.read(30) == b"<0>"
+
+        def polled() -> bool:  # a look without waiting, now and then
             try:
-                assert ready.wait(30)
-                assert raw.read(30) == b"<0>"
+                assert raw.read(0) is None
+            except TransportTimeout:
+                return True
+            return False
 
-                def polled() -> bool:  # a look without waiting, now and then
-                    try:
-                        assert raw.read(0) is None
-                    except TransportTimeout:
-                        return True
-                    return False
-
-                wait_until(polled, 30, "the silence to be caught", interval=0.1)
-            finally:
-                raw.close()
-        finally:
-            stop.set()
-            serving.join(30)
-            transport.close()
+        wait_until(polled, 30, "the silence to be caught", interval=0.1)
 
 
 # -- a terminal whose sandbox was deleted or paused --------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,10 +18,10 @@ import textwrap
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Iterator, List, Tuple
 
 import pytest
+from host_proc import inotify_watches_on
 from waiting import wait_until
 
 from e2b_provider import (
@@ -42,7 +41,7 @@ from e2b_provider import (
     SandboxPaused,
 )
 
-from .conftest import root
+from .conftest import root, run_readme_example
 
 pytestmark = pytest.mark.integration
 
@@ -78,20 +77,7 @@ def watches_on(emulator: Any, p: E2BSandboxProvider, h: SandboxHandle, path: str
     """How many inotify watches the sandbox's processes hold on ``path`` (read on the host:
     the agent is not dumpable, even the sandbox's root cannot read its /proc files)."""
     inode = int(root(p, h, f"stat -c %i {path}"))
-    pattern = re.compile(rf"^inotify wd:\S+ ino:{inode:x} ", re.MULTILINE)
-    count = 0
-    for pid in emulator.sandbox_pids(h.id):
-        try:
-            names = os.listdir(f"/proc/{pid}/fdinfo")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                    count += len(pattern.findall(f.read()))
-            except OSError:
-                continue
-    return count
+    return inotify_watches_on(emulator, h.id, inode)
 
 
 # -- events ------------------------------------------------------------------------------------
@@ -441,12 +427,7 @@ def test_the_watch_is_asked_as_the_sandbox_user(
 
 
 def test_the_readme_example_runs_as_written() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Watching files", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
+    out = run_readme_example("### Watching files")
     assert out.stdout.splitlines() == [
         "create /workspace/out/report.txt",
         "write /workspace/out/report.txt",

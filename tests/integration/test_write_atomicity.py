@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
-from waiting import wait_until
 
 from e2b_provider import (
     Cancelled,
@@ -29,7 +28,7 @@ from e2b_provider import (
 )
 from e2b_provider.protocol import scripts as scripts
 
-from .conftest import root, unique_name
+from .conftest import root, unique_name, warm_file_agent
 
 #: Trials in all (the issue asks for at least 200).
 TRIALS = 240
@@ -48,8 +47,7 @@ def box(emulator) -> Iterator[tuple]:  # type: ignore[no-untyped-def]
         h = p.create(unique_name("atomic"))
         # a provider that never uses the file agent: every small write takes the script
         scripted._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
-        p.stat(h, "/workspace")
-        wait_until(lambda: p._files._agents.sessions() != [], 30, "the file agent")
+        warm_file_agent(p, h)
         try:
             yield p, scripted, h
         finally:

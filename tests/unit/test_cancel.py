@@ -8,6 +8,7 @@ import time
 from typing import List
 
 import pytest
+from waiting import run_in_threads
 
 from e2b_provider.cancel import CancelReason, CancelToken, Deadline
 from e2b_provider.errors import Cancelled
@@ -144,11 +145,7 @@ def test_cancel_races_from_many_threads_one_winner() -> None:
         with lock:
             results.append(won)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(5.0)
+    run_in_threads(worker, 8, 5.0)
     assert results.count(True) == 1 and len(results) == 8
     assert len(calls) == 1 and calls[0] == tok.reason
 

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Dict, Iterator, List
+from typing import IO, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -305,6 +305,27 @@ def _open_writer(fifo: Path, timeout: float = 30.0) -> int:
         return fd
 
 
+def _streamed(args: List[str], env: Dict[str, str], fifo: Path,
+              data: bytes) -> Tuple[bytes, bytes]:
+    """Run the stream write ``args`` in a namespace of its own; once it is ready, write
+    ``data`` into its FIFO and close it. What the write printed (stdout, stderr)."""
+    with _ns_popen(args, env) as p:
+        try:
+            assert p.stdout is not None
+            assert _first_line(p.stdout) == b"ready\n", p.stderr
+            fd = _open_writer(fifo)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            out, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    return out, err
+
+
 #: Prints ``leftovers`` and every temporary file and registry entry left in the namespace.
 _LEFTOVERS = (
     'echo leftovers $(find /opt /tmp \\( -name "$PART*" -o -path "$PARTS*/*" '
@@ -344,20 +365,8 @@ def test_stream_write(tmp_path: Path, skills: bool) -> None:
                 "same", "fifo gone", "leftovers"]  # fmt: skip
     env = _ns_env(tmp_path, SETUP=f"umask 022; {setup}", REPORT=_STREAM_REPORT, T=target,
                   EXPECT=str(expect), F=str(fifo))  # fmt: skip
-    with _ns_popen(args, env) as p:
-        try:
-            assert p.stdout is not None
-            assert _first_line(p.stdout) == b"ready\n", p.stderr
-            fd = _open_writer(fifo)
-            try:
-                os.write(fd, data)  # far more than a pipe holds: the script reads as it comes
-            finally:
-                os.close(fd)
-            out, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+    # far more than a pipe holds: the script reads as it comes
+    out, err = _streamed(args, env, fifo, data)
     # "open": the script says when the FIFO was opened for the upload
     assert out.decode().split("\n")[:-1] == ["open", "rc=0", *want], err
 
@@ -790,20 +799,7 @@ def test_a_cut_stream_write_leaves_the_old_file(tmp_path: Path, skills: bool) ->
     report = 'cat "$T"; ' + _LEFTOVERS
     args = S.stream_write_args(target, str(fifo), skills, uuid.uuid4().hex, size=len(data))
     env = _ns_env(tmp_path, SETUP=setup, REPORT=report, T=target)
-    with _ns_popen(args, env) as p:
-        try:
-            assert p.stdout is not None
-            assert _first_line(p.stdout) == b"ready\n", p.stderr
-            fd = _open_writer(fifo)
-            try:
-                os.write(fd, data[: len(data) // 2])
-            finally:
-                os.close(fd)
-            out, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+    out, err = _streamed(args, env, fifo, data[: len(data) // 2])
     assert _quiet_lines(out.decode()) == ["open", "rc=1", "old", "leftovers"], err
     reason = messages.script_reason(err.decode(), 1)
     assert reason == (f"the upload was incomplete (150000 of 300000 bytes arrived); {target} "

@@ -238,6 +238,20 @@ def test_followers_get_the_leaders_error(cache: LeaseCache, connector: Connector
     assert len(connector.calls) == 1
 
 
+def _leader_and_follower(entered: threading.Event, leader: Callable[[], object],
+                         follower: Callable[[], object], meanwhile: Callable[[], object]) -> None:
+    """``leader`` in a thread until the connect it leads was entered, then ``follower`` in
+    another; ``meanwhile`` runs, and both threads are joined."""
+    lt = threading.Thread(target=leader)
+    lt.start()
+    assert entered.wait(10)
+    ft = threading.Thread(target=follower)
+    ft.start()
+    meanwhile()
+    lt.join(10)
+    ft.join(10)
+
+
 def test_a_cancelled_leader_does_not_cancel_its_followers(
     cache: LeaseCache, connector: Connector
 ) -> None:
@@ -261,14 +275,9 @@ def test_a_cancelled_leader_does_not_cancel_its_followers(
         except Cancelled as exc:
             out.append(exc)
 
-    lt = threading.Thread(target=leader)
-    lt.start()
-    assert entered.wait(10)
-    ft = threading.Thread(target=lambda: out.append(cache.get(SID, need=1, lease_seconds=60)))
-    ft.start()
-    leader_token.cancel()
-    lt.join(10)
-    ft.join(10)
+    _leader_and_follower(entered, leader,
+                         lambda: out.append(cache.get(SID, need=1, lease_seconds=60)),
+                         leader_token.cancel)
     assert any(isinstance(o, Cancelled) for o in out)
     assert target(2) in out  # the follower connected itself
     assert len(connector.calls) == 2
@@ -299,14 +308,9 @@ def test_keyboard_interrupt_in_the_leader_is_not_raised_in_followers(
         except KeyboardInterrupt as exc:
             out.append(exc)
 
-    lt = threading.Thread(target=leader)
-    lt.start()
-    assert entered.wait(10)
-    ft = threading.Thread(target=lambda: out.append(cache.get(SID, need=1, lease_seconds=60)))
-    ft.start()
-    release.set()
-    lt.join(10)
-    ft.join(10)
+    _leader_and_follower(entered, leader,
+                         lambda: out.append(cache.get(SID, need=1, lease_seconds=60)),
+                         release.set)
     assert any(isinstance(o, KeyboardInterrupt) for o in out) and target(2) in out
 
 
@@ -325,15 +329,10 @@ def test_shared_answer_with_a_shorter_lease_is_not_enough(
     cache: LeaseCache, connector: Connector
 ) -> None:
     entered, release = connector.hold(first_only=True)
-    lt = threading.Thread(target=lambda: cache.get(SID, need=1, lease_seconds=60))
-    lt.start()
-    assert entered.wait(10)
     got: List[Target] = []
-    ft = threading.Thread(target=lambda: got.append(cache.get(SID, need=500, lease_seconds=600)))
-    ft.start()
-    release.set()
-    lt.join(10)
-    ft.join(10)
+    _leader_and_follower(entered, lambda: cache.get(SID, need=1, lease_seconds=60),
+                         lambda: got.append(cache.get(SID, need=500, lease_seconds=600)),
+                         release.set)
     assert [c[1] for c in connector.calls] == [60, 600]
 
 
