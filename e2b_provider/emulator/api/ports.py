@@ -248,6 +248,14 @@ def upstream_answer(
     return resp
 
 
+def _port_closed(
+    request: web.BaseRequest, rec: SandboxRecord, entry: Dict[str, Any]
+) -> web.Response:
+    """The edge's 502 for a port nothing listens on (logged as the request's status)."""
+    entry["status"] = 502
+    return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+
+
 def abort(request: web.BaseRequest) -> None:
     """Close the client connection (after what was written): a broken answer stays broken."""
     transport = request.transport
@@ -314,12 +322,10 @@ class PortRelay:
             )
         except SandboxPortClosed as exc:
             log.debug("port %d of %s is not open: %s", port, rec.sandbox_id, exc)
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             log.info("port %d of %s did not answer: %s", port, rec.sandbox_id, exc)
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
 
         finished = False
         try:
@@ -373,12 +379,10 @@ class PortRelay:
             entry["status"] = status
             return web.Response(status=status, text=f"{exc.message}\n")
         except SandboxPortClosed:
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             log.info("websocket to port %d of %s failed: %s", port, rec.sandbox_id, exc)
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
         try:
             ws = web.WebSocketResponse(
                 protocols=(upstream.protocol,) if upstream.protocol else (),
