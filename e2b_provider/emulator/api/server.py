@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 
 from aiohttp import web
 
+from ..runtime.linux import MAX_SOCKET_PATH
 from .admin import AdminRoutes
 from .control import ControlPlane
 from .half_close import HalfCloseRunner
@@ -31,8 +32,6 @@ __all__ = ["EmulatorServer"]
 
 log = logging.getLogger("e2b_provider.emulator.server")
 
-#: Longest unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
-MAX_SOCKET_PATH = 107
 #: The listening socket's accept queue (the kernel caps it at ``net.core.somaxconn``). E2B's
 #: edge takes a burst of connections: a client that starts 1,000 commands at once opens 1,000
 #: of them. With aiohttp's default of 128 the kernel dropped the SYNs past the queue (each

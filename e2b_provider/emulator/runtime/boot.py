@@ -68,7 +68,6 @@ __all__ = ["SandboxRuntime"]
 
 log = logging.getLogger(__name__)
 
-_SUN_PATH_MAX = 107
 _WAIT_LIMIT_SECONDS = 10.0  # bound on freeze/thaw/halt waits, seconds
 _warned: Set[str] = set()
 
@@ -116,7 +115,7 @@ class SandboxRuntime:
         self.envd_socket = os.path.join(state_dir, "e2b", "envd.sock")
         self.ports_socket = os.path.join(state_dir, "e2b", "ports.sock")
         self.output = SandboxOutput()
-        if len(self.envd_socket.encode()) > _SUN_PATH_MAX:
+        if len(self.envd_socket.encode()) > linux.MAX_SOCKET_PATH:
             raise ValueError(f"state_dir too long for a unix socket path: {self.envd_socket!r}")
         argv = list(agent_argv) if agent_argv is not None else default_agent_argv()
         if not argv or not os.path.isabs(argv[0]):

@@ -22,6 +22,7 @@ import attrs
 __all__ = [
     "CAP_SYS_ADMIN",
     "HOST_PATH",
+    "MAX_SOCKET_PATH",
     "MountInfo",
     "cap_effective",
     "cgroup1_mount",
@@ -43,6 +44,8 @@ PR_SET_PDEATHSIG = 1
 CAP_SYS_ADMIN = 21
 #: The ``PATH`` host tools (``unshare``, ``rm``, ``newuidmap``, ``mkfs.ext4``) are looked up in.
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Longest unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
+MAX_SOCKET_PATH = 107
 
 
 @attrs.frozen
