@@ -1,9 +1,10 @@
 """Boot, freeze, halt and destroy one sandbox of the local E2B emulator (host side).
 
 This module owns the host side of a sandbox's life: its state directory, its limits, and the
-``unshare`` process whose child (:mod:`.init`, PID 1 of fresh pid/mount/uts/ipc/net/cgroup/time
-namespaces, run by file path) builds the sandbox's root filesystem and runs the envd agent
-(``python -m e2b_provider.emulator.agent``) on a unix socket. The spec is :mod:`.spec`'s, the
+``unshare`` process whose child (:mod:`.pid1.init`, PID 1 of fresh
+pid/mount/uts/ipc/net/cgroup/time namespaces, run by file path) builds the sandbox's root
+filesystem and runs the envd agent (``python -m e2b_provider.emulator.agent``) on a unix
+socket. The spec is :mod:`.spec`'s, the
 files a boot starts from :mod:`.boot_files`', PID 1's command and output log
 :mod:`.init_launch`'s, cgroups :mod:`.cgroups`', disk images :mod:`.disk`'s, the isolation
 check, ids and rootless mode :mod:`.namespaces`'.

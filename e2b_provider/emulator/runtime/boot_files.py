@@ -1,6 +1,6 @@
 """The files a sandbox boots from: the agent's command line, the host paths bound into every
 sandbox, and the state directory's skeleton with ``sandbox.json``, ``boot_id`` and
-``boot.json`` (the configuration PID 1, :mod:`.init`, reads).
+``boot.json`` (the configuration PID 1, :mod:`.pid1.init`, reads).
 
 This module owns what a boot is configured with; :mod:`.boot` writes these files before each
 boot (see its docstring for the state directory's layout) and starts PID 1 on ``boot.json``.

@@ -1,8 +1,8 @@
 """PID 1's process on the host side: the ``unshare`` command that starts it, and its output.
 
 This module owns the command line of a sandbox's PID 1 (``unshare --pid --fork --mount …
---kill-child -- <python> -E -s -S <path of init.py> <boot.json>``, a time namespace whose
-uptime starts at 0 where the kernel has one), spawning it with its output on a pipe, and the
+--kill-child -- <python> -E -s -S -B <path of pid1/init.py> <boot.json>``, a time namespace
+whose uptime starts at 0 where the kernel has one), spawning it with its output on a pipe, and the
 pipe's pump into ``init.log`` (rotated to ``init.log.1`` past 1 MiB) and the sandbox's
 :class:`~.output.SandboxOutput`; and reading that log's end for error messages. The cgroups
 PID 1 joins and its lifetime are :mod:`.boot`'s.
@@ -28,7 +28,7 @@ __all__ = ["init_argv", "log_tail", "start_init"]
 # the warnings about a sandbox's output keep the name of the logger of the sandbox's boot
 log = logging.getLogger("e2b_provider.emulator.runtime.boot")
 
-_INIT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init.py")
+_INIT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pid1", "init.py")
 _LOG_LIMIT = 1 << 20  # init.log is rotated past this many bytes
 
 
@@ -91,10 +91,11 @@ def init_argv(boot_json: str, *, rootless: bool) -> List[str]:
     # subgid ranges (newuidmap/newgidmap, --map-auto), so that sandbox users are real ids.
     # Root mode: PID 1 makes the sandbox's user namespace itself, once its mounts are done.
     userns = ["--user", "--map-root-user", "--map-auto"] if rootless else []
+    # -B: PID 1 (host root in root mode) writes no bytecode of its modules into the package.
     return [
         unshare, *userns, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net",
         "--cgroup", *_time_namespace(), "--propagation", "private", "--kill-child", "--",
-        sys.executable, "-E", "-s", "-S", _INIT_PATH, boot_json,
+        sys.executable, "-E", "-s", "-S", "-B", _INIT_PATH, boot_json,
     ]  # fmt: skip
 
 

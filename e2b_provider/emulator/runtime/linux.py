@@ -6,7 +6,7 @@ ctypes, parsing ``/proc/self/mountinfo`` (to find the cgroup2 and cgroup-v1 hier
 check that no mount is left behind), capability masks from ``/proc/<pid>/status``, process
 states, children and namespace identities, and running host tools quietly (:func:`run_tool`,
 with :data:`HOST_PATH`). No sockets, no aiohttp/requests/urllib3. The
-sandbox side (mounts, pivot_root) lives in :mod:`.init`, which must stay runnable without this
+sandbox side (mounts, pivot_root) lives in :mod:`.pid1`, which must stay runnable without this
 package.
 """
 
