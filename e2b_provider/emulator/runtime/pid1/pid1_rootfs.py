@@ -17,63 +17,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 # PID 1 runs by path: its siblings are top-level modules of sys.path[0] (this folder);
 # type checkers and the host see them in the package (PID 1 never imports the package).
 if TYPE_CHECKING:
-    from .pid1_accounts import (
-        RESOLV_CONF,
-        SANDBOX_USERS,
-        render_group,
-        render_gshadow,
-        render_hosts,
-        render_passwd,
-        render_shadow,
-        render_sudoers,
-    )
-    from .pid1_syscalls import (
-        KEEP_CAPS,
-        MS_BIND,
-        MS_NOATIME,
-        MS_NODEV,
-        MS_NOEXEC,
-        MS_NOSUID,
-        MS_RDONLY,
-        MS_REMOUNT,
-        drop_bounding_set,
-        listen,
-        locked_flags,
-        loop_attach,
-        loopback_up,
-        make_userns,
-        mount,
-        pivot_root,
-    )
+    from . import pid1_accounts as accounts
+    from . import pid1_syscalls as syscalls
 else:
-    from pid1_accounts import (
-        RESOLV_CONF,
-        SANDBOX_USERS,
-        render_group,
-        render_gshadow,
-        render_hosts,
-        render_passwd,
-        render_shadow,
-        render_sudoers,
-    )
-    from pid1_syscalls import (
-        KEEP_CAPS,
-        MS_BIND,
-        MS_NOATIME,
-        MS_NODEV,
-        MS_NOEXEC,
-        MS_NOSUID,
-        MS_RDONLY,
-        MS_REMOUNT,
-        drop_bounding_set,
-        listen,
-        locked_flags,
-        loop_attach,
-        loopback_up,
-        make_userns,
-        mount,
-        pivot_root,
-    )
+    import pid1_accounts as accounts
+    import pid1_syscalls as syscalls
 
 __all__ = [
     "Boot",
@@ -93,12 +41,14 @@ _SUDO_DIRS = ("/usr/libexec/sudo", "/usr/lib/sudo")
 
 
 def _bind(source: str, target: str, readonly: bool = False, extra: int = 0) -> None:
-    mount(source, target, None, MS_BIND, None)
+    syscalls.mount(source, target, None, syscalls.MS_BIND, None)
     if readonly or extra:
-        flags = MS_BIND | MS_REMOUNT | extra | (MS_RDONLY if readonly else 0)
+        flags = (
+            syscalls.MS_BIND | syscalls.MS_REMOUNT | extra | (syscalls.MS_RDONLY if readonly else 0)
+        )
         if _rootless:
-            flags |= locked_flags(os.statvfs(target).f_flag)
-        mount(None, target, None, flags, None)
+            flags |= syscalls.locked_flags(os.statvfs(target).f_flag)
+        syscalls.mount(None, target, None, flags, None)
 
 
 def _own(path: str, uid: int = 0, gid: int = 0) -> None:
@@ -154,9 +104,11 @@ def _mount_disk(disk: Mapping[str, str]) -> None:
     The loop device detaches itself when the namespace dies with the sandbox's last process,
     whatever kills it, so nothing is left on the host.
     """
-    device, fd = loop_attach(disk["image"])
+    device, fd = syscalls.loop_attach(disk["image"])
     try:
-        mount(device, disk["mount"], "ext4", MS_NODEV | MS_NOATIME, "noinit_itable")
+        syscalls.mount(
+            device, disk["mount"], "ext4", syscalls.MS_NODEV | syscalls.MS_NOATIME, "noinit_itable"
+        )
     finally:
         os.close(fd)
 
@@ -172,7 +124,7 @@ def _skeleton(cfg: Mapping[str, Any]) -> None:
     _mkdir(os.path.join(root, "skills"), 0o755)
     _mkdir(os.path.join(root, "workspace"), 0o755, 1000, 1000)
     _mkdir(os.path.join(root, "home"), 0o755)
-    for _name, ident, home in SANDBOX_USERS:
+    for _name, ident, home in accounts.SANDBOX_USERS:
         _mkdir(root + home, 0o755, ident, ident)
     for name, target in cfg["symlinks"].items():
         link = os.path.join(root, name)
@@ -193,7 +145,7 @@ def _overlays(cfg: Mapping[str, Any]) -> None:
         os.lchown(upper, _uid_base, _gid_base)
         _mkdir(os.path.join(root, name), 0o755)
         # Rootless, overlayfs keeps its metadata in user.* xattrs (trusted.* needs real root).
-        mount(
+        syscalls.mount(
             "overlay",
             os.path.join(root, name),
             "overlay",
@@ -271,8 +223,10 @@ def _base_template(cfg: Mapping[str, Any]) -> None:
             xattr = "user.overlay.opaque" if _rootless else "trusted.overlay.opaque"
             os.setxattr(rules, xattr, b"y")
     without = [str(name) for name in cfg.get("without") or ()]
-    if "python" not in without and not os.path.lexists("/usr/bin/python") and (
-        os.path.exists("/usr/bin/python3")
+    if (
+        "python" not in without
+        and not os.path.lexists("/usr/bin/python")
+        and (os.path.exists("/usr/bin/python3"))
     ):
         link = _upper_path(cfg, "/usr/bin/python")
         if link is not None and not os.path.lexists(link):
@@ -320,7 +274,7 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
     if previous and previous != hostname:
         for name, old, new in (
             ("hostname", previous + "\n", hostname + "\n"),
-            ("hosts", render_hosts(previous), render_hosts(hostname)),
+            ("hosts", accounts.render_hosts(previous), accounts.render_hosts(hostname)),
         ):
             path = os.path.join(etc, name)
             if not fresh(name) and _read(path) == old:
@@ -329,17 +283,17 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
         with open(marker, "w", encoding="utf-8") as f:
             f.write(hostname + "\n")
 
-    passwd = render_passwd(_read("/etc/passwd"))
-    group = render_group(_read("/etc/group"), passwd)
+    passwd = accounts.render_passwd(_read("/etc/passwd"))
+    group = accounts.render_group(_read("/etc/group"), passwd)
     shadow_gid = _group_id(group, "shadow")
     files = (
         ("passwd", passwd, 0o644, 0),
         ("group", group, 0o644, 0),
-        ("shadow", render_shadow(passwd), 0o640, shadow_gid),
-        ("gshadow", render_gshadow(group), 0o640, shadow_gid),
+        ("shadow", accounts.render_shadow(passwd), 0o640, shadow_gid),
+        ("gshadow", accounts.render_gshadow(group), 0o640, shadow_gid),
         ("hostname", hostname + "\n", 0o644, 0),
-        ("hosts", render_hosts(hostname), 0o644, 0),
-        ("sudoers", render_sudoers(), 0o440, 0),
+        ("hosts", accounts.render_hosts(hostname), 0o644, 0),
+        ("sudoers", accounts.render_sudoers(), 0o440, 0),
     )
     for name, text, mode, gid in files:
         if fresh(name):
@@ -348,7 +302,7 @@ def _accounts(cfg: Mapping[str, Any]) -> None:
     if fresh("resolv.conf") or os.path.islink(resolv):
         if os.path.islink(resolv):
             os.unlink(resolv)
-        _write_new(resolv, RESOLV_CONF, 0o644)
+        _write_new(resolv, accounts.RESOLV_CONF, 0o644)
     upload = os.path.join(cfg["root"], "opt", "capybara", "upload")
     _makedirs(os.path.dirname(upload))
     _mkdir(upload, 0o700)
@@ -361,7 +315,7 @@ def _ro_binds(cfg: Mapping[str, Any]) -> None:
     for path in cfg["ro_binds"]:
         target = root + path
         _makedirs(target)
-        _bind(path, target, readonly=True, extra=MS_NOSUID | MS_NODEV)
+        _bind(path, target, readonly=True, extra=syscalls.MS_NOSUID | syscalls.MS_NODEV)
 
 
 def _volume_binds(cfg: Mapping[str, Any]) -> None:
@@ -392,7 +346,7 @@ def _volume_binds(cfg: Mapping[str, Any]) -> None:
                     ) from None
                 os.close(fd)
                 fd = nxt
-            mount(source, f"/proc/self/fd/{fd}", None, MS_BIND, None)
+            syscalls.mount(source, f"/proc/self/fd/{fd}", None, syscalls.MS_BIND, None)
         finally:
             os.close(fd)
 
@@ -406,53 +360,64 @@ def _kernel_fs(cfg: Mapping[str, Any]) -> None:
     root = cfg["root"]
     ids = f"uid={_uid_base},gid={_gid_base}"
     proc = os.path.join(root, "proc")
-    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    syscalls.mount(
+        "proc", proc, "proc", syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC, None
+    )
     if cfg.get("userns"):
         # The network namespace belongs to the host's user namespace, in which the sandbox's
         # root has no capability: let it bind ports below 1024 and ping, as root can on E2B.
         _write_sysctl(proc, "net.ipv4.ip_unprivileged_port_start", "0")
         _write_sysctl(proc, "net.ipv4.ping_group_range", "0 2147483647")
-    _bind(proc + "/sys", proc + "/sys", readonly=True, extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _bind(
+        proc + "/sys",
+        proc + "/sys",
+        readonly=True,
+        extra=syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC,
+    )
     if cfg.get("boot_id_file"):
         # This boot's own id (the host's otherwise): a cold boot is a boot.
         _bind(
             cfg["boot_id_file"],
             proc + "/sys/kernel/random/boot_id",
             readonly=True,
-            extra=MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            extra=syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC,
         )
     for masked in ("sysrq-trigger", "kcore"):
         if os.path.exists(os.path.join(proc, masked)):
             _bind("/dev/null", os.path.join(proc, masked))
-    ro_flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-    mount("sysfs", os.path.join(root, "sys"), "sysfs", ro_flags, None)
+    ro_flags = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
+    syscalls.mount("sysfs", os.path.join(root, "sys"), "sysfs", ro_flags, None)
 
     dev = os.path.join(root, "dev")
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, f"mode=755,size=64k,{ids}")
+    syscalls.mount(
+        "tmpfs", dev, "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NOEXEC, f"mode=755,size=64k,{ids}"
+    )
     for name in _DEVICES:
         path = os.path.join(dev, name)
         with open(path, "w"):
             pass
         _bind("/dev/" + name, path)
     os.mkdir(dev + "/pts", 0o755)
-    mount(
+    syscalls.mount(
         "devpts",
         dev + "/pts",
         "devpts",
-        MS_NOSUID | MS_NOEXEC,
+        syscalls.MS_NOSUID | syscalls.MS_NOEXEC,
         f"newinstance,ptmxmode=0666,mode=0620,gid={_gid_base + 5}",
     )
     os.symlink("pts/ptmx", dev + "/ptmx")
     os.mkdir(dev + "/shm")
-    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{ids}")
+    syscalls.mount(
+        "tmpfs", dev + "/shm", "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV, f"mode=1777,{ids}"
+    )
     os.symlink("/proc/self/fd", dev + "/fd")
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
 
     run = os.path.join(root, "run")
-    mount("tmpfs", run, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=755,{ids}")
+    syscalls.mount("tmpfs", run, "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV, f"mode=755,{ids}")
     os.mkdir(run + "/e2b", 0o700)
-    _bind(cfg["e2b_dir"], run + "/e2b", extra=MS_NOSUID | MS_NODEV)
+    _bind(cfg["e2b_dir"], run + "/e2b", extra=syscalls.MS_NOSUID | syscalls.MS_NODEV)
     _mkdir(run + "/lock", 0o1777)
 
 
@@ -494,11 +459,11 @@ def setup(cfg: Mapping[str, Any]) -> Boot:
     _ro_binds(cfg)
     _kernel_fs(cfg)
     _volume_binds(cfg)
-    pivot_root(root)
+    syscalls.pivot_root(root)
     socket.sethostname(cfg["hostname"])
-    loopback_up()
-    listener = listen(cfg["agent_socket"])
-    ports = listen(cfg["ports_socket"]) if cfg.get("ports_socket") else None
-    userns_fd = make_userns(userns) if userns else None
-    drop_bounding_set(KEEP_CAPS)
+    syscalls.loopback_up()
+    listener = syscalls.listen(cfg["agent_socket"])
+    ports = syscalls.listen(cfg["ports_socket"]) if cfg.get("ports_socket") else None
+    userns_fd = syscalls.make_userns(userns) if userns else None
+    syscalls.drop_bounding_set(syscalls.KEEP_CAPS)
     return Boot(listener, userns_fd, ports)
