@@ -1,7 +1,5 @@
 """The sandbox's generated account and name files (pure): ``/etc/passwd``, ``group``,
 ``shadow``, ``gshadow``, ``hosts``, ``sudoers`` and ``resolv.conf``, and the sandbox's users.
-
-Standard library only: PID 1 (:mod:`init`) runs by file path with ``python -S``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """PID 1's log lines: one JSON object per line, with the keys of the agent's (envd's) lines.
-
-Standard library only: PID 1 (:mod:`init`) runs by file path with ``python -S``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """PID 1's loop: start the agent, restart it when it exits, reap every orphan, and shut
 down on a signal from outside the sandbox.
-
-Standard library only: PID 1 (:mod:`init`) runs by file path with ``python -S``.
 """
 
 from __future__ import annotations
@@ -12,8 +10,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-# PID 1 runs by path: its siblings are top-level modules of sys.path[0] (this folder);
-# type checkers and the host see them in the package (PID 1 never imports the package).
+# siblings by top-level name for PID 1, through the package for type checkers (see init.py)
 if TYPE_CHECKING:
     from .pid1_log import log, log_line
     from .pid1_rootfs import Boot

@@ -2,8 +2,6 @@
 of its setup (:func:`setup`): the disk, the overlays, the generated accounts, the binds, the
 kernel filesystems, ``pivot_root``, the hostname and loopback, the agent's sockets and user
 namespace, the bounding set.
-
-Standard library only: PID 1 (:mod:`init`) runs by file path with ``python -S``.
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ import socket
 import stat
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-# PID 1 runs by path: its siblings are top-level modules of sys.path[0] (this folder);
-# type checkers and the host see them in the package (PID 1 never imports the package).
+# siblings by top-level name for PID 1, through the package for type checkers (see init.py)
 if TYPE_CHECKING:
     from . import pid1_accounts as accounts
     from . import pid1_syscalls as syscalls

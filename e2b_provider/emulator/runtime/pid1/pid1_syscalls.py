@@ -1,8 +1,6 @@
 """PID 1's system calls through libc and ioctls: mount, pivot_root, loop devices, the
 loopback interface, the capability bounding set, the sandbox's user namespace and the agent's
 listening sockets.
-
-Standard library only: PID 1 (:mod:`init`) runs by file path with ``python -S``.
 """
 
 from __future__ import annotations
