@@ -31,7 +31,8 @@ from typing import Any, Dict, Optional, Tuple
 import pytest
 
 from e2b_provider.emulator.agent.filesystem import go_mode_string, rfc3339
-from e2b_provider.emulator.agent.process import DEFAULT_PATH, exit_info_from_status
+from e2b_provider.emulator.agent.process_exit import exit_info_from_status
+from e2b_provider.emulator.agent.process_spawn import DEFAULT_PATH
 from e2b_provider.emulator.agent.rpc import basic_username
 from e2b_provider.protocol.connect import EndStream, EnvelopeDecoder, Message
 

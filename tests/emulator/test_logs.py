@@ -20,7 +20,7 @@ from waiting import wait_until
 from e2b_provider.emulator import Emulator
 from e2b_provider.emulator.api.logs import parse_line
 from e2b_provider.emulator.runtime import SandboxOutput
-from e2b_provider.emulator.runtime.init import log_line
+from e2b_provider.emulator.runtime.pid1.pid1_log import log_line
 
 from .test_server import envd_headers, read_events, run
 

@@ -37,10 +37,10 @@ from e2b_provider.emulator import runtime
 from e2b_provider.emulator.runtime import (
     IsolationUnavailable,
     check_isolation,
-    init,
     namespaces,
     subid_range,
 )
+from e2b_provider.emulator.runtime.pid1 import pid1_syscalls as init
 
 _HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -37,10 +37,10 @@ from e2b_provider.emulator.runtime import (
     SandboxSpec,
     cgroups,
     check_isolation,
-    init,
     linux,
     namespaces,
 )
+from e2b_provider.emulator.runtime.pid1 import pid1_accounts as init
 from e2b_provider.protocol.connect import EnvelopeDecoder, Message, encode_envelope
 
 try:

@@ -45,11 +45,10 @@ from . import files as agent_files
 from . import filesystem as agent_fs
 from . import journal
 from .ports import PortsServer
-from .process import (
-    ExitRecord,
-    ManagedProcess,
-    ProcessManager,
-    Subscriber,
+from .process import ManagedProcess, ProcessManager
+from .process_exit import ExitRecord
+from .process_output import Subscriber
+from .process_requests import (
     decode_input,
     parse_pty_size,
     parse_selector,

@@ -44,7 +44,7 @@ from .filesystem import (
     validate_metadata,
     write_metadata_fd,
 )
-from .process import _wait_writable
+from .process_output import wait_writable
 from .rpc import RpcError, UserInfo, errno_text, expand_and_resolve, lookup_user
 
 __all__ = ["FILE_CHUNK", "download", "go_json", "upload"]
@@ -443,7 +443,7 @@ async def _write_all(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view) :]
         except BlockingIOError:
-            await _wait_writable(fd, None)
+            await wait_writable(fd, None)
 
 
 class _Writer:

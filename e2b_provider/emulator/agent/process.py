@@ -25,6 +25,10 @@ child can write, so a PTY's first output is never lost; envd forks inside
 ``pty.StartWithSize`` before it subscribes and may drop what the program writes in that
 moment (a race no client can rely on either way).
 
+The requests are validated by :mod:`.process_requests`, the launch is
+:mod:`.process_spawn`'s, subscribers and fd waits :mod:`.process_output`'s and exit statuses
+:mod:`.process_exit`'s; this module owns the processes' lives and the table of them.
+
 Everything here runs on the agent's event loop thread; it uses asyncio file-descriptor
 readiness (and a pidfd per child) rather than threads. It imports no requests/urllib3/socket.
 """
@@ -34,375 +38,43 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
-import fcntl
 import logging
-import mmap
 import os
 import random
-import shutil
 import signal
-import struct
 import subprocess
-import termios
 import threading
-from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import attrs
 
-from ...protocol.process_events import SIGNALS
 from . import journal
-from .rpc import RpcError, UserInfo, decode_b64, errno_text, expand_and_resolve
+from .process_exit import ExitInfo, ExitRecord, exit_info_from_status
+from .process_output import Item, Subscriber, wait_readable, wait_writable
+from .process_requests import Selector, StartSpec
+from .process_spawn import DEFAULT_PATH, Launcher, set_winsize
+from .rpc import RpcError, UserInfo, errno_text, expand_and_resolve
 
 __all__ = [
-    "DEFAULT_PATH",
     "RETENTION_SECONDS",
     "STD_CHUNK",
-    "ExitInfo",
-    "ExitRecord",
     "ManagedProcess",
     "ProcessManager",
-    "StartSpec",
-    "Subscriber",
-    "decode_input",
-    "exit_info_from_status",
-    "go_signal_name",
-    "parse_pty_size",
-    "parse_selector",
-    "parse_signal",
-    "parse_start_request",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The PATH every process gets (envd passes on its own PATH, which is this in E2B's VMs).
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Largest raw chunk of one stdout/stderr data event (envd: 32 KiB).
 STD_CHUNK = 32 * 1024
 #: Largest raw chunk of one PTY data event (envd: 16 KiB).
 PTY_CHUNK = 16 * 1024
-#: Data events queued per subscriber before the process's reader waits for it.
-SUBSCRIBER_BUFFER = 16
 #: How long an exited process's end event stays available to ``Connect``.
 RETENTION_SECONDS = 30.0
 #: What is still read from a released process's pipes once it exited (bounded).
 _DRAIN_LIMIT = 1024 * 1024
 
-_OOM_SCORE = 100
 #: Go's map iteration order is random: what envd's lookups by tag go through.
 _map_order = random.Random()
-
-# Go's syscall signal table (linux), by number: what ProcessState.String() prints after
-# "signal: ". The client side parses the same table back
-# (``e2b_provider.protocol.process_events.SIGNALS``).
-_GO_SIGNALS: Mapping[int, str] = {number: name for name, number in SIGNALS.items()}
-
-_SIGNALS_BY_NAME: Mapping[str, int] = {
-    "SIGNAL_SIGKILL": int(signal.SIGKILL),
-    "SIGNAL_SIGTERM": int(signal.SIGTERM),
-}
-
-Item = Tuple[str, Dict[str, Any]]
-"""A subscriber item: ``("data", event)``, ``("end", event)`` or ``("closed", {})``."""
-
-
-def go_signal_name(sig: int) -> str:
-    """The name Go's ``syscall.Signal.String()`` gives a Linux signal number."""
-    return _GO_SIGNALS.get(sig, f"signal {sig}")
-
-
-@attrs.frozen
-class ExitInfo:
-    """How a process ended, in the terms of Go's ``os.ProcessState``."""
-
-    exit_code: int
-    exited: bool
-    status: str
-    error: Optional[str]
-
-    def end_event(self) -> Dict[str, Any]:
-        """The ``ProcessEvent`` ``{"end": …}`` with proto3 JSON omissions."""
-        end: Dict[str, Any] = {}
-        if self.exit_code:
-            end["exitCode"] = self.exit_code
-        if self.exited:
-            end["exited"] = True
-        if self.status:
-            end["status"] = self.status
-        if self.error is not None:
-            end["error"] = self.error
-        return {"end": end}
-
-
-def exit_info_from_status(status: int) -> ExitInfo:
-    """Translate a ``waitpid`` status like Go's ``ExitCode()``/``Exited()``/``String()``.
-
-    A non-zero exit or a signal death also carries ``error`` (the text of ``cmd.Wait()``'s
-    error, identical to the status text); a clean exit does not.
-    """
-    if os.WIFEXITED(status):
-        code = os.WEXITSTATUS(status)
-        exited = True
-        text = f"exit status {code}"
-    elif os.WIFSIGNALED(status):
-        code = -1
-        exited = False
-        text = "signal: " + go_signal_name(os.WTERMSIG(status))
-    else:  # stopped/continued never reach us (no WUNTRACED), kept for completeness
-        code = -1
-        exited = False
-        text = "unknown status"
-    if os.WCOREDUMP(status):
-        text += " (core dumped)"
-    error = None if (exited and code == 0) else text
-    return ExitInfo(code, exited, text, error)
-
-
-@attrs.frozen
-class StartSpec:
-    """A validated ``StartRequest``: what to run, and the config echoed by ``List``."""
-
-    cmd: str
-    args: Tuple[str, ...] = ()
-    envs: Mapping[str, str] = attrs.field(factory=dict)
-    cwd: Optional[str] = None
-    tag: Optional[str] = None
-    stdin: bool = True
-    pty: Optional[Tuple[int, int]] = None  # (cols, rows)
-
-    def config_json(self) -> Dict[str, Any]:
-        """``ProcessConfig`` as envd echoes it: the request's own values, proto3 omissions."""
-        config: Dict[str, Any] = {}
-        if self.cmd:
-            config["cmd"] = self.cmd
-        if self.args:
-            config["args"] = list(self.args)
-        if self.envs:
-            config["envs"] = dict(self.envs)
-        if self.cwd is not None:
-            config["cwd"] = self.cwd
-        return config
-
-
-def _bad(message: str) -> RpcError:
-    return RpcError("invalid_argument", f"unmarshal message: {message}")
-
-
-def _uint(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise _bad(f"{what} is not an integer")
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or value < 0 or value > 0xFFFFFFFF:
-        raise _bad(f"{what} is not an unsigned 32-bit integer")
-    return value
-
-
-def parse_pty_size(pty_obj: Any) -> Optional[Tuple[int, int]]:
-    """The ``(cols, rows)`` of a ``PTY`` message (``None`` when unset), as uint32 values.
-
-    Raises:
-        RpcError: ``invalid_argument`` for a value that is not an object or a uint32.
-    """
-    if pty_obj is None:
-        return None
-    if not isinstance(pty_obj, dict):
-        raise _bad("pty is not an object")
-    size = pty_obj.get("size") or {}
-    if not isinstance(size, dict):
-        raise _bad("pty.size is not an object")
-    return (
-        _uint(size.get("cols", 0), "pty.size.cols"),
-        _uint(size.get("rows", 0), "pty.size.rows"),
-    )
-
-
-def parse_start_request(obj: Mapping[str, Any]) -> StartSpec:
-    """Validate a ``StartRequest`` JSON object (unknown fields are ignored).
-
-    Raises:
-        RpcError: ``invalid_argument`` for fields of the wrong type.
-    """
-    process = obj.get("process")
-    if process is None:
-        process = {}
-    if not isinstance(process, dict):
-        raise _bad("process is not an object")
-    cmd = process.get("cmd", "")
-    if not isinstance(cmd, str):
-        raise _bad("process.cmd is not a string")
-    args = process.get("args") or []
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise _bad("process.args is not a list of strings")
-    envs = process.get("envs") or {}
-    if not isinstance(envs, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in envs.items()
-    ):
-        raise _bad("process.envs is not a map of strings")
-    cwd = process.get("cwd")
-    if cwd is not None and not isinstance(cwd, str):
-        raise _bad("process.cwd is not a string")
-    tag = obj.get("tag")
-    if tag is not None and not isinstance(tag, str):
-        raise _bad("tag is not a string")
-    stdin = obj.get("stdin")
-    if stdin is not None and not isinstance(stdin, bool):
-        raise _bad("stdin is not a boolean")
-    pty = parse_pty_size(obj.get("pty"))
-    return StartSpec(
-        cmd=cmd,
-        args=tuple(args),
-        envs=dict(envs),
-        cwd=cwd,
-        tag=tag,
-        stdin=True if stdin is None else stdin,
-        pty=pty,
-    )
-
-
-#: service.go getProcess: ``fmt.Errorf("invalid input type %T", selector)`` of the (possibly
-#: nil) ``*rpc.ProcessSelector`` when neither pid nor tag is set.
-_NO_SELECTOR = "invalid input type *process.ProcessSelector"
-
-Selector = Union[int, str]
-"""A ``ProcessSelector``: a pid (int) or a tag (str)."""
-
-
-def parse_selector(obj: Mapping[str, Any]) -> Selector:
-    """The ``process`` selector of a request: ``{"pid": N}`` or ``{"tag": "t"}``.
-
-    Raises:
-        RpcError: ``unimplemented`` when neither is set, ``invalid_argument`` for bad types.
-    """
-    sel = obj.get("process")
-    if not isinstance(sel, dict):
-        raise RpcError("unimplemented", _NO_SELECTOR)
-    if "pid" in sel:
-        return _uint(sel["pid"], "process.pid")
-    if "tag" in sel:
-        tag = sel["tag"]
-        if not isinstance(tag, str):
-            raise _bad("process.tag is not a string")
-        return tag
-    raise RpcError("unimplemented", _NO_SELECTOR)
-
-
-def parse_signal(value: Any) -> int:
-    """``SIGNAL_SIGKILL``/``SIGNAL_SIGTERM`` (name or number) as a signal number.
-
-    Raises:
-        RpcError: ``unimplemented`` ``invalid signal: …`` for anything else.
-    """
-    if isinstance(value, str) and value in _SIGNALS_BY_NAME:
-        return _SIGNALS_BY_NAME[value]
-    if isinstance(value, int) and not isinstance(value, bool) and value in (9, 15):
-        return value
-    if isinstance(value, str) and value.strip() in ("9", "15"):
-        return int(value.strip())
-    # envd prints the decoded enum: unset, 0 and names protojson ignores (connect-go decodes
-    # with DiscardUnknown) are SIGNAL_UNSPECIFIED, another number prints as itself
-    shown = "SIGNAL_UNSPECIFIED"
-    if isinstance(value, int) and not isinstance(value, bool) and value != 0:
-        shown = str(value)
-    raise RpcError("unimplemented", f"invalid signal: {shown}")
-
-
-class Subscriber:
-    """One stream's view of a process: a bounded queue of items with blocking ``put``."""
-
-    def __init__(self, limit: int = SUBSCRIBER_BUFFER) -> None:
-        self._items: Deque[Item] = deque()
-        self._limit = max(1, limit)
-        self._closed = False
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._writable.set()
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` was called."""
-        return self._closed
-
-    async def put(self, item: Item) -> None:
-        """Queue ``item``, waiting while the queue is full; dropped once closed."""
-        while not self._closed and len(self._items) >= self._limit:
-            self._writable.clear()
-            await self._writable.wait()
-        if self._closed:
-            return
-        self._items.append(item)
-        self._readable.set()
-
-    async def get(self, timeout: Optional[float]) -> Optional[Item]:
-        """The next item; ``None`` after ``timeout`` seconds; ``("closed", {})`` when closed."""
-        if not self._items and not self._closed:
-            self._readable.clear()
-            try:
-                await asyncio.wait_for(self._readable.wait(), timeout)
-            except asyncio.TimeoutError:
-                return None
-        if self._items:
-            item = self._items.popleft()
-            self._writable.set()
-            return item
-        return ("closed", {})
-
-    def close(self) -> None:
-        """Stop accepting items and wake any waiting ``put``/``get``."""
-        self._closed = True
-        self._writable.set()
-        self._readable.set()
-
-
-@attrs.frozen(eq=False)
-class ExitRecord:
-    """What is kept of a finished process for ``Connect`` during the retention period."""
-
-    pid: int
-    tag: Optional[str]
-    info: ExitInfo
-
-
-def _wait_fd(loop: asyncio.AbstractEventLoop, fd: int, write: bool) -> asyncio.Future[None]:
-    fut: asyncio.Future[None] = loop.create_future()
-
-    def ready() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    if write:
-        loop.add_writer(fd, ready)
-    else:
-        loop.add_reader(fd, ready)
-    return fut
-
-
-async def _wait_readable(fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    fut = _wait_fd(loop, fd, False)
-    try:
-        await fut
-    finally:
-        loop.remove_reader(fd)
-
-
-async def _wait_writable(fd: int, timeout: Optional[float]) -> None:
-    loop = asyncio.get_running_loop()
-    fut = _wait_fd(loop, fd, True)
-    try:
-        await asyncio.wait_for(fut, timeout)
-    finally:
-        loop.remove_writer(fd)
-
-
-def _set_controlling_tty() -> None:  # pragma: no cover - runs in the forked child
-    # Go's forkAndExecInChild: ioctl(Ctty, TIOCSCTTY, 1) for SysProcAttr.Setctty
-    fcntl.ioctl(0, termios.TIOCSCTTY, 1)
-
-
-def _set_winsize(fd: int, cols: int, rows: int) -> None:
-    # envd converts the uint32 sizes with Go's uint16(…), which keeps the low 16 bits
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows & 0xFFFF, cols & 0xFFFF, 0, 0))
 
 
 class ManagedProcess:
@@ -622,7 +294,7 @@ class ManagedProcess:
                 try:
                     data = os.read(fd, size)
                 except BlockingIOError:
-                    await _wait_readable(fd)
+                    await wait_readable(fd)
                     continue
                 except OSError as exc:
                     if exc.errno != errno.EIO:  # EIO = the PTY's other side closed
@@ -697,7 +369,7 @@ class ManagedProcess:
             try:
                 written = os.write(fd, view)
             except BlockingIOError:
-                await _wait_writable(fd, None)
+                await wait_writable(fd, None)
                 continue
             except OSError as exc:
                 raise RpcError(
@@ -730,7 +402,7 @@ class ManagedProcess:
         """
         if self._pty_master is None:
             raise RpcError("internal", "error resizing tty: tty not assigned to process")
-        _set_winsize(self._pty_master, cols, rows)
+        set_winsize(self._pty_master, cols, rows)
 
     def info_json(self) -> Dict[str, Any]:
         """``ProcessInfo`` for ``List``."""
@@ -742,16 +414,6 @@ class ManagedProcess:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-
-
-def _find_nice() -> Optional[str]:
-    if os.access("/usr/bin/nice", os.X_OK):
-        return "/usr/bin/nice"
-    return shutil.which("nice", path=DEFAULT_PATH)
-
-
-def _find_ionice() -> Optional[str]:
-    return shutil.which("ionice", path=DEFAULT_PATH)
 
 
 class ProcessManager:
@@ -775,28 +437,8 @@ class ProcessManager:
         self._retention = retention
         self._live: Dict[int, ManagedProcess] = {}
         self._retained: Dict[int, ExitRecord] = {}
-        self._nice = _find_nice()
-        self._ionice = _find_ionice()
+        self._launcher = Launcher()
         self._closed = False
-
-    # ---- start -----------------------------------------------------------------------
-
-    def _wrapper(self) -> str:
-        # envd's: oom score, then "exec [ionice -c 2 -n 4] [nice -n <delta>] "$@"" (each
-        # left out when not found). Its "&&" after the oom write is a ";" here: the write
-        # works wherever envd runs (and in the emulator as root); where it cannot (some
-        # rootless hosts) the command still runs.
-        oom = f"{{ echo {_OOM_SCORE} > /proc/$$/oom_score_adj; }} 2>/dev/null"
-        chain = ""
-        if self._ionice is not None:
-            chain += f"{self._ionice} -c 2 -n 4 "
-        if self._nice is not None:
-            try:
-                delta = -os.getpriority(os.PRIO_PROCESS, 0)
-            except OSError:
-                delta = 0
-            chain += f"{self._nice} -n {delta} "
-        return f'{oom}; exec {chain}"$@"'
 
     def start(
         self, spec: StartSpec, user: UserInfo, timeout: Optional[float]
@@ -833,58 +475,7 @@ class ProcessManager:
         }
         env.update(self.default_env)
         env.update(spec.envs)
-        argv = ["/bin/sh", "-c", self._wrapper(), "--", spec.cmd, *spec.args]
-        kwargs: Dict[str, Any] = {}
-        preexec: List[Callable[[], None]] = []
-        # the errno of a chdir done in the child after the credential switch
-        chdir_errno: Optional[mmap.mmap] = None
-        popen_cwd: Optional[str] = cwd
-        if os.geteuid() == 0:
-            kwargs.update(user=user.uid, group=user.gid, extra_groups=list(user.groups))
-            if user.uid != 0:
-                chdir_errno = mmap.mmap(-1, 4)
-                preexec.append(_chdir_in_child(cwd, chdir_errno))
-                popen_cwd = None
-        elif user.uid != os.geteuid():
-            raise RpcError(
-                "invalid_argument",
-                f"error starting process '{_cmdline(spec)}': the agent does not run as root "
-                f"and cannot switch to user '{user.name}'",
-            )
-        master: Optional[int] = None
-        slave: Optional[int] = None
-        try:
-            if spec.pty is not None:
-                # creack/pty's open(): the slave stays the agent's (root's), not the user's
-                master, slave = os.openpty()
-                cols, rows = spec.pty
-                _set_winsize(slave, cols, rows)
-                kwargs.update(stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
-                preexec.append(_set_controlling_tty)
-            else:
-                kwargs.update(
-                    stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    bufsize=0,
-                )
-            if preexec:
-                kwargs["preexec_fn"] = _chain(preexec)
-            popen = subprocess.Popen(argv, cwd=popen_cwd, env=env, close_fds=True, **kwargs)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            if master is not None:
-                os.close(master)
-            failure: BaseException = exc
-            if chdir_errno is not None:
-                (code,) = struct.unpack("=i", chdir_errno[:4])
-                if code:
-                    failure = OSError(code, os.strerror(code), cwd)
-            raise RpcError("invalid_argument", _start_error(spec, cwd, failure, argv[0])) from None
-        finally:
-            if slave is not None:
-                os.close(slave)
-            if chdir_errno is not None:
-                chdir_errno.close()
+        popen, master = self._launcher.spawn(spec, user, cwd, env)
         proc = ManagedProcess(self, popen, spec, master)
         sub = proc.subscribe()
         self._live[proc.pid] = proc
@@ -995,62 +586,3 @@ class ProcessManager:
             _, pending = await asyncio.wait(waits, timeout=timeout)
             for fut in pending:
                 fut.cancel()
-
-
-def _cmdline(spec: StartSpec) -> str:
-    return " ".join([spec.cmd, *spec.args])
-
-
-def _chdir_in_child(cwd: str, errno_out: mmap.mmap) -> Callable[[], None]:
-    """A ``preexec_fn`` part: enter ``cwd`` (already as the command's user); on failure the
-    errno goes to the shared ``errno_out`` (the exception's own is lost on the way back)."""
-
-    def enter() -> None:  # pragma: no cover - runs in the forked child
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            errno_out[:4] = struct.pack("=i", exc.errno or errno.EIO)
-            raise
-
-    return enter
-
-
-def _chain(steps: List[Callable[[], None]]) -> Callable[[], None]:
-    def run() -> None:  # pragma: no cover - runs in the forked child
-        for step in steps:
-            step()
-
-    return run
-
-
-def _start_error(spec: StartSpec, cwd: str, exc: BaseException, shell: str) -> str:
-    """envd's message for a failed spawn: Go's ``os.StartProcess`` reports any failure in the
-    child (with ``SysProcAttr`` set, ``chdir`` included) as ``fork/exec <argv0>: <errno>``;
-    handler.go wraps it per mode (a PTY command fails in ``pty.StartWithSize``)."""
-    if isinstance(exc, OSError):
-        reason = f"fork/exec {shell}: {errno_text(exc)}"
-    else:
-        reason = str(exc)
-    if spec.pty is not None:
-        cols, rows = spec.pty
-        return (
-            f"error starting pty with command '{_cmdline(spec)}' in dir '{cwd}' "
-            f"with '{cols}' cols and '{rows}' rows: {reason}"
-        )
-    return f"error starting process '{_cmdline(spec)}': {reason}"
-
-
-def decode_input(obj: Mapping[str, Any]) -> Tuple[bytes, bool]:
-    """The ``input`` of ``SendInput``: ``(data, is_pty)``.
-
-    Raises:
-        RpcError: ``unimplemented`` when neither ``stdin`` nor ``pty`` is set.
-    """
-    inp = obj.get("input")
-    if not isinstance(inp, dict):
-        raise RpcError("unimplemented", "invalid input type <nil>")
-    if "stdin" in inp:
-        return decode_b64(inp["stdin"], "input.stdin"), False
-    if "pty" in inp:
-        return decode_b64(inp["pty"], "input.pty"), True
-    raise RpcError("unimplemented", "invalid input type <nil>")

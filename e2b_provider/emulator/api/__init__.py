@@ -2,7 +2,9 @@
 
 Runs in the emulator's server process (``python -m e2b_provider.emulator``), on the host, on
 one aiohttp app and one TCP port. Modules: :mod:`.server` (:class:`~.server.EmulatorServer`:
-dispatch, sandbox lifecycle, admin routes, shutdown), :mod:`.control` (E2B's REST API),
+the app, dispatch and shutdown), :mod:`.sandboxes` (:class:`~.sandboxes.SandboxHost`: the
+sandbox table and lifecycle), :mod:`.admin` (the ``/_emulator/`` routes), :mod:`.request_log`
+(the bounded request log), :mod:`.control` (E2B's REST API),
 :mod:`.proxy` (the sandbox front: edge answers, token checks, streaming proxy to each sandbox's
 agent), :mod:`.ports` (the relay to a sandbox's own ports: HTTP/1.1 and WebSockets over
 connections the agent makes inside and passes back), :mod:`.lifecycle` (the interface

@@ -71,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -149,6 +149,13 @@ def _opt_str(params: Mapping[str, Any], name: str) -> Optional[str]:
     return value
 
 
+def _choice(params: Mapping[str, Any], name: str, choices: Sequence[str]) -> Any:
+    value = params.get(name)
+    if value not in choices:
+        raise FaultError(f"{name} must be one of {', '.join(choices)}")
+    return value
+
+
 def validate(kind: str, params: Mapping[str, Any]) -> Fault:
     """Check a fault description from the admin API and build the :class:`Fault`.
 
@@ -166,10 +173,7 @@ def validate(kind: str, params: Mapping[str, Any]) -> Fault:
         raise FaultError("count must be a positive integer or -1 (until cleared)")
     out: Dict[str, Any] = {}
     if "route" in FAULT_KINDS[kind]:
-        route = params.get("route")
-        if route not in ROUTES:
-            raise FaultError(f"route must be one of {', '.join(ROUTES)}")
-        out["route"] = route
+        out["route"] = _choice(params, "route", ROUTES)
     if "status" in FAULT_KINDS[kind]:
         status = _int(params, "status")
         if not 400 <= status <= 599:
@@ -193,10 +197,7 @@ def validate(kind: str, params: Mapping[str, Any]) -> Fault:
             raise FaultError("after_bytes must be >= 0")
         out["after_bytes"] = after
     if kind == "bad_envelope":
-        mode = params.get("mode")
-        if mode not in BAD_ENVELOPE_MODES:
-            raise FaultError(f"mode must be one of {', '.join(BAD_ENVELOPE_MODES)}")
-        out["mode"] = mode
+        out["mode"] = _choice(params, "mode", BAD_ENVELOPE_MODES)
     if "sandbox_id" in FAULT_KINDS[kind]:
         sandbox_id = _opt_str(params, "sandbox_id")
         if kind == "envd_unresponsive" and not sandbox_id:

@@ -31,7 +31,17 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
-from typing import Any, AsyncIterator, Dict, List, Optional, Set, Tuple
+from typing import (
+    AbstractSet,
+    Any,
+    AsyncIterator,
+    Dict,
+    List,
+    MutableMapping,
+    Optional,
+    Set,
+    Tuple,
+)
 
 import aiohttp
 import yarl
@@ -52,7 +62,11 @@ __all__ = [
     "PortRelay",
     "SandboxPortClosed",
     "SandboxPortConnector",
+    "abort",
     "edge_502",
+    "edge_502_json",
+    "forwarded_body",
+    "upstream_answer",
 ]
 
 log = logging.getLogger("e2b_provider.emulator.ports")
@@ -164,6 +178,11 @@ def edge_502(request: web.BaseRequest, sandbox_id: str, message: str) -> web.Res
             title=html.escape(message), sandbox=html.escape(sandbox_id), detail=detail
         )
         return web.Response(status=502, text=page, content_type="text/html")
+    return edge_502_json(sandbox_id, message)
+
+
+def edge_502_json(sandbox_id: str, message: str) -> web.Response:
+    """E2B's edge 502 as JSON (what it answers itself for a sandbox it cannot reach)."""
     return web.json_response({"sandboxId": sandbox_id, "message": message, "code": 502}, status=502)
 
 
@@ -205,7 +224,39 @@ async def _body(request: web.Request) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _abort(request: web.BaseRequest) -> None:
+def forwarded_body(request: web.Request, headers: MutableMapping[str, str]) -> Any:
+    """The request's body to send on: a stream, ``b""`` or ``None`` (no body).
+
+    A ``Content-Length`` the client sent is set in ``headers`` too.
+    """
+    if request.content_length is not None:
+        headers["Content-Length"] = str(request.content_length)
+        return _body(request) if request.content_length else b""
+    if request.body_exists:
+        return _body(request)
+    return None
+
+
+def upstream_answer(
+    upstream: aiohttp.ClientResponse, dropped: AbstractSet[str]
+) -> web.StreamResponse:
+    """A streamed answer with ``upstream``'s status, reason and headers (but ``dropped``)."""
+    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    for key, value in upstream.headers.items():
+        if key.lower() not in dropped:
+            resp.headers.add(key, value)
+    return resp
+
+
+def _port_closed(
+    request: web.BaseRequest, rec: SandboxRecord, entry: Dict[str, Any]
+) -> web.Response:
+    """The edge's 502 for a port nothing listens on (logged as the request's status)."""
+    entry["status"] = 502
+    return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+
+
+def abort(request: web.BaseRequest) -> None:
     """Close the client connection (after what was written): a broken answer stays broken."""
     transport = request.transport
     if transport is not None:
@@ -260,12 +311,7 @@ class PortRelay:
         self, request: web.Request, rec: SandboxRecord, port: int, entry: Dict[str, Any]
     ) -> web.StreamResponse:
         headers = _forwarded_headers(request)
-        data: Any = None
-        if request.content_length is not None:
-            headers["Content-Length"] = str(request.content_length)
-            data = _body(request) if request.content_length else b""
-        elif request.body_exists:
-            data = _body(request)
+        data = forwarded_body(request, headers)
         try:
             upstream = await self.session(rec).request(
                 request.method,
@@ -276,19 +322,14 @@ class PortRelay:
             )
         except SandboxPortClosed as exc:
             log.debug("port %d of %s is not open: %s", port, rec.sandbox_id, exc)
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             log.info("port %d of %s did not answer: %s", port, rec.sandbox_id, exc)
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
 
         finished = False
         try:
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in upstream.headers.items():
-                if key.lower() not in _NOT_RETURNED:
-                    resp.headers.add(key, value)
+            resp = upstream_answer(upstream, _NOT_RETURNED)
             if upstream.content_length is not None:
                 resp.content_length = upstream.content_length
             entry["status"] = upstream.status
@@ -300,7 +341,7 @@ class PortRelay:
                 return resp  # the client went away while we wrote
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 log.info("answer of port %d of %s broke: %s", port, rec.sandbox_id, exc)
-                _abort(request)
+                abort(request)
                 return resp
             finished = True
             await resp.write_eof()
@@ -338,12 +379,10 @@ class PortRelay:
             entry["status"] = status
             return web.Response(status=status, text=f"{exc.message}\n")
         except SandboxPortClosed:
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             log.info("websocket to port %d of %s failed: %s", port, rec.sandbox_id, exc)
-            entry["status"] = 502
-            return edge_502(request, rec.sandbox_id, PORT_CLOSED)
+            return _port_closed(request, rec, entry)
         try:
             ws = web.WebSocketResponse(
                 protocols=(upstream.protocol,) if upstream.protocol else (),
@@ -410,7 +449,7 @@ async def _pump_both(ws: web.WebSocketResponse, upstream: Any, request: web.Requ
         if down in done:  # the sandbox's server closed first
             closing = _outcome(down)
             if closing is None:
-                _abort(request)  # no close frame: the client sees the connection drop too
+                abort(request)  # no close frame: the client sees the connection drop too
                 up.cancel()
             else:
                 code, reason = closing

@@ -28,7 +28,7 @@ import hmac
 import logging
 import re
 import time
-from typing import Any, AsyncIterator, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import aiohttp
 import yarl
@@ -36,7 +36,16 @@ from aiohttp import web
 
 from .faults import Fault, TrailerCut, bad_frame
 from .lifecycle import SandboxLifecycle
-from .ports import HOP_BY_HOP, SANDBOX_NOT_FOUND, PortRelay, edge_502
+from .ports import (
+    HOP_BY_HOP,
+    SANDBOX_NOT_FOUND,
+    PortRelay,
+    abort,
+    edge_502,
+    edge_502_json,
+    forwarded_body,
+    upstream_answer,
+)
 from .routing import api_error
 from .state import ENVD_PORT, TEMPLATE_USER, TEMPLATE_WORKDIR, SandboxRecord
 
@@ -61,13 +70,6 @@ _TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 _UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
-
-
-def _edge_502(sandbox_id: str, message: str) -> web.Response:
-    """The 502 E2B's edge answers itself for a sandbox it cannot reach."""
-    return web.json_response(
-        {"sandboxId": sandbox_id, "message": message, "code": 502}, status=502
-    )
 
 
 def _traffic_token_refusal(request: web.BaseRequest, rec: SandboxRecord) -> Optional[web.Response]:
@@ -307,14 +309,14 @@ class EnvdProxy:
                 rec.streams.discard(task)
 
     def _port_closed(self, sandbox_id: str) -> web.Response:
-        return _edge_502(sandbox_id, "The sandbox is running but port is not open")
+        return edge_502_json(sandbox_id, "The sandbox is running but port is not open")
 
     @staticmethod
     def _not_found(request: web.BaseRequest, sandbox_id: str, port: int) -> web.Response:
         """The edge's "not found" 502: JSON on envd's port, an HTML page to a browser on
         another port (as E2B answers)."""
         if port == ENVD_PORT:
-            return _edge_502(sandbox_id, SANDBOX_NOT_FOUND)
+            return edge_502_json(sandbox_id, SANDBOX_NOT_FOUND)
         return edge_502(request, sandbox_id, SANDBOX_NOT_FOUND)
 
     async def _forward(
@@ -342,17 +344,14 @@ class EnvdProxy:
         changes = faults.version(rec.sandbox_id)
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
-        data: Any = None
+        data: Any
         if request.path.startswith(_LOGGED_BODIES) and (
             request.content_length is not None and request.content_length <= _MAX_LOGGED_BODY
         ):
             data = await request.read()
             entry["body"] = data.decode("utf-8", "replace")
-        elif request.content_length is not None:
-            headers["Content-Length"] = str(request.content_length)
-            data = _body(request) if request.content_length else b""
-        elif request.body_exists:
-            data = _body(request)
+        else:
+            data = forwarded_body(request, headers)
 
         url = yarl.URL("http://envd" + request.raw_path, encoded=True)
         try:
@@ -366,10 +365,7 @@ class EnvdProxy:
 
         finished = False
         try:
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in upstream.headers.items():
-                if key.lower() not in _NOT_RETURNED:
-                    resp.headers.add(key, value)
+            resp = upstream_answer(upstream, _NOT_RETURNED)
             faulty = bad is not None or cut is not None or stall is not None
             if upstream.content_length is not None and not faulty:
                 resp.content_length = upstream.content_length
@@ -410,7 +406,7 @@ class EnvdProxy:
                 return resp
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 log.info("envd stream of %s broke: %s", rec.sandbox_id, exc)
-                self._abort(request)
+                abort(request)
                 return resp
             if stall is not None and not finished:
                 entry["stalled"] = True
@@ -418,22 +414,10 @@ class EnvdProxy:
                     await faults.wait_changed(rec.sandbox_id)
             if not finished:
                 entry["cut"] = True
-                self._abort(request)
+                abort(request)
             return resp
         finally:
             if not finished:
                 upstream.close()
             else:
                 upstream.release()
-
-    @staticmethod
-    def _abort(request: web.Request) -> None:
-        """Close the client connection after what was written is flushed (no end of stream)."""
-        transport = request.transport
-        if transport is not None:
-            transport.close()
-
-
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
-    async for chunk in request.content.iter_any():
-        yield chunk

@@ -1,10 +1,13 @@
 """Boot, freeze, halt and destroy one sandbox of the local E2B emulator (host side).
 
 This module owns the host side of a sandbox's life: its state directory, its limits, and the
-``unshare`` process whose child (:mod:`.init`, PID 1 of fresh pid/mount/uts/ipc/net/cgroup/time
-namespaces, run by file path) builds the sandbox's root filesystem and runs the envd agent
-(``python -m e2b_provider.emulator.agent``) on a unix socket. Cgroups are :mod:`.cgroups`', disk
-images :mod:`.disk`'s, the isolation check, ids and rootless mode :mod:`.namespaces`'.
+``unshare`` process whose child (:mod:`.pid1.init`, PID 1 of fresh
+pid/mount/uts/ipc/net/cgroup/time namespaces, run by file path) builds the sandbox's root
+filesystem and runs the envd agent (``python -m e2b_provider.emulator.agent``) on a unix
+socket. The spec is :mod:`.spec`'s, the
+files a boot starts from :mod:`.boot_files`', PID 1's command and output log
+:mod:`.init_launch`'s, cgroups :mod:`.cgroups`', disk images :mod:`.disk`'s, the isolation
+check, ids and rootless mode :mod:`.namespaces`'.
 
 Root mode: the agent and every process it starts run in a user namespace whose ids 0-65535
 are an unprivileged host range (:func:`.namespaces.root_id_range`); the sandbox's files live
@@ -40,254 +43,34 @@ server. Waits are bounded and use ``asyncio.sleep``.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
 import logging
 import os
-import re
-import shutil
 import signal
 import socket
-import stat
 import subprocess
-import sys
 import threading
 import time
 import types
-import uuid
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import attrs
 
 from . import disk, linux, ports
+from .boot_files import default_agent_argv, package_dir, write_boot_files
 from .cgroups import SandboxCgroups
-from .errors import IsolationUnavailable, SandboxRuntimeError
-from .namespaces import (
-    HOST_PATH,
-    OVERLAY_DIRS,
-    ROOTLESS_IDS,
-    check_isolation,
-    remove_tree,
-    root_id_range,
-    usr_merge_links,
-)
+from .errors import SandboxRuntimeError
+from .init_launch import init_argv, log_tail, start_init
+from .namespaces import check_isolation, remove_tree
 from .output import SandboxOutput
+from .spec import SandboxSpec
 from .usage import ResourceUsage, read_usage
 
-__all__ = [
-    "AGENT_SOCKET",
-    "SandboxRuntime",
-    "SandboxSpec",
-    "default_agent_argv",
-    "python_bind_paths",
-]
+__all__ = ["SandboxRuntime"]
 
 log = logging.getLogger(__name__)
 
-AGENT_SOCKET = "/run/e2b/envd.sock"
-#: Where PID 1 makes the agent's second socket: the host asks there for a connection to one of
-#: the sandbox's TCP ports and gets it back as a descriptor (see :mod:`..agent.ports`).
-PORTS_SOCKET = "/run/e2b/ports.sock"
-_EGRESS = ("none", "allowlist", "open")
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-_SUN_PATH_MAX = 107
-_INIT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init.py")
-_WAIT_LIMIT = 10.0  # bound on freeze/thaw/halt waits, seconds
-_LOG_LIMIT = 1 << 20  # init.log is rotated past this many bytes
+_WAIT_LIMIT_SECONDS = 10.0  # bound on freeze/thaw/halt waits, seconds
 _warned: Set[str] = set()
-
-
-def _env_vars(value: Mapping[str, str]) -> Mapping[str, str]:
-    return types.MappingProxyType(dict(value))
-
-
-def _hosts(value: Sequence[str]) -> Tuple[str, ...]:
-    if isinstance(value, str):
-        raise TypeError("allow_hosts must be a sequence of host names, not a string")
-    return tuple(value)
-
-
-def _check_id(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not _ID_RE.match(value):
-        raise ValueError(f"{attribute.name} must match {_ID_RE.pattern}: {value!r}")
-
-
-def _check_hostname(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not _HOSTNAME_RE.match(value):
-        raise ValueError(f"{attribute.name} is not a valid host name: {value!r}")
-
-
-def _check_env(
-    _: object, attribute: attrs.Attribute[Mapping[str, str]], value: Mapping[str, str]
-) -> None:
-    for key, val in value.items():
-        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise ValueError(f"bad environment variable name {key!r}")
-        if not isinstance(val, str) or "\0" in val:
-            raise ValueError(f"bad value for environment variable {key!r}")
-
-
-def _binds(value: Sequence[Tuple[str, str]]) -> Tuple[Tuple[str, str], ...]:
-    return tuple((str(src), str(dst)) for src, dst in value)
-
-
-def _check_binds(
-    _: object,
-    attribute: attrs.Attribute[Tuple[Tuple[str, str], ...]],
-    value: Tuple[Tuple[str, str], ...],
-) -> None:
-    seen: Set[str] = set()
-    for src, dst in value:
-        if not os.path.isabs(src) or "\0" in src:
-            raise ValueError(f"{attribute.name}: the host directory must be absolute: {src!r}")
-        if (
-            not dst.startswith("/")
-            or dst == "/"
-            or os.path.normpath(dst) != dst
-            or dst.startswith("//")
-            or "\0" in dst
-            or dst in seen
-        ):
-            raise ValueError(f"{attribute.name}: bad or repeated mount point {dst!r}")
-        seen.add(dst)
-
-
-@attrs.frozen
-class SandboxSpec:
-    """What one sandbox is: identity, network mode, environment and resource limits.
-
-    Attributes:
-        sandbox_id: letters, digits, ``_`` and ``-`` (1 to 64 characters); names cgroups and logs.
-        hostname: the sandbox's host name (an RFC 1123 label).
-        egress: ``"none"``, ``"allowlist"`` or ``"open"``. Recorded only: every sandbox gets a
-            network namespace with loopback alone, so there is no outside network in the
-            emulator whatever the mode (fail closed).
-        allow_hosts: the allowlist, recorded for the server.
-        env_vars: the sandbox's environment variables (given to the agent, see
-            :class:`SandboxRuntime`); kept out of ``repr``, they may hold secrets.
-        cpu_count: CPUs (a CFS quota where a cpu controller is available).
-        memory_mb: memory limit in MiB where a memory controller is available.
-        disk_mb: size in MiB of the sandbox's disk (root mode with loop devices), fixed at its
-            first boot; a full disk is ENOSPC inside.
-        max_processes: the most processes and threads the sandbox may have at once (a pids
-            controller limit): a fork bomb stops there.
-        volume_binds: ``(host directory, mount point)`` pairs: each host directory (a volume's
-            files) is bound read-write at its absolute mount point inside the sandbox at every
-            boot; missing directories on the way are made, a symlink on the way fails the boot.
-        without: program names the sandbox's template lacks: hidden (whited out in its
-            overlay) from every ``PATH`` directory, as ``name``, ``name.*`` and ``name-*``.
-            Root mode only (a whiteout is a device node the rootless mode cannot make).
-    """
-
-    sandbox_id: str = attrs.field(validator=_check_id)
-    hostname: str = attrs.field(validator=_check_hostname)
-    egress: str = attrs.field(default="none", validator=attrs.validators.in_(_EGRESS))
-    allow_hosts: Tuple[str, ...] = attrs.field(default=(), converter=_hosts)
-    env_vars: Mapping[str, str] = attrs.field(
-        factory=dict, converter=_env_vars, validator=_check_env, hash=False, repr=False
-    )
-    cpu_count: int = attrs.field(default=2, validator=attrs.validators.ge(1))
-    memory_mb: int = attrs.field(default=512, validator=attrs.validators.ge(16))
-    disk_mb: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
-    max_processes: int = attrs.field(default=1024, validator=attrs.validators.ge(16))
-    volume_binds: Tuple[Tuple[str, str], ...] = attrs.field(
-        default=(), converter=_binds, validator=_check_binds
-    )
-    without: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
-
-
-def _package_dir() -> str:
-    """The directory of the ``e2b_provider`` package (``e2b_provider/emulator/runtime/..``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.dirname(os.path.dirname(here))
-
-
-def default_agent_argv() -> List[str]:
-    """Return the command line of the real envd agent, as run inside a sandbox."""
-    return [
-        sys.executable, "-E", "-s", "-m", "e2b_provider.emulator.agent",
-        "--socket", AGENT_SOCKET, "--default-user", "user",
-    ]
-
-
-def _under(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
-
-
-def python_bind_paths() -> List[str]:
-    """Return the host directories bound read-only into every sandbox, at the same paths.
-
-    They are what ``sys.executable -m e2b_provider.emulator.agent`` needs: the interpreter's
-    prefixes, the ``e2b_provider`` package and the directory holding ``aiohttp``. Paths under
-    the overlaid ``/usr``, ``/etc``, ``/var`` and ``/opt`` are visible anyway and left out.
-    """
-    candidates = [
-        sys.prefix,
-        sys.base_prefix,
-        sys.exec_prefix,
-        sys.base_exec_prefix,
-        os.path.dirname(os.path.realpath(sys.executable)),
-        _package_dir(),
-    ]
-    spec = importlib.util.find_spec("aiohttp")
-    if spec is not None and spec.origin:
-        candidates.append(os.path.dirname(os.path.dirname(spec.origin)))
-    paths = sorted({os.path.realpath(p) for p in candidates if p})
-    kept: List[str] = []
-    for path in paths:
-        if path == "/" or any(_under(path, "/" + d) for d in OVERLAY_DIRS):
-            continue
-        if any(_under(path, k) for k in kept):
-            continue
-        kept.append(path)
-    return kept
-
-
-def _time_namespace() -> List[str]:
-    """unshare options for a time namespace whose uptime starts at 0 (none if unsupported)."""
-    if not os.path.exists("/proc/self/ns/time"):
-        return []
-    # Whole seconds, rounded down: the sandbox's CLOCK_BOOTTIME starts between 0 and 1 s.
-    return ["--time", "--boottime", str(-int(time.clock_gettime(time.CLOCK_BOOTTIME)))]
-
-
-def _pump_log(fd: int, path: str, output: SandboxOutput) -> None:
-    """Copy a sandbox's output from the pipe ``fd`` to ``path`` until every writer is gone.
-
-    The file is truncated first and rotated to ``<path>.1`` past :data:`_LOG_LIMIT` bytes, so
-    a sandbox that floods its output costs at most twice that on the host. Every line also
-    goes to ``output`` (stamped as it arrives; the sandbox's logs).
-    """
-    try:
-        os.unlink(path + ".1")
-    except OSError:
-        pass
-    out = open(path, "wb")
-    written = 0
-    try:
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except InterruptedError:
-                continue
-            if not data:
-                break
-            if written + len(data) > _LOG_LIMIT:
-                out.close()
-                os.replace(path, path + ".1")
-                out = open(path, "wb")
-                written = 0
-            out.write(data)
-            out.flush()
-            written += len(data)
-            output.feed(data)
-    except OSError as exc:
-        log.warning("sandbox log %s: %s", path, exc)
-    finally:
-        output.end()
-        out.close()
-        os.close(fd)
 
 
 class SandboxRuntime:
@@ -333,13 +116,13 @@ class SandboxRuntime:
         self.envd_socket = os.path.join(state_dir, "e2b", "envd.sock")
         self.ports_socket = os.path.join(state_dir, "e2b", "ports.sock")
         self.output = SandboxOutput()
-        if len(self.envd_socket.encode()) > _SUN_PATH_MAX:
+        if len(self.envd_socket.encode()) > linux.MAX_SOCKET_PATH:
             raise ValueError(f"state_dir too long for a unix socket path: {self.envd_socket!r}")
         argv = list(agent_argv) if agent_argv is not None else default_agent_argv()
         if not argv or not os.path.isabs(argv[0]):
             raise ValueError("agent_argv[0] must be an absolute path")
         self._agent_argv = argv
-        self._agent_cwd = os.path.dirname(_package_dir()) if agent_argv is None else "/"
+        self._agent_cwd = os.path.dirname(package_dir()) if agent_argv is None else "/"
         self._cgroups = SandboxCgroups(spec.sandbox_id)
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._init_pid: Optional[int] = None
@@ -506,134 +289,22 @@ class SandboxRuntime:
         first_boot = not os.path.exists(os.path.join(self.state_dir, "root"))
         return first_boot and disk.disk_support() is None
 
-    def _check_binds(self, binds: Sequence[str]) -> None:
-        sd = os.path.realpath(self.state_dir)
-        for bind in binds:
-            if _under(sd, bind):
-                raise SandboxRuntimeError(
-                    f"state_dir {self.state_dir} is inside {bind}, which every sandbox sees "
-                    "read-only"
-                )
-            mode = os.stat(bind).st_mode
-            if not self._rootless and mode & 0o005 != 0o005:
-                raise SandboxRuntimeError(
-                    f"{bind} (needed by the agent inside every sandbox) must be readable and "
-                    f"searchable by everyone (mode {stat.S_IMODE(mode):o}): the sandbox's root "
-                    "is not host root"
-                )
-
     def _prepare(self) -> str:
-        """Create the state dir's skeleton and boot.json; return the boot.json path."""
-        sd = self.state_dir
-        binds = python_bind_paths()
-        self._check_binds(binds)
-        os.makedirs(sd, mode=0o700, exist_ok=True)
-        os.chmod(sd, 0o700)
-        if self._disk:
-            data = os.path.join(sd, "disk")
-            os.makedirs(data, mode=0o700, exist_ok=True)
-        else:
-            data = sd
-            for sub in ("root", "upper", "work"):
-                os.makedirs(os.path.join(sd, sub), mode=0o755, exist_ok=True)
-            os.chmod(os.path.join(sd, "root"), 0o755)
-        ids = None if self._rootless else root_id_range()
-        e2b = os.path.join(sd, "e2b")
-        os.makedirs(e2b, mode=0o700, exist_ok=True)
-        # Root mode: the agent (the sandbox's root, not host root) may pass through, not write.
-        os.chmod(e2b, 0o700 if ids is None else 0o711)
-        for stale in (self.envd_socket, self.ports_socket):
-            try:
-                os.unlink(stale)
-            except FileNotFoundError:
-                pass
-        spec = self.spec
-        info = {
-            "sandbox_id": spec.sandbox_id,
-            "hostname": spec.hostname,
-            "egress": spec.egress,
-            "allow_hosts": list(spec.allow_hosts),
-            "env_vars": dict(spec.env_vars),
-        }
-        self._write_private(os.path.join(e2b, "sandbox.json"), info, owner=ids)
-        self.boot_id = str(uuid.uuid4())
-        boot_id_file = os.path.join(sd, "boot_id")
-        self._write_file(boot_id_file, self.boot_id + "\n", 0o444)
-        links, real_dirs = usr_merge_links()
-        env = {
-            "PATH": HOST_PATH,
-            "LANG": "C.UTF-8",
-            "HOME": "/root",
-            "USER": "root",
-            "LOGNAME": "root",
-            "E2B_SANDBOX": "true",
-            "E2B_SANDBOX_ID": spec.sandbox_id,
-        }
-        env.update(spec.env_vars)
-        cfg: Dict[str, Any] = {
-            "sandbox_id": spec.sandbox_id,
-            "hostname": spec.hostname,
-            "root": os.path.join(data, "root"),
-            "upper": os.path.join(data, "upper"),
-            "work": os.path.join(data, "work"),
-            "e2b_dir": e2b,
-            "overlays": list(OVERLAY_DIRS) + real_dirs,
-            "symlinks": links,
-            "ro_binds": binds,
-            "volume_binds": [list(b) for b in spec.volume_binds],
-            "without": list(spec.without),
-            "agent_argv": self._agent_argv,
-            "agent_env": env,
-            "agent_cwd": self._agent_cwd,
-            "agent_socket": AGENT_SOCKET,
-            "ports_socket": PORTS_SOCKET,
-            "boot_id_file": boot_id_file,
-            # what /etc/hostname and /etc/hosts were generated for (in the image, if any)
-            "hostname_file": os.path.join(data, "hostname"),
-            "rootless": self._rootless,
-            "userns": None
-            if ids is None
-            else {"uid": ids[0], "gid": ids[1], "count": ROOTLESS_IDS},
-            "disk": {"image": os.path.join(sd, "disk.img"), "mount": data}
-            if self._disk
-            else None,
-        }
-        path = os.path.join(sd, "boot.json")
-        self._write_private(path, cfg)
-        return path
-
-    @staticmethod
-    def _write_file(
-        path: str, text: str, mode: int, owner: Optional[Tuple[int, int]] = None
-    ) -> None:
-        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        if owner is not None:
-            os.chown(path + ".new", *owner)
-        os.chmod(path + ".new", mode)
-        os.replace(path + ".new", path)
-
-    @classmethod
-    def _write_private(
-        cls, path: str, obj: object, owner: Optional[Tuple[int, int]] = None
-    ) -> None:
-        """Write JSON readable by its owner only (host root, or ``owner``)."""
-        cls._write_file(path, json.dumps(obj), 0o600, owner)
+        """Write the files this boot starts from; return the boot.json path."""
+        files = write_boot_files(
+            self.spec,
+            self.state_dir,
+            disk=self._disk,
+            rootless=self._rootless,
+            agent_argv=self._agent_argv,
+            agent_cwd=self._agent_cwd,
+            stale_sockets=(self.envd_socket, self.ports_socket),
+        )
+        self.boot_id = files.boot_id
+        return files.config_path
 
     def _spawn(self, boot_json: str) -> None:
-        unshare = shutil.which("unshare", path=HOST_PATH)
-        if unshare is None:
-            raise IsolationUnavailable("the unshare command is missing (package util-linux)")
-        # Rootless: a user namespace mapping root to this user and 1-65535 to its subuid and
-        # subgid ranges (newuidmap/newgidmap, --map-auto), so that sandbox users are real ids.
-        # Root mode: PID 1 makes the sandbox's user namespace itself, once its mounts are done.
-        userns = ["--user", "--map-root-user", "--map-auto"] if self._rootless else []
-        argv = [
-            unshare, *userns, "--pid", "--fork", "--mount", "--uts", "--ipc", "--net",
-            "--cgroup", *_time_namespace(), "--propagation", "private", "--kill-child", "--",
-            sys.executable, "-E", "-s", "-S", _INIT_PATH, boot_json,
-        ]  # fmt: skip
+        argv = init_argv(boot_json, rootless=self._rootless)
         if self._rootless:
             # No cgroups: an unprivileged user cannot create them (freeze = SIGSTOP, no limits).
             self._cgroups.mode, self._cgroups.control, self._cgroups.extra = "none", None, []
@@ -656,37 +327,13 @@ class SandboxRuntime:
                 except OSError:
                     pass
 
-        # PID 1's and the agent's output go through a pipe that this process drains into
-        # init.log: no process of the sandbox holds a descriptor of a host file (the pipe is
-        # host root's, the sandbox's root cannot reopen it through /proc).
-        log_path = os.path.join(self.state_dir, "init.log")
-        read_end, write_end = os.pipe()
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=write_end,
-                stderr=write_end,
-                start_new_session=True,
-                preexec_fn=preexec,  # must run in the spawning (event-loop) thread
-                env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
-                close_fds=True,
+            self._proc, self._log_pump = start_init(
+                argv, preexec, self.state_dir, self.output, self.spec.sandbox_id
             )
-        except BaseException:
-            os.close(read_end)
-            raise
         finally:
-            os.close(write_end)
             for fd in required + optional:
                 os.close(fd)
-        pump = threading.Thread(
-            target=_pump_log,
-            args=(read_end, log_path, self.output),
-            name=f"e2b-log-{self.spec.sandbox_id}",
-            daemon=True,
-        )
-        pump.start()
-        self._log_pump = pump
 
     def _find_init(self) -> Optional[int]:
         assert self._proc is not None
@@ -712,18 +359,7 @@ class SandboxRuntime:
 
     def log_tail(self, limit: int = 4000) -> str:
         """Return the end of ``init.log`` (PID 1's and the agent's output, this boot)."""
-        text = b""
-        for name in ("init.log", "init.log.1"):
-            try:
-                with open(os.path.join(self.state_dir, name), "rb") as f:
-                    f.seek(0, os.SEEK_END)
-                    f.seek(max(0, f.tell() - (limit - len(text))))
-                    text = f.read() + text
-            except OSError:
-                pass
-            if len(text) >= limit:
-                break
-        return text.decode(errors="replace")
+        return log_tail(self.state_dir, limit)
 
     def _drain_log(self, timeout: float = 2.0) -> None:
         """Wait (bounded) until the log pipe's writers are gone and init.log has it all."""
@@ -830,7 +466,7 @@ class SandboxRuntime:
     # -- freeze / thaw --
 
     async def _poll(
-        self, predicate: Callable[[], bool], what: str, limit: float = _WAIT_LIMIT
+        self, predicate: Callable[[], bool], what: str, limit: float = _WAIT_LIMIT_SECONDS
     ) -> None:
         deadline = time.monotonic() + limit
         delay = 0.001

@@ -3,10 +3,11 @@
 This module owns the host side of each sandbox's disk: whether this host can give sandboxes
 one (:func:`disk_support`: root, ``mkfs.ext4``, loop devices, ext4), creating the sparse image
 once, at the sandbox's first boot (:func:`create_image`), and waiting until the image of a
-halted sandbox is no longer attached to a loop device (:func:`wait_released`). The sandbox's
-PID 1 (:mod:`.init`) attaches and mounts the image in the sandbox's own mount namespace, on a
-loop device that detaches itself when that namespace dies with the sandbox's last process, so
-the host's mount table never holds it and nothing is left behind however the sandbox ends.
+halted sandbox is no longer attached to a loop device (:func:`wait_released`). The
+sandbox's PID 1 (:mod:`.pid1.init`) attaches and mounts the image in the sandbox's own mount
+namespace, on a loop device that detaches itself when that namespace dies with the sandbox's
+last process, so the host's mount table never holds it and nothing is left behind however the
+sandbox ends.
 The image holds the sandbox's root directory and its overlay upper layers; when it is full,
 writes fail with ENOSPC inside (and envd's ``POST /files`` answers 507).
 """

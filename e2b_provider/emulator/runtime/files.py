@@ -22,9 +22,9 @@ import subprocess
 from typing import List, Optional
 
 from .errors import SandboxRuntimeError
-from .init import render_hosts
 from .linux import run_tool
 from .namespaces import HOST_PATH, remove_tree
+from .pid1.pid1_accounts import render_hosts
 
 __all__ = ["copy_sandbox_files"]
 

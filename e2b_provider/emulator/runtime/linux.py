@@ -6,7 +6,7 @@ ctypes, parsing ``/proc/self/mountinfo`` (to find the cgroup2 and cgroup-v1 hier
 check that no mount is left behind), capability masks from ``/proc/<pid>/status``, process
 states, children and namespace identities, and running host tools quietly (:func:`run_tool`,
 with :data:`HOST_PATH`). No sockets, no aiohttp/requests/urllib3. The
-sandbox side (mounts, pivot_root) lives in :mod:`.init`, which must stay runnable without this
+sandbox side (mounts, pivot_root) lives in :mod:`.pid1`, which must stay runnable without this
 package.
 """
 
@@ -22,6 +22,7 @@ import attrs
 __all__ = [
     "CAP_SYS_ADMIN",
     "HOST_PATH",
+    "MAX_SOCKET_PATH",
     "MountInfo",
     "cap_effective",
     "cgroup1_mount",
@@ -43,6 +44,8 @@ PR_SET_PDEATHSIG = 1
 CAP_SYS_ADMIN = 21
 #: The ``PATH`` host tools (``unshare``, ``rm``, ``newuidmap``, ``mkfs.ext4``) are looked up in.
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Longest unix socket path Linux accepts (sun_path is 108 bytes with the NUL).
+MAX_SOCKET_PATH = 107
 
 
 @attrs.frozen
