@@ -10,53 +10,54 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
-from ._version import __version__
+from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from .cancel import CancelReason, CancelToken, Deadline
-    from .commands.command import Command, CommandInfo, CommandOutput
-    from .commands.terminals import Terminal
-    from .config import DeploymentConfig
-    from .errors import (
-        AuthenticationError,
-        Cancelled,
-        CommandEnded,
-        CommandFailed,
-        CommandNotFound,
-        ConfigError,
-        Conflict,
-        E2BHttpError,
-        E2BProviderError,
-        FilesFailed,
-        InvalidArgument,
-        MissingAccessToken,
-        NotADirectory,
-        NotFound,
-        OperationTimeout,
-        PathNotFound,
-        PermissionDenied,
-        ProtocolError,
-        ProviderClosed,
-        RemoteError,
-        SandboxGoneError,
-        SandboxPaused,
-        TransportError,
-        TransportTimeout,
-        UnsafePath,
-    )
-    from .files.watch import Watch
-    from .models import (
-        DirEntry,
-        ExecResult,
-        FileContent,
-        FileEvent,
-        FileStat,
-        SandboxHandle,
-        SandboxLimits,
-        SandboxSummary,
-        TransferSummary,
-    )
-    from .provider import E2BSandboxProvider
+    # ``X as X``: each name is re-exported explicitly (``__all__`` is built from ``_HOMES``).
+    from .cancel import CancelReason as CancelReason
+    from .cancel import CancelToken as CancelToken
+    from .cancel import Deadline as Deadline
+    from .commands.command import Command as Command
+    from .commands.command import CommandInfo as CommandInfo
+    from .commands.command import CommandOutput as CommandOutput
+    from .commands.terminals import Terminal as Terminal
+    from .config import DeploymentConfig as DeploymentConfig
+    from .errors import AuthenticationError as AuthenticationError
+    from .errors import Cancelled as Cancelled
+    from .errors import CommandEnded as CommandEnded
+    from .errors import CommandFailed as CommandFailed
+    from .errors import CommandNotFound as CommandNotFound
+    from .errors import ConfigError as ConfigError
+    from .errors import Conflict as Conflict
+    from .errors import E2BHttpError as E2BHttpError
+    from .errors import E2BProviderError as E2BProviderError
+    from .errors import FilesFailed as FilesFailed
+    from .errors import InvalidArgument as InvalidArgument
+    from .errors import MissingAccessToken as MissingAccessToken
+    from .errors import NotADirectory as NotADirectory
+    from .errors import NotFound as NotFound
+    from .errors import OperationTimeout as OperationTimeout
+    from .errors import PathNotFound as PathNotFound
+    from .errors import PermissionDenied as PermissionDenied
+    from .errors import ProtocolError as ProtocolError
+    from .errors import ProviderClosed as ProviderClosed
+    from .errors import RemoteError as RemoteError
+    from .errors import SandboxGoneError as SandboxGoneError
+    from .errors import SandboxPaused as SandboxPaused
+    from .errors import TransportError as TransportError
+    from .errors import TransportTimeout as TransportTimeout
+    from .errors import UnsafePath as UnsafePath
+    from .files.watch import Watch as Watch
+    from .models import DirEntry as DirEntry
+    from .models import ExecResult as ExecResult
+    from .models import FileContent as FileContent
+    from .models import FileEvent as FileEvent
+    from .models import FileStat as FileStat
+    from .models import SandboxHandle as SandboxHandle
+    from .models import SandboxLimits as SandboxLimits
+    from .models import SandboxSummary as SandboxSummary
+    from .models import TransferSummary as TransferSummary
+    from .provider import E2BSandboxProvider as E2BSandboxProvider
 
 #: Public name -> the module that defines it.
 _HOMES: Dict[str, str] = {
@@ -120,50 +121,4 @@ def __dir__() -> List[str]:
     return sorted(set(globals()) | set(_HOMES))
 
 
-__all__ = [
-    "AuthenticationError",
-    "CancelReason",
-    "CancelToken",
-    "Cancelled",
-    "Command",
-    "CommandEnded",
-    "CommandFailed",
-    "CommandInfo",
-    "CommandNotFound",
-    "CommandOutput",
-    "ConfigError",
-    "Conflict",
-    "Deadline",
-    "DeploymentConfig",
-    "E2BHttpError",
-    "E2BProviderError",
-    "E2BSandboxProvider",
-    "ExecResult",
-    "DirEntry",
-    "FilesFailed",
-    "Terminal",
-    "TransferSummary",
-    "FileContent",
-    "FileEvent",
-    "FileStat",
-    "InvalidArgument",
-    "MissingAccessToken",
-    "NotADirectory",
-    "NotFound",
-    "OperationTimeout",
-    "PathNotFound",
-    "PermissionDenied",
-    "ProtocolError",
-    "ProviderClosed",
-    "RemoteError",
-    "SandboxGoneError",
-    "SandboxHandle",
-    "SandboxPaused",
-    "SandboxLimits",
-    "SandboxSummary",
-    "TransportError",
-    "TransportTimeout",
-    "UnsafePath",
-    "Watch",
-    "__version__",
-]
+__all__ = [*_HOMES, "__version__"]

@@ -180,9 +180,7 @@ class Escalation:
         if ok:
             self.state = State.GRACE
             return [ArmGrace(self.grace_seconds)]
-        self.state = State.WEDGED
-        self.wedged = True
-        return [AbortStream()]
+        return self._wedge()
 
     def on_kill_overdue(self) -> List[Action]:
         """The kill gave no verdict within its bound from submission (it may still be
@@ -197,6 +195,10 @@ class Escalation:
         """The grace period after a successful kill ran out and the stream is still open."""
         if self.state is not State.GRACE:
             return []
+        return self._wedge()
+
+    def _wedge(self) -> List[Action]:
+        """The command could not be stopped: give up on its stream, the sandbox is wedged."""
         self.state = State.WEDGED
         self.wedged = True
         return [AbortStream()]

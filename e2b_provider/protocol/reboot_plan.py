@@ -361,18 +361,21 @@ class RebootPlan:
             "stuck command may still be running",
         )
 
-    def _retry_connect(self, a: Answer) -> Optional[Step]:
-        if self._connect_retries >= CONNECT_RETRIES:
-            return None
-        if a.status == 409:
-            wait = CONFLICT_WAIT_SECONDS
-        elif a.status == 503:
+    def _connect_failed(self, a: Answer, message: str) -> Step:
+        """A connect that did not succeed: the sandbox is gone on a 404, a 409 or 503 waits
+        and connects again (at most ``CONNECT_RETRIES`` times), anything else ends the
+        reboot with ``message``."""
+        if a.status == 404:
+            return self._gone("connect")
+        if self._connect_retries < CONNECT_RETRIES and a.status in (409, 503):
             n = self._connect_retries
-            wait = BUSY_WAIT_SECONDS * (2**n) if a.retry_after is None else a.retry_after
-        else:
-            return None
-        self._connect_retries += 1
-        return self._wait(wait)
+            if a.status == 409:
+                wait = CONFLICT_WAIT_SECONDS
+            else:
+                wait = BUSY_WAIT_SECONDS * (2**n) if a.retry_after is None else a.retry_after
+            self._connect_retries += 1
+            return self._wait(wait)
+        return self._finish(OUTCOME_NOT_REBOOTED, message)
 
     def _after_connect(self, a: Answer) -> Step:
         if a.status == 201:
@@ -383,8 +386,6 @@ class RebootPlan:
                 "the sandbox was running when it was reconnected (resumed in between); no "
                 "reboot happened and the stuck command may still be running",
             )
-        if a.status == 404:
-            return self._gone("connect")
         if a.status == 400 and a.error_code == MEMORY_OVERRIDE_DISABLED:
             self._phase = _CONNECT_PLAIN
             self._message = (
@@ -393,11 +394,8 @@ class RebootPlan:
                 "the stuck command may still be running"
             )
             return self._emit(ConnectPlain(self.timeout_seconds))
-        retry = self._retry_connect(a)
-        if retry is not None:
-            return retry
-        return self._finish(
-            OUTCOME_NOT_REBOOTED,
+        return self._connect_failed(
+            a,
             f"connect answered {_describe(a)}; the sandbox may stay paused and the stuck "
             "command may still be running",
         )
@@ -405,13 +403,8 @@ class RebootPlan:
     def _after_connect_plain(self, a: Answer) -> Step:
         if a.status in (200, 201):
             return self._finish(OUTCOME_NOT_REBOOTED, self._message)
-        if a.status == 404:
-            return self._gone("connect")
-        retry = self._retry_connect(a)
-        if retry is not None:
-            return retry
-        return self._finish(
-            OUTCOME_NOT_REBOOTED,
+        return self._connect_failed(
+            a,
             f"cold boot is not enabled and the plain connect answered {_describe(a)}; the "
             "sandbox stays paused with its memory and the stuck command may still be running",
         )

@@ -111,6 +111,13 @@ def _utf8_len(text: str) -> Optional[int]:
         return None
 
 
+def _refuse(problems: List[str], what: str, value: object) -> None:
+    """Raise :class:`InvalidArgument` listing every one of ``problems`` of ``value`` (a
+    ``what``); nothing when there are none."""
+    if problems:
+        raise InvalidArgument(f"invalid {what} {show(value)}: {'; '.join(problems)}")
+
+
 def _check_str(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"invalid {what}: must be a string, not {type(value).__name__}")
@@ -276,9 +283,7 @@ def check_hostname(host: object) -> str:
         InvalidArgument: the name does not match the grammar.
     """
     text = _check_str(host, "host name")
-    problems = _hostname_problems(text)
-    if problems:
-        raise InvalidArgument(f"invalid host name {show(text)}: {'; '.join(problems)}")
+    _refuse(_hostname_problems(text), "host name", text)
     return text
 
 
@@ -340,9 +345,7 @@ def check_path(path: object) -> str:
     Raises:
         InvalidArgument: listing every problem found.
     """
-    problems = path_problems(path)
-    if problems:
-        raise InvalidArgument(f"invalid sandbox path {show(path)}: {'; '.join(problems)}")
+    _refuse(path_problems(path), "sandbox path", path)
     return cast(str, path)  # path_problems proved it is a str
 
 
@@ -445,9 +448,7 @@ def check_allow_host(host: object) -> str:
     Raises:
         InvalidArgument: listing every problem found.
     """
-    problems = allow_host_problems(host)
-    if problems:
-        raise InvalidArgument(f"invalid allowHosts entry {show(host)}: {'; '.join(problems)}")
+    _refuse(allow_host_problems(host), "allowHosts entry", host)
     return cast(str, host)  # allow_host_problems proved it is a str
 
 
