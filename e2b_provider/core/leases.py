@@ -35,6 +35,7 @@ import attrs
 from ..cancel import WAIT_SLICE_SECONDS, CancelToken
 from ..errors import Cancelled, E2BProviderError, MissingAccessToken, SandboxGoneError
 from ..models import Target
+from .marks import remember
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Lease", "LeaseCache"]
 
@@ -238,10 +239,7 @@ class LeaseCache:
                 and old.ends_at > lease.ends_at
             ):
                 lease = old  # a running sandbox's TTL is only ever extended
-            self._leases[sandbox_id] = lease
-            self._leases.move_to_end(sandbox_id)
-            while len(self._leases) > self._max:
-                self._leases.popitem(last=False)
+            remember(self._leases, sandbox_id, lease, self._max)
 
     # -- renewal ahead of time ------------------------------------------------------------
 
