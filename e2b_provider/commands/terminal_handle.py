@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, List, Optional, Union
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
 from ..core.messages import describe, mark_worded
+from ..core.run_engine import wait_verdict
 from ..errors import (
     Cancelled,
     CommandEnded,
@@ -39,34 +39,18 @@ from ..errors import (
 from ..models import Target
 from ..protocol import validate as v
 from ..protocol.process_events import DataEvent, EndEvent, LiveText, ProcessEvent
+from .arguments import check_wait_timeout
 from .terminal_wrapper import terminal_id
 
 if TYPE_CHECKING:
     from .terminals import Terminals
 
-__all__ = ["WAIT_SLICE_SECONDS", "Terminal", "wait_verdict"]
+__all__ = ["WAIT_SLICE_SECONDS", "Terminal"]
 
 log = logging.getLogger("e2b_provider")
 
 #: A terminal that is read keeps its sandbox's lease renewed, looked at this often.
 _LEASE_LOOK_SECONDS = 30.0
-
-
-def wait_verdict(fut: concurrent.futures.Future[Optional[bool]], bound: float
-                  ) -> Tuple[bool, Optional[bool]]:
-    """Wait for a kill's verdict in slices for at most ``bound`` seconds: ``(finished,
-    verdict)``."""
-    deadline = Deadline.after(bound)
-    while True:
-        left = deadline.remaining()
-        try:
-            value = fut.result(timeout=max(0.0, min(left, WAIT_SLICE_SECONDS)))
-            return True, None if value is None else bool(value)
-        except concurrent.futures.TimeoutError:
-            if left <= 0:
-                return False, None
-        except Exception:
-            return True, False
 
 
 class Terminal:
@@ -302,7 +286,7 @@ class Terminal:
             return
         self._kill_awaited = True
         bound = self._owner.ctx.bounds.kill + 1.0
-        finished, ok = wait_verdict(fut, bound)
+        finished, ok = wait_verdict(fut, Deadline.after(bound))
         if not (finished and ok):
             log.warning("e2b_provider: terminal %s ended, but the kill of its tree could not "
                         "be confirmed within %.0f s; kill_all() stops what is left", self.id,
@@ -349,11 +333,7 @@ class Terminal:
             InvalidArgument: the handle was closed, or bad arguments.
             KeyboardInterrupt: after the terminal's tree was killed (bounded).
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not (math.isfinite(timeout) and timeout >= 0)
-        ):
-            raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
+        check_wait_timeout(timeout)
         v.check_cancel(cancel)
         self._check_open()
         self._reading()
@@ -393,11 +373,7 @@ class Terminal:
             SandboxGoneError, SandboxPaused, TransportError, ProviderClosed,
             InvalidArgument, KeyboardInterrupt: as :meth:`read`.
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not (math.isfinite(timeout) and timeout >= 0)
-        ):
-            raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
+        check_wait_timeout(timeout)
         if on_output is not None and not callable(on_output):
             raise InvalidArgument("on_output must be a callable taking a str, or None")
         v.check_cancel(cancel)
@@ -528,7 +504,7 @@ class Terminal:
             if cancel is not None:
                 cancel.raise_if_cancelled()
             slice_seconds = min(WAIT_SLICE_SECONDS, max(0.0, deadline.remaining()))
-            finished, ok = wait_verdict(fut, slice_seconds)
+            finished, ok = wait_verdict(fut, Deadline.after(slice_seconds))
             if finished:
                 break
             if deadline.expired():
@@ -567,7 +543,7 @@ class Terminal:
             return
         bound = self._owner.ctx.bounds.interrupt_kill
         try:
-            finished, ok = wait_verdict(self._start_kill(), bound)
+            finished, ok = wait_verdict(self._start_kill(), Deadline.after(bound))
             if not (finished and ok):
                 log.warning(
                     "e2b_provider: interrupted; terminal %s could not be confirmed killed "
@@ -602,7 +578,9 @@ class Terminal:
             return
         if self._owned and not self._ended:
             try:
-                finished, ok = wait_verdict(self._start_kill(), self._owner.ctx.bounds.kill + 1)
+                finished, ok = wait_verdict(
+                    self._start_kill(), Deadline.after(self._owner.ctx.bounds.kill + 1)
+                )
                 if not (finished and ok):
                     said = self._owner.fate_error(self, f"closing terminal {self.id}", None,
                                                   paused=False)
