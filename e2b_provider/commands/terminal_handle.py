@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Union
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
+from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import describe, mark_worded
 from ..core.run_engine import wait_verdict
 from ..errors import (
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["WAIT_SLICE_SECONDS", "Terminal"]
 
 log = logging.getLogger("e2b_provider")
-
-#: A terminal that is read keeps its sandbox's lease renewed, looked at this often.
-_LEASE_LOOK_SECONDS = 30.0
 
 
 class Terminal:
@@ -294,7 +292,7 @@ class Terminal:
 
     def _keep_lease(self) -> None:
         now = time.monotonic()
-        if now - self._lease_looked < _LEASE_LOOK_SECONDS:
+        if now - self._lease_looked < LEASE_LOOK_SECONDS:
             return
         self._lease_looked = now
         ctx = self._owner.ctx

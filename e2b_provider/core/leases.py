@@ -37,12 +37,15 @@ from ..errors import Cancelled, E2BProviderError, MissingAccessToken, SandboxGon
 from ..models import Target
 from .marks import remember
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "Lease", "LeaseCache"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "LEASE_LOOK_SECONDS", "Lease", "LeaseCache"]
 
 log = logging.getLogger("e2b_provider")
 
 #: Sandboxes remembered at most (least recently used forgotten first).
 DEFAULT_MAX_ENTRIES = 4096
+#: A long use of a sandbox (a terminal that is read, a watch) looks at the sandbox's lease
+#: this often at most, so that it keeps the sandbox alive as any other use does.
+LEASE_LOOK_SECONDS = 30.0
 
 #: ``connect(sandbox_id, lease_seconds, cancel) -> Target``: one attach (may raise).
 Connector = Callable[[str, int, Optional[CancelToken]], Target]
