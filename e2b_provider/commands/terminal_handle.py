@@ -15,10 +15,11 @@ envd has forgotten and given to another process (see :mod:`e2b_provider.commands
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
@@ -440,19 +441,9 @@ class Terminal:
                                       "surrogate); pass bytes") from None
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes or str")
-        v.check_cancel(cancel)
-        self._check_open()
-        self._check_stop(cancel)
-        if self._ended:
-            raise self._ended_error("takes no more input")
-        if not data:
-            return
-        try:
-            with describe(f"typing into terminal {self.id}"):
+        with self._acting(cancel, "takes no more input", f"typing into terminal {self.id}"):
+            if data:
                 self._owner.send(self, bytes(data), cancel)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
 
     def resize(self, cols: int, rows: int, *, cancel: Optional[CancelToken] = None) -> None:
         """Give the terminal a new size (its programs get SIGWINCH; ``stty size`` says
@@ -465,17 +456,8 @@ class Terminal:
             Cancelled, TransportError, E2BProviderError.
         """
         v.check_terminal_size(cols, rows)
-        v.check_cancel(cancel)
-        self._check_open()
-        self._check_stop(cancel)
-        if self._ended:
-            raise self._ended_error("cannot be resized")
-        try:
-            with describe(f"resizing terminal {self.id}"):
-                self._owner.resize(self, cols, rows, cancel)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
+        with self._acting(cancel, "cannot be resized", f"resizing terminal {self.id}"):
+            self._owner.resize(self, cols, rows, cancel)
 
     def kill(self, *, cancel: Optional[CancelToken] = None) -> None:
         """Kill the terminal's whole process tree (as a timed-out exec is killed: its
@@ -550,6 +532,23 @@ class Terminal:
         except KeyboardInterrupt:
             log.warning("e2b_provider: second interrupt; abandoning the kill of terminal %s, "
                         "which may still be running", self.id)
+
+    @contextlib.contextmanager
+    def _acting(self, cancel: Optional[CancelToken], ended: str, doing: str) -> Iterator[None]:
+        """Around one action on the running terminal (:meth:`write`, :meth:`resize`): the
+        checks before it (``ended`` says why an ended terminal refuses it), its errors
+        worded as ``doing``, a Ctrl-C meanwhile kills the terminal's tree."""
+        v.check_cancel(cancel)
+        self._check_open()
+        self._check_stop(cancel)
+        if self._ended:
+            raise self._ended_error(ended)
+        try:
+            with describe(doing):
+                yield
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
 
     def _ended_error(self, what: str) -> CommandEnded:
         return CommandEnded(f"terminal {self.id} has ended and {what}; wait() gives its exit "
