@@ -42,6 +42,7 @@ from ..errors import (
     ConfigError,
     Conflict,
     E2BHttpError,
+    E2BProviderError,
     InvalidArgument,
     MissingAccessToken,
     ProtocolError,
@@ -128,6 +129,15 @@ _ROUTE_MISSING = ("method not allowed", "no matching operation")
 def _route_missing(message: str) -> bool:
     return message.startswith(_VALIDATION_PREFIX) and any(
         m in message.lower() for m in _ROUTE_MISSING
+    )
+
+
+def _predates_v2(route: str, message: str) -> ConfigError:
+    """The error for a control plane that answered ``message`` because it lacks ``route``
+    (a /v2 route)."""
+    return ConfigError(
+        f"the E2B control plane does not offer {route} (it answered {message[:120]!r}): it "
+        "predates the /v2 API; upgrade it or set api_url to a newer deployment"
     )
 
 
@@ -303,6 +313,16 @@ class ControlPlane:
                       attempt, delay)
             _wait(cancel, delay)
 
+    def _unusable(self, resp: HttpResponse, operation: str, sandbox_id: Optional[str] = None
+                  ) -> E2BProviderError:
+        """The exception for an answer a call cannot use: a success status it does not
+        expect is a ProtocolError, an error answer is :meth:`_error`'s."""
+        if resp.ok:
+            return ProtocolError(
+                f"E2B {operation} answered with unexpected status {resp.status}"
+            )
+        return self._error(resp, operation, sandbox_id)
+
     def _error(self, resp: HttpResponse, operation: str, sandbox_id: Optional[str] = None
                ) -> E2BHttpError:
         """The exception for an error answer: "gone" for a real 404, else by status (a 400
@@ -385,14 +405,8 @@ class ControlPlane:
         if resp.status in (400, 404, 405):
             message = parse_error_body(resp.body)[0]
             if _route_missing(message):
-                raise ConfigError(
-                    "the E2B control plane does not offer POST /v2/sandboxes (it answered "
-                    f"{message[:120]!r}): it predates the /v2 API; upgrade it or set api_url "
-                    "to a newer deployment"
-                )
-        if resp.ok:
-            raise ProtocolError(f"E2B {op} answered with unexpected status {resp.status}")
-        raise self._error(resp, op)
+                raise _predates_v2("POST /v2/sandboxes", message)
+        raise self._unusable(resp, op)
 
     def connect(
         self,
@@ -442,14 +456,8 @@ class ControlPlane:
         if resp.status == 404:
             message = parse_error_body(resp.body)[0]
             if message.startswith(_VALIDATION_PREFIX):
-                raise ConfigError(
-                    "the E2B control plane does not offer POST /v2/sandboxes/{id}/connect "
-                    f"(it answered {message[:120]!r}): it predates the /v2 API; upgrade it "
-                    "or set api_url to a newer deployment"
-                )
-        if resp.ok:
-            raise ProtocolError(f"E2B {op} answered with unexpected status {resp.status}")
-        raise self._error(resp, op, sandbox_id)
+                raise _predates_v2("POST /v2/sandboxes/{id}/connect", message)
+        raise self._unusable(resp, op, sandbox_id)
 
     def attach(
         self,

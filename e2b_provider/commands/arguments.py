@@ -7,6 +7,7 @@ command, its bounds, working directory, environment, holder tag, output callback
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Iterable, List, Mapping, Optional
 
 from ..errors import InvalidArgument
@@ -15,6 +16,7 @@ from ..protocol import validate as v
 __all__ = [
     "check_callbacks",
     "check_tags",
+    "check_wait_timeout",
     "command_env",
     "exec_env",
     "start_env",
@@ -34,6 +36,16 @@ def command_env(
     if tag is not None:
         v.check_tag(tag)
     return run_env
+
+
+def check_wait_timeout(timeout: Optional[float]) -> None:
+    """Check the timeout of a wait on a command or a terminal: a non-negative number of
+    seconds, or None."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+        or not (math.isfinite(timeout) and timeout >= 0)
+    ):
+        raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
 
 
 def check_callbacks(

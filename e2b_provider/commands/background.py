@@ -71,6 +71,7 @@ from ..core.context import (
     script_failed,
 )
 from ..core.file_agents import AgentUnavailable, FileAgents
+from ..core.marks import remember
 from ..core.messages import clean_stderr, mark_worded
 from ..errors import (
     CommandEnded,
@@ -176,10 +177,7 @@ class Background:
         log.info("e2b_provider: sandbox %s cannot run python3; background commands use the "
                  "shell supervisor there", sid)
         with self._lock:
-            self._no_python[sid] = None
-            self._no_python.move_to_end(sid)
-            while len(self._no_python) > MAX_REMEMBERED_SANDBOXES:
-                self._no_python.popitem(last=False)
+            remember(self._no_python, sid, None, MAX_REMEMBERED_SANDBOXES)
 
     # -- start ------------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ printed, as far as the sandbox keeps it).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
 
 import attrs
@@ -25,7 +24,7 @@ from ..protocol.command_records import (
     decode_tail,
     tag_of_control_path,
 )
-from .arguments import check_callbacks
+from .arguments import check_callbacks, check_wait_timeout
 
 if TYPE_CHECKING:
     from .background import Background
@@ -188,11 +187,7 @@ class Command:
             CommandNotFound: the record is gone.
             SandboxGoneError, E2BProviderError.
         """
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-                math.isfinite(timeout) and timeout >= 0
-            ):
-                raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
+        check_wait_timeout(timeout)
         check_callbacks(on_stdout, on_stderr)
         v.check_cancel(cancel)
         with describe(f"waiting for command {self.id}"):

@@ -15,15 +15,17 @@ envd has forgotten and given to another process (see :mod:`e2b_provider.commands
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
-import math
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
+from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import describe, mark_worded
+from ..core.run_engine import wait_verdict
 from ..errors import (
     Cancelled,
     CommandEnded,
@@ -39,34 +41,15 @@ from ..errors import (
 from ..models import Target
 from ..protocol import validate as v
 from ..protocol.process_events import DataEvent, EndEvent, LiveText, ProcessEvent
+from .arguments import check_wait_timeout
 from .terminal_wrapper import terminal_id
 
 if TYPE_CHECKING:
     from .terminals import Terminals
 
-__all__ = ["WAIT_SLICE_SECONDS", "Terminal", "wait_verdict"]
+__all__ = ["WAIT_SLICE_SECONDS", "Terminal"]
 
 log = logging.getLogger("e2b_provider")
-
-#: A terminal that is read keeps its sandbox's lease renewed, looked at this often.
-_LEASE_LOOK_SECONDS = 30.0
-
-
-def wait_verdict(fut: concurrent.futures.Future[Optional[bool]], bound: float
-                  ) -> Tuple[bool, Optional[bool]]:
-    """Wait for a kill's verdict in slices for at most ``bound`` seconds: ``(finished,
-    verdict)``."""
-    deadline = Deadline.after(bound)
-    while True:
-        left = deadline.remaining()
-        try:
-            value = fut.result(timeout=max(0.0, min(left, WAIT_SLICE_SECONDS)))
-            return True, None if value is None else bool(value)
-        except concurrent.futures.TimeoutError:
-            if left <= 0:
-                return False, None
-        except Exception:
-            return True, False
 
 
 class Terminal:
@@ -302,7 +285,7 @@ class Terminal:
             return
         self._kill_awaited = True
         bound = self._owner.ctx.bounds.kill + 1.0
-        finished, ok = wait_verdict(fut, bound)
+        finished, ok = wait_verdict(fut, Deadline.after(bound))
         if not (finished and ok):
             log.warning("e2b_provider: terminal %s ended, but the kill of its tree could not "
                         "be confirmed within %.0f s; kill_all() stops what is left", self.id,
@@ -310,7 +293,7 @@ class Terminal:
 
     def _keep_lease(self) -> None:
         now = time.monotonic()
-        if now - self._lease_looked < _LEASE_LOOK_SECONDS:
+        if now - self._lease_looked < LEASE_LOOK_SECONDS:
             return
         self._lease_looked = now
         ctx = self._owner.ctx
@@ -349,11 +332,7 @@ class Terminal:
             InvalidArgument: the handle was closed, or bad arguments.
             KeyboardInterrupt: after the terminal's tree was killed (bounded).
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not (math.isfinite(timeout) and timeout >= 0)
-        ):
-            raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
+        check_wait_timeout(timeout)
         v.check_cancel(cancel)
         self._check_open()
         self._reading()
@@ -393,11 +372,7 @@ class Terminal:
             SandboxGoneError, SandboxPaused, TransportError, ProviderClosed,
             InvalidArgument, KeyboardInterrupt: as :meth:`read`.
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not (math.isfinite(timeout) and timeout >= 0)
-        ):
-            raise InvalidArgument("timeout must be a non-negative number of seconds, or None")
+        check_wait_timeout(timeout)
         if on_output is not None and not callable(on_output):
             raise InvalidArgument("on_output must be a callable taking a str, or None")
         v.check_cancel(cancel)
@@ -466,19 +441,9 @@ class Terminal:
                                       "surrogate); pass bytes") from None
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data must be bytes or str")
-        v.check_cancel(cancel)
-        self._check_open()
-        self._check_stop(cancel)
-        if self._ended:
-            raise self._ended_error("takes no more input")
-        if not data:
-            return
-        try:
-            with describe(f"typing into terminal {self.id}"):
+        with self._acting(cancel, "takes no more input", f"typing into terminal {self.id}"):
+            if data:
                 self._owner.send(self, bytes(data), cancel)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
 
     def resize(self, cols: int, rows: int, *, cancel: Optional[CancelToken] = None) -> None:
         """Give the terminal a new size (its programs get SIGWINCH; ``stty size`` says
@@ -491,17 +456,8 @@ class Terminal:
             Cancelled, TransportError, E2BProviderError.
         """
         v.check_terminal_size(cols, rows)
-        v.check_cancel(cancel)
-        self._check_open()
-        self._check_stop(cancel)
-        if self._ended:
-            raise self._ended_error("cannot be resized")
-        try:
-            with describe(f"resizing terminal {self.id}"):
-                self._owner.resize(self, cols, rows, cancel)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
+        with self._acting(cancel, "cannot be resized", f"resizing terminal {self.id}"):
+            self._owner.resize(self, cols, rows, cancel)
 
     def kill(self, *, cancel: Optional[CancelToken] = None) -> None:
         """Kill the terminal's whole process tree (as a timed-out exec is killed: its
@@ -528,7 +484,7 @@ class Terminal:
             if cancel is not None:
                 cancel.raise_if_cancelled()
             slice_seconds = min(WAIT_SLICE_SECONDS, max(0.0, deadline.remaining()))
-            finished, ok = wait_verdict(fut, slice_seconds)
+            finished, ok = wait_verdict(fut, Deadline.after(slice_seconds))
             if finished:
                 break
             if deadline.expired():
@@ -567,7 +523,7 @@ class Terminal:
             return
         bound = self._owner.ctx.bounds.interrupt_kill
         try:
-            finished, ok = wait_verdict(self._start_kill(), bound)
+            finished, ok = wait_verdict(self._start_kill(), Deadline.after(bound))
             if not (finished and ok):
                 log.warning(
                     "e2b_provider: interrupted; terminal %s could not be confirmed killed "
@@ -576,6 +532,23 @@ class Terminal:
         except KeyboardInterrupt:
             log.warning("e2b_provider: second interrupt; abandoning the kill of terminal %s, "
                         "which may still be running", self.id)
+
+    @contextlib.contextmanager
+    def _acting(self, cancel: Optional[CancelToken], ended: str, doing: str) -> Iterator[None]:
+        """Around one action on the running terminal (:meth:`write`, :meth:`resize`): the
+        checks before it (``ended`` says why an ended terminal refuses it), its errors
+        worded as ``doing``, a Ctrl-C meanwhile kills the terminal's tree."""
+        v.check_cancel(cancel)
+        self._check_open()
+        self._check_stop(cancel)
+        if self._ended:
+            raise self._ended_error(ended)
+        try:
+            with describe(doing):
+                yield
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
 
     def _ended_error(self, what: str) -> CommandEnded:
         return CommandEnded(f"terminal {self.id} has ended and {what}; wait() gives its exit "
@@ -602,7 +575,9 @@ class Terminal:
             return
         if self._owned and not self._ended:
             try:
-                finished, ok = wait_verdict(self._start_kill(), self._owner.ctx.bounds.kill + 1)
+                finished, ok = wait_verdict(
+                    self._start_kill(), Deadline.after(self._owner.ctx.bounds.kill + 1)
+                )
                 if not (finished and ok):
                     said = self._owner.fate_error(self, f"closing terminal {self.id}", None,
                                                   paused=False)

@@ -35,6 +35,7 @@ from ..clients.envd_streams import PtyStream, StreamEnd
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
 from ..core.messages import mark_worded
 from ..core.reboot import Reboots
+from ..core.run_engine import wait_verdict
 from ..errors import (
     Cancelled,
     CommandNotFound,
@@ -54,7 +55,7 @@ from ..protocol import scripts as scripts
 from ..protocol.process_events import EndEvent, StartEvent
 from .background import CommandInfo
 from .kills import KillBatcher
-from .terminal_handle import Terminal, wait_verdict
+from .terminal_handle import Terminal
 from .terminal_wrapper import (
     DEFAULT_TERM,
     MAX_PID,
@@ -201,7 +202,7 @@ class Terminals:
         fut = self.kills.kill(target, ctl, began, self.ctx.bounds.kill, lambda: None)
         bound = self.ctx.bounds.interrupt_kill if interrupted else self.ctx.bounds.kill + 1
         try:
-            wait_verdict(fut, bound)
+            wait_verdict(fut, Deadline.after(bound))
         except KeyboardInterrupt:
             log.warning("e2b_provider: second interrupt; a terminal that was being opened may "
                         "still be running (kill_all() stops it)")

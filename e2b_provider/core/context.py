@@ -49,6 +49,7 @@ from ..protocol import validate as v
 from ..protocol.e2b_facts import MAX_TIMEOUT_SECONDS
 from ..transport.client import Transport
 from .leases import LeaseCache
+from .marks import remember
 from .messages import command_failed, script_reason
 from .run_engine import RunOutcome, run_process
 
@@ -323,10 +324,7 @@ class ProviderContext:
         """Remember that this provider is pausing ``sid`` now (bounded: the oldest marks are
         dropped first)."""
         with self._lock:
-            self._paused[sid] = time.monotonic()
-            self._paused.move_to_end(sid)
-            while len(self._paused) > MAX_PAUSE_MARKS:
-                self._paused.popitem(last=False)
+            remember(self._paused, sid, time.monotonic(), MAX_PAUSE_MARKS)
 
     def paused_during(self, sid: str, began: float, cancel: Optional[CancelToken]) -> bool:
         """Whether ``sid`` was paused after ``began`` (monotonic): by this provider (its own

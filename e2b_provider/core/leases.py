@@ -35,13 +35,17 @@ import attrs
 from ..cancel import WAIT_SLICE_SECONDS, CancelToken
 from ..errors import Cancelled, E2BProviderError, MissingAccessToken, SandboxGoneError
 from ..models import Target
+from .marks import remember
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "Lease", "LeaseCache"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "LEASE_LOOK_SECONDS", "Lease", "LeaseCache"]
 
 log = logging.getLogger("e2b_provider")
 
 #: Sandboxes remembered at most (least recently used forgotten first).
 DEFAULT_MAX_ENTRIES = 4096
+#: A long use of a sandbox (a terminal that is read, a watch) looks at the sandbox's lease
+#: this often at most, so that it keeps the sandbox alive as any other use does.
+LEASE_LOOK_SECONDS = 30.0
 
 #: ``connect(sandbox_id, lease_seconds, cancel) -> Target``: one attach (may raise).
 Connector = Callable[[str, int, Optional[CancelToken]], Target]
@@ -238,10 +242,7 @@ class LeaseCache:
                 and old.ends_at > lease.ends_at
             ):
                 lease = old  # a running sandbox's TTL is only ever extended
-            self._leases[sandbox_id] = lease
-            self._leases.move_to_end(sandbox_id)
-            while len(self._leases) > self._max:
-                self._leases.popitem(last=False)
+            remember(self._leases, sandbox_id, lease, self._max)
 
     # -- renewal ahead of time ------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from ..protocol.reboot_plan import (
     Waited,
 )
 from .context import KeyedLocks, ProviderContext
+from .marks import remember
 
 __all__ = ["MAX_REBOOT_MARKS", "Reboots", "fire"]
 
@@ -108,10 +109,7 @@ class Reboots:
                 log.info("e2b_provider: sandbox %s was just rebooted for another command", sid)
                 return
             with self._lock:
-                self._rebooted_at[sid] = time.monotonic()
-                self._rebooted_at.move_to_end(sid)
-                while len(self._rebooted_at) > MAX_REBOOT_MARKS:
-                    self._rebooted_at.popitem(last=False)
+                remember(self._rebooted_at, sid, time.monotonic(), MAX_REBOOT_MARKS)
             self._reboot(sid, target)
 
     def _reboot(self, sid: str, target: Target) -> None:

@@ -39,7 +39,7 @@ from ..errors import (
 from ..protocol import escalation as esc_mod
 from ..protocol.process_events import DataEvent, EndEvent, LiveText, OutputBudget, StartEvent
 
-__all__ = ["KillStarter", "Killer", "OnText", "RunOutcome", "run_process"]
+__all__ = ["KillStarter", "Killer", "OnText", "RunOutcome", "run_process", "wait_verdict"]
 
 log = logging.getLogger("e2b_provider")
 
@@ -129,7 +129,7 @@ class _Run:
     timers: list[Any] = attrs.field(factory=list)
 
 
-def _wait_future(
+def wait_verdict(
     fut: concurrent.futures.Future[Optional[bool]], deadline: Deadline
 ) -> Tuple[bool, Optional[bool]]:
     """Wait for a kill's verdict in slices until ``deadline``: ``(finished, verdict)``."""
@@ -372,7 +372,7 @@ def run_process(
             kill_deadline = run.kill_deadline
         if fut is not None:
             try:
-                finished, ok = _wait_future(
+                finished, ok = wait_verdict(
                     fut, kill_deadline or Deadline.after(kill_seconds + 1.0, watchdog.clock)
                 )
             except KeyboardInterrupt:
@@ -448,7 +448,7 @@ def _interrupted(
                 with run.lock:
                     fut = run.kill_future
             if fut is not None:
-                _, ok = _wait_future(fut, Deadline.after(bound))
+                _, ok = wait_verdict(fut, Deadline.after(bound))
                 if not ok:
                     log.warning(
                         "e2b_provider: interrupted; the remote command could not be confirmed "

@@ -14,6 +14,7 @@ import threading
 from typing import Tuple
 
 from ..core.context import MAX_REMEMBERED_SANDBOXES
+from ..core.marks import remember
 
 log = logging.getLogger("e2b_provider")
 
@@ -45,10 +46,7 @@ class SandboxFacts:
     def remember(self, sid: str, fact: str) -> None:
         """Keep ``fact`` about sandbox ``sid``."""
         with self._lock:
-            self._facts[(sid, fact)] = None
-            self._facts.move_to_end((sid, fact))
-            while len(self._facts) > MAX_REMEMBERED_SANDBOXES:
-                self._facts.popitem(last=False)
+            remember(self._facts, (sid, fact), None, MAX_REMEMBERED_SANDBOXES)
 
     def forget(self, sid: str, fact: str) -> None:
         """Drop ``fact`` about sandbox ``sid``, if it was known."""

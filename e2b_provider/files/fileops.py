@@ -15,9 +15,11 @@ the first process with another tag, so it misses whenever other tagged processes
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 import uuid
-from typing import Callable, List, Optional, TypeVar
+from typing import Callable, Iterator, List, Optional, TypeVar
 
 import attrs
 
@@ -61,6 +63,20 @@ class FileOps:
             return
         with silence_is_timeout():
             raise exc
+
+    @contextlib.contextmanager
+    def lost_answer_said(
+        self, sid: str, cancel: Optional[CancelToken], what: str
+    ) -> Iterator[None]:
+        """Around an operation done once: an error that lost its answer is said as
+        :meth:`settle_lost` says it (``what``: the operation, as in "reading <path>")."""
+        began = time.monotonic()
+        try:
+            yield
+        except E2BProviderError as exc:
+            if is_ambiguous(exc):
+                self.settle_lost(sid, exc, began, cancel, what, retry=False)
+            raise
 
     # -- one script, killed with its whole tree when it ends early ------------------------
 

@@ -187,12 +187,7 @@ class _LocalTree:
             return
         parts, tmp, _, _ = self.pending
         self.pending = None
-        dfd = self.dir_fd(parts[:-1])
-        try:
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            _unlink_quietly(tmp, dfd)
-            raise
+        _put_in_place(tmp, parts[-1], self.dir_fd(parts[:-1]))
 
     def discard(self) -> None:
         """Remove the pending file: what it would have replaced stays."""
@@ -244,11 +239,7 @@ class _LocalTree:
             target, name = planned[parts]
             try:
                 dfd, tmp = self._temp(parts, functools.partial(_symlink, target))
-                try:
-                    os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-                except BaseException:
-                    _unlink_quietly(tmp, dfd)
-                    raise
+                _put_in_place(tmp, parts[-1], dfd)
                 written.append(parts)
             except OSError as exc:
                 failed = True
@@ -351,6 +342,16 @@ _BUSY = object()
 
 def _symlink(target: str, dir_fd: int, name: str) -> None:
     os.symlink(target, name, dir_fd=dir_fd)
+
+
+def _put_in_place(tmp: str, name: str, dir_fd: int) -> None:
+    """Rename the temporary file ``tmp`` to ``name`` in directory ``dir_fd``; if that
+    fails, remove ``tmp`` and raise."""
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        _unlink_quietly(tmp, dir_fd)
+        raise
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import re
-import time
 import uuid
 from concurrent.futures import Future
 from typing import Dict, List, Optional, Tuple
@@ -22,11 +21,9 @@ from typing import Dict, List, Optional, Tuple
 from ..cancel import CancelToken, Deadline
 from ..core.context import STDERR_ROOM
 from ..core.file_agents import AgentUnavailable
-from ..core.messages import is_ambiguous
 from ..errors import (
     CommandFailed,
     E2BHttpError,
-    E2BProviderError,
     ProtocolError,
     TransportError,
     TransportTimeout,
@@ -63,13 +60,8 @@ class Reads(FilePart):
     def read(
         self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
     ) -> Optional[FileContent]:
-        began = time.monotonic()
-        try:
+        with self.ops.lost_answer_said(sid, cancel, f"reading {path}"):
             return self._read(sid, path, max_bytes, cancel)
-        except E2BProviderError as exc:
-            if is_ambiguous(exc):
-                self.ops.settle_lost(sid, exc, began, cancel, f"reading {path}", retry=False)
-            raise
 
     def _read(
         self, sid: str, path: str, max_bytes: int, cancel: Optional[CancelToken]
@@ -105,8 +97,7 @@ class Reads(FilePart):
 
     def stat(self, sid: str, path: str, cancel: Optional[CancelToken]) -> Optional[FileStat]:
         deadline = self._bound()
-        began = time.monotonic()
-        try:
+        with self.ops.lost_answer_said(sid, cancel, f"examining {path}"):
             if self._agents.ready(sid) is not None:
                 try:
                     answer = self._agents.call(
@@ -120,10 +111,6 @@ class Reads(FilePart):
                 sid, scripts.SANDBOX_USER, scripts.stat_probe_args(path), STDERR_ROOM, cancel,
                 deadline,
             )
-        except E2BProviderError as exc:
-            if is_ambiguous(exc):
-                self.ops.settle_lost(sid, exc, began, cancel, f"examining {path}", retry=False)
-            raise
         if r.exit_code == 3:
             return None
         if r.exit_code == scripts.NO_ENTRY_EXIT:

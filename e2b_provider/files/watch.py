@@ -58,6 +58,7 @@ from ..clients.envd_streams import WATCH_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 from ..clients.envd_streams import WATCH_READ_BYTES as READ_BYTES
 from ..clients.envd_streams import WatchStream
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
+from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import is_ambiguous, mark_worded, reword
 from ..errors import (
     Cancelled,
@@ -100,9 +101,6 @@ MAX_RESTARTS = 3
 #: envd ends a watch with a timeout this much after its timeout passed here (a backstop
 #: for a client that went away: the watchdog ends it here first).
 SERVER_SLACK_SECONDS = 10.0
-#: While a watch goes on, its sandbox's lease is looked at this often (at most), so that a
-#: long watch keeps the sandbox alive as any other use does.
-LEASE_TOUCH_SECONDS = 30.0
 #: What envd calls the operation in its messages.
 _OPERATION = "filesystem watch"
 
@@ -557,7 +555,7 @@ class Watch:
         """Keep the sandbox's lease going while the watch lasts (a renewal, when one is due,
         runs off this thread)."""
         now = time.monotonic()
-        if now - self._touched < LEASE_TOUCH_SECONDS:
+        if now - self._touched < LEASE_LOOK_SECONDS:
             return
         self._touched = now
         ctx = self._ctx

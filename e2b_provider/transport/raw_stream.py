@@ -165,22 +165,23 @@ class RawStream(OneReaderStream):
                 if not data:
                     self._take(self._framer.eof())
                     if not self._ended:
-                        raise TransportError(
-                            f"E2B {self._operation}: the connection to "
-                            f"{safe_url(self._url)} ended before the end of the answer"
-                        )
+                        raise self._cut_error()
                     continue
                 self._heard = time.monotonic()
                 self._take(self._framer.feed(data))
             except FramingError as exc:
                 if not data:
-                    raise TransportError(
-                        f"E2B {self._operation}: the connection to {safe_url(self._url)} "
-                        "ended before the end of the answer"
-                    ) from None
+                    raise self._cut_error() from None
                 raise ProtocolError(
                     f"E2B {self._operation}: the answer is not HTTP/1.1 it can read ({exc})"
                 ) from None
+
+    def _cut_error(self) -> TransportError:
+        """The error for a connection that ended before the end of the answer."""
+        return TransportError(
+            f"E2B {self._operation}: the connection to {safe_url(self._url)} ended before "
+            "the end of the answer"
+        )
 
     def read_all(self, max_bytes: int, timeout: float) -> bytes:
         """The rest of the body, at most ``max_bytes`` (the rest is dropped), read within
