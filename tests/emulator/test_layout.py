@@ -4,6 +4,7 @@ library only (it runs by file path with ``python -S``)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import sys
