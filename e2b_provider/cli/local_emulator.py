@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..emulator.__main__ import EXIT_UNAVAILABLE, run
+from ..emulator.__main__ import run
+from ..emulator.handle import EXIT_UNAVAILABLE
 from .exits import EXIT_ERROR, PROG
 
 

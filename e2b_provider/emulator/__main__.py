@@ -51,11 +51,10 @@ import tempfile
 from typing import Callable, List, Optional
 
 from .api.state import DEFAULT_TEMPLATE, TemplateResources
-from .handle import remove_state_dir
+from .handle import EXIT_UNAVAILABLE, remove_state_dir
 
 __all__ = ["add_arguments", "main", "run"]
 
-EXIT_UNAVAILABLE = 2
 EXIT_INTERRUPTED = 130
 #: The name this command line gives itself in its messages.
 NAME = "e2b-emulator"

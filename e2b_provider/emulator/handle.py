@@ -41,7 +41,7 @@ __all__ = ["Emulator", "EmulatorError", "EmulatorUnavailable", "remove_state_dir
 EXIT_UNAVAILABLE = 2
 #: The domain the emulator reports (matches ``state.DEFAULT_DOMAIN``).
 DOMAIN = "e2b.localhost"
-_ADMIN_TIMEOUT = 30.0
+_ADMIN_TIMEOUT_SECONDS = 30.0
 _KEY_FIELD = re.compile(r"(api_key=|E2B_API_KEY=)\S*")
 #: The emulator's last line on stdout once it serves (see ``python -m e2b_provider.emulator``).
 _LAST_EXPORT = b"export E2B_TEMPLATE="
@@ -385,7 +385,7 @@ class Emulator:
             headers={"X-API-KEY": self.api_key, "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=_ADMIN_TIMEOUT) as resp:
+            with urllib.request.urlopen(req, timeout=_ADMIN_TIMEOUT_SECONDS) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:500]

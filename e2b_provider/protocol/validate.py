@@ -89,7 +89,8 @@ _SHOW_CHARS = 80
 # Control characters, invisible format characters (U+200B, U+202E, BOM, ...), and the
 # Unicode line and paragraph separators.
 UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-_EGRESS = ("none", "allowlist", "open")
+#: The egress policies a sandbox may have.
+EGRESS_MODES = ("none", "allowlist", "open")
 _HOST_CHARS_RE = re.compile(r"[A-Za-z0-9.:/*_-]+", re.ASCII)
 
 
@@ -486,7 +487,7 @@ def check_limits(limits: object) -> SandboxLimits:
                 f"invalid sandbox limits: {field} must be a positive finite number, "
                 f"not {show(value)}"
             )
-    if limits.egress not in _EGRESS:
+    if limits.egress not in EGRESS_MODES:
         raise InvalidArgument(
             f"invalid sandbox limits: egress must be one of 'none', 'allowlist', 'open', "
             f"not {show(limits.egress)}"

@@ -73,13 +73,13 @@ from .rpc import (
 from .watch import WatchEnded, WatcherRegistry, check_watch_path
 from .watch import readable as watch_readable
 
-__all__ = ["DEFAULT_KEEPALIVE", "Agent", "AgentConfig", "main", "serve"]
+__all__ = ["DEFAULT_KEEPALIVE_SECONDS", "Agent", "AgentConfig", "main", "serve"]
 
 log = logging.getLogger("e2b_provider.emulator.agent")
 fs_log = logging.getLogger("e2b_provider.emulator.agent.filesystem")
 
 #: Seconds between keepalive events when the client sends no valid Keepalive-Ping-Interval.
-DEFAULT_KEEPALIVE = 90.0
+DEFAULT_KEEPALIVE_SECONDS = 90.0
 _WANTED_NOFILE = 8192
 
 T = TypeVar("T")
@@ -110,15 +110,17 @@ class AgentConfig:
 def _keepalive_interval(request: web.BaseRequest) -> float:
     raw = request.headers.get("Keepalive-Ping-Interval")
     if raw is None:
-        return DEFAULT_KEEPALIVE
+        return DEFAULT_KEEPALIVE_SECONDS
     try:
         value = int(raw.strip())
     except ValueError:
-        return DEFAULT_KEEPALIVE
+        return DEFAULT_KEEPALIVE_SECONDS
     if value <= 0:
         # envd would panic (Go's time.NewTicker) on this; we fall back to the default.
-        log.warning("Keepalive-Ping-Interval %r is not positive; using %ss", raw, DEFAULT_KEEPALIVE)
-        return DEFAULT_KEEPALIVE
+        log.warning(
+            "Keepalive-Ping-Interval %r is not positive; using %ss", raw, DEFAULT_KEEPALIVE_SECONDS
+        )
+        return DEFAULT_KEEPALIVE_SECONDS
     return float(value)
 
 

@@ -7,7 +7,7 @@ and the agent serves it here, on its event loop (no threads). One request per co
 
 * the host writes a port number (ASCII decimal, 1-65535) and ``\\n``;
 * the agent connects to ``127.0.0.1:<port>``, and when that is refused to ``[::1]:<port>``
-  (bounded: :data:`CONNECT_TIMEOUT` seconds in all), from inside the sandbox's namespace;
+  (bounded: :data:`CONNECT_TIMEOUT_SECONDS` seconds in all), from inside the sandbox's namespace;
 * it answers one byte ``+`` carrying the connected socket as ``SCM_RIGHTS``, or a line
   ``-<reason>\\n`` (``refused``, ``timeout``, ``bad request`` or an errno name), and closes.
 
@@ -23,14 +23,14 @@ import logging
 import socket
 from typing import Optional, Set
 
-__all__ = ["CONNECT_TIMEOUT", "REQUEST_TIMEOUT", "PortsServer", "parse_port"]
+__all__ = ["CONNECT_TIMEOUT_SECONDS", "REQUEST_TIMEOUT_SECONDS", "PortsServer", "parse_port"]
 
 log = logging.getLogger("e2b_provider.emulator.agent.ports")
 
 #: Bound on connecting to a port (both addresses together), seconds.
-CONNECT_TIMEOUT = 4.0
+CONNECT_TIMEOUT_SECONDS = 4.0
 #: Bound on reading a request line, seconds.
-REQUEST_TIMEOUT = 5.0
+REQUEST_TIMEOUT_SECONDS = 5.0
 _MAX_REQUEST = 16
 OK = b"+"
 
@@ -125,7 +125,7 @@ class PortsServer:
             line = b""
             try:
                 while b"\n" not in line and len(line) <= _MAX_REQUEST:
-                    data = await asyncio.wait_for(loop.sock_recv(conn, 64), REQUEST_TIMEOUT)
+                    data = await asyncio.wait_for(loop.sock_recv(conn, 64), REQUEST_TIMEOUT_SECONDS)
                     if not data:
                         break
                     line += data
@@ -136,7 +136,7 @@ class PortsServer:
                 await self._answer(conn, b"-bad request\n")
                 return
             try:
-                target = await _connect(port, CONNECT_TIMEOUT)
+                target = await _connect(port, CONNECT_TIMEOUT_SECONDS)
             except asyncio.TimeoutError:
                 await self._answer(conn, b"-timeout\n")
                 return

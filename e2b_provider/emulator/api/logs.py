@@ -53,7 +53,8 @@ KILLED_KEPT = 64
 #: The most entries one v2 request answers (E2B's maximum and default).
 MAX_LIMIT = 1000
 #: How far back logs go, and how wide a cursor's window is (E2B: 7 days), in ms.
-WINDOW_MS = 7 * 24 * 3600 * 1000
+WINDOW_SECONDS = 7 * 24 * 3600
+_WINDOW_MS = WINDOW_SECONDS * 1000
 #: The longest ``search`` E2B accepts.
 MAX_SEARCH = 256
 _INT32_MAX = 2**31 - 1
@@ -186,7 +187,7 @@ def parse_v1_query(query: Mapping[str, str], now_ms: int) -> LogQuery:
     """
     start = query_int(query, "start", None, maximum=_INT64_MAX)
     limit = query_int(query, "limit", MAX_LIMIT, maximum=_INT32_MAX)
-    oldest = now_ms - WINDOW_MS
+    oldest = now_ms - _WINDOW_MS
     return LogQuery(start_ms=max(oldest, start or 0), end_ms=now_ms, limit=limit)
 
 
@@ -206,13 +207,13 @@ def parse_v2_query(query: Mapping[str, str], now_ms: int) -> LogQuery:
     if search is not None and len(search) > MAX_SEARCH:
         raise query_error("search", f"maximum string length is {MAX_SEARCH}")
     forward = direction == "forward"
-    oldest = now_ms - WINDOW_MS
+    oldest = now_ms - _WINDOW_MS
     if cursor is None:
         start, end = oldest, now_ms
     elif forward:
-        start, end = cursor, cursor + WINDOW_MS
+        start, end = cursor, cursor + _WINDOW_MS
     else:
-        start, end = cursor - WINDOW_MS, cursor
+        start, end = cursor - _WINDOW_MS, cursor
     start, end = max(start, oldest), max(end, oldest)
     return LogQuery(
         start_ms=min(start, end),

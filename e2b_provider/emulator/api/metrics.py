@@ -25,7 +25,7 @@ MIB = 1024 * 1024
 #: Samples kept per sandbox.
 HISTORY = 720
 #: A sandbox is sampled again only after this many seconds.
-MIN_INTERVAL = 1.0
+MIN_INTERVAL_SECONDS = 1.0
 
 
 @attrs.frozen
@@ -71,10 +71,10 @@ class MetricsHistory:
         self._series: Dict[str, _Series] = {}
 
     def due(self, sandbox_id: str, now: float) -> bool:
-        """True when the sandbox has no sample from the last :data:`MIN_INTERVAL` seconds."""
+        """True when the sandbox has no sample from the last :data:`MIN_INTERVAL_SECONDS`."""
         series = self._series.get(sandbox_id)
         return series is None or not series.samples or now - series.samples[-1].timestamp >= (
-            MIN_INTERVAL
+            MIN_INTERVAL_SECONDS
         )
 
     def first_reading(self, sandbox_id: str) -> bool:

@@ -31,7 +31,8 @@ DEFAULT_TAG = "default"
 
 _IDENTIFIER_RE = re.compile(r"^[a-z0-9_-]+$")
 _TAG_RE = re.compile(r"^[a-z0-9_.-]+$")
-_ID_ALPHABET = string.ascii_lowercase + string.digits
+#: The characters of the ids the emulator makes (E2B's: lowercase letters and digits).
+ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
 def _clean(value: str, what: str, pattern: re.Pattern[str]) -> str:
@@ -89,4 +90,4 @@ def with_tag(identifier: str, tag: Optional[str]) -> str:
 
 def new_template_id() -> str:
     """A fresh template id: 20 characters of ``[a-z0-9]``."""
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(20))
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(20))

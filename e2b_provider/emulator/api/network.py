@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import attrs
 
+from ...protocol.e2b_facts import ENVD_PORT
 from .errors import BadRequest
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
 
 #: The CIDR that means "all traffic".
 ALL_TRAFFIC = "0.0.0.0/0"
-ENVD_PORT = 49983
 _DOMAINS_NEED_BLOCK_ALL = (
     "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out "
     "to block all other traffic."

@@ -74,7 +74,7 @@ log = logging.getLogger("e2b_provider.emulator.ports")
 #: The largest WebSocket message relayed, bytes.
 MAX_WS_MESSAGE = 64 * 1024 * 1024
 #: Bound on getting a connection from the sandbox's agent, seconds.
-CONNECT_TIMEOUT = 8.0
+CONNECT_TIMEOUT_SECONDS = 8.0
 PORT_CLOSED = "The sandbox is running but port is not open"
 SANDBOX_NOT_FOUND = "The sandbox was not found"
 
@@ -149,7 +149,7 @@ class SandboxPortConnector(aiohttp.BaseConnector):
         if port is None:
             raise SandboxPortClosed("no port")
         try:
-            sock = await self._runtime.connect_port(port, CONNECT_TIMEOUT)
+            sock = await self._runtime.connect_port(port, CONNECT_TIMEOUT_SECONDS)
         except PortClosed as exc:
             raise SandboxPortClosed(str(exc)) from None
         try:
@@ -278,7 +278,7 @@ class PortRelay:
                 connector=connector,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS),
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
                 max_line_size=65536,
                 max_field_size=65536,

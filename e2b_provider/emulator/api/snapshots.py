@@ -42,7 +42,7 @@ __all__ = ["SnapshotRoutes"]
 #: The most sandboxes one fork request creates (E2B's limit; the SDK allows 1 to 20).
 MAX_FORK_COUNT = 100
 #: A fork's default timeout in seconds.
-FORK_TIMEOUT = 15
+FORK_TIMEOUT_SECONDS = 15
 
 
 def _parse_team_name(raw: str, what: str) -> Tuple[str, Optional[str]]:
@@ -192,7 +192,7 @@ class SnapshotRoutes:
         (``{"sandbox": Sandbox}`` or ``{"error": {code, message}}``)."""
         rec = sandbox_record(self._server, request)
         body = await json_body(request, optional=True)
-        timeout = parse_timeout(body, "timeout", FORK_TIMEOUT)
+        timeout = parse_timeout(body, "timeout", FORK_TIMEOUT_SECONDS)
         count = body.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int):
             raise BadRequest("validation error: field 'count' must be an integer")

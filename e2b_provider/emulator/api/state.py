@@ -14,14 +14,15 @@ import calendar
 import datetime
 import re
 import secrets
-import string
 import time
 from typing import Any, Dict, Mapping, Optional, Sequence, Set, Tuple
 from urllib.parse import unquote, unquote_plus
 
 import attrs
 
+from ...protocol.e2b_facts import ENVD_PORT, MAX_TIMEOUT_SECONDS
 from .errors import BadRequest
+from .names import ID_ALPHABET
 from .network import NetworkConfig, egress_mode, parse_network_config
 
 __all__ = [
@@ -62,8 +63,6 @@ CLIENT_ID = "6532622b"
 #: opens a sandbox's port from the host (Python's resolver usually does not: send the Host
 #: header to 127.0.0.1, or the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers).
 DEFAULT_DOMAIN = "e2b.localhost"
-#: envd's port; any other port in ``E2b-Sandbox-Port`` or the Host label is a sandbox's own.
-ENVD_PORT = 49983
 #: The template every sandbox runs (E2B's ``base``), named in the CLI's ready line.
 DEFAULT_TEMPLATE = "base"
 #: An emulator template for testing code that must work where a template lacks
@@ -80,10 +79,7 @@ KNOWN_TEMPLATES = frozenset({DEFAULT_TEMPLATE})
 #: Snapshot templates inherit them from ``base``.
 TEMPLATE_USER = "user"
 TEMPLATE_WORKDIR = "/home/user"
-#: The largest ``timeout`` accepted (E2B Pro: 24 hours).
-MAX_TIMEOUT_SECONDS = 24 * 3600
 
-_ID_ALPHABET = string.ascii_lowercase + string.digits
 _PATH_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)?$")
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[a-z0-9-]{1,255}$")
 
@@ -119,7 +115,7 @@ def sandbox_not_found(sandbox_id: str) -> BadRequest:
 
 def new_sandbox_id() -> str:
     """Return a fresh sandbox id: ``i`` followed by 20 characters of ``[a-z0-9]``."""
-    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(20))
+    return "i" + "".join(secrets.choice(ID_ALPHABET) for _ in range(20))
 
 
 def new_access_token() -> str:

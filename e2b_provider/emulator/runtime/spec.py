@@ -14,9 +14,10 @@ from typing import Mapping, Sequence, Set, Tuple
 
 import attrs
 
+from ...protocol.validate import EGRESS_MODES
+
 __all__ = ["SandboxSpec"]
 
-_EGRESS = ("none", "allowlist", "open")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -105,7 +106,7 @@ class SandboxSpec:
 
     sandbox_id: str = attrs.field(validator=_check_id)
     hostname: str = attrs.field(validator=_check_hostname)
-    egress: str = attrs.field(default="none", validator=attrs.validators.in_(_EGRESS))
+    egress: str = attrs.field(default="none", validator=attrs.validators.in_(EGRESS_MODES))
     allow_hosts: Tuple[str, ...] = attrs.field(default=(), converter=_hosts)
     env_vars: Mapping[str, str] = attrs.field(
         factory=dict, converter=_env_vars, validator=_check_env, hash=False, repr=False
