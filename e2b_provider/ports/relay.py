@@ -65,6 +65,20 @@ _START_TIMEOUT_SECONDS = 10.0
 _CLOSE_TIMEOUT_SECONDS = 5.0
 
 
+def _small_reads(writer: asyncio.StreamWriter) -> None:
+    """Make the connection's transport read at most :data:`_READ` bytes a time.
+
+    asyncio's selector transport asks the socket for 256 KiB on every read: a bytes object
+    of that size, cut to what arrived. glibc serves a block that large from a fresh mmap
+    until its dynamic threshold has risen in this process (which depends on what ran before),
+    so each read may cost an ``mmap``, an ``mremap`` and a ``munmap``. 64 KiB (what the relay
+    reads anyway) stays on the heap. Transports without the attribute (TLS) are left alone.
+    """
+    transport = writer.transport
+    if hasattr(transport, "max_size"):
+        transport.max_size = _READ
+
+
 def check_port(port: object, what: str = "port") -> int:
     """``port`` as an int from 1 to 65535.
 
@@ -408,6 +422,7 @@ class _Connection:
         self.listener = listener
         self.creader = reader
         self.cwriter = writer
+        _small_reads(writer)
         self.uwriter: Optional[asyncio.StreamWriter] = None
         self.requests = Framer(is_request=True)
         self.responses = Framer(is_request=False)
@@ -463,6 +478,7 @@ class _Connection:
             why = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
             await self.refuse(502, f"cannot reach {up.describe} at {up.host}:{up.port}: {why}")
             return
+        _small_reads(writer)
         self.uwriter = writer
         pump = self.loop.create_task(self._requests())
         clean = False
