@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .commands.command import Command as Command
     from .commands.command import CommandInfo as CommandInfo
     from .commands.command import CommandOutput as CommandOutput
-    from .commands.terminals import Terminal as Terminal
+    from .commands.terminal_handle import Terminal as Terminal
     from .config import DeploymentConfig as DeploymentConfig
     from .errors import AuthenticationError as AuthenticationError
     from .errors import Cancelled as Cancelled
@@ -99,7 +99,7 @@ _HOMES: Dict[str, str] = {
     "SandboxLimits": ".models",
     "SandboxPaused": ".errors",
     "SandboxSummary": ".models",
-    "Terminal": ".commands.terminals",
+    "Terminal": ".commands.terminal_handle",
     "TransferSummary": ".models",
     "TransportError": ".errors",
     "TransportTimeout": ".errors",

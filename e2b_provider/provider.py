@@ -42,7 +42,9 @@ from .commands import arguments as ca
 from .commands.background import Background
 from .commands.command import Command, CommandInfo
 from .commands.shell import Commands, read_stdin_source
-from .commands.terminals import TERMINAL_ID_PREFIX, Terminal, Terminals, is_terminal_id
+from .commands.terminal_handle import Terminal
+from .commands.terminal_wrapper import TERMINAL_ID_PREFIX, is_terminal_id
+from .commands.terminals import Terminals
 from .config import DeploymentConfig
 from .core.calls import Calls
 from .core.context import ProviderContext, checked_bounds
@@ -51,7 +53,8 @@ from .core.reboot import Reboots
 from .errors import FilesFailed, InvalidArgument
 from .files import arguments as fa
 from .files.files import Files
-from .files.trees import Progress, Trees
+from .files.tar_codec import Progress
+from .files.trees import Trees
 from .files.watch import Watch, Watches
 from .models import (
     DirEntry,

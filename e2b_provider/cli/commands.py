@@ -13,7 +13,7 @@ import shutil
 import sys
 from datetime import datetime
 
-from ..commands.terminals import Terminal
+from ..commands.terminal_handle import Terminal
 from .arguments import CLI_EXEC_TIMEOUT_SECONDS
 from .exits import EXIT_INTERRUPTED, PROG, exit_status
 from .inputs import command_line, env_vars, our_stdin

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Union
 
-from ..commands.background import Command
-from ..commands.terminals import Terminal
+from ..commands.command import Command
+from ..commands.terminal_handle import Terminal
 from ..config import DeploymentConfig
 from ..errors import E2BProviderError, InvalidArgument
 from ..models import SandboxHandle

@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..commands.terminals import Terminal
+from ..commands.terminal_handle import Terminal
 from ..errors import CommandEnded, OperationTimeout
 from .exits import EXIT_ERROR, EXIT_TIMED_OUT, PROG, UsageError
 from .inputs import env_vars

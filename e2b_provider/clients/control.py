@@ -63,7 +63,6 @@ from .control_answers import (
     sandbox_description,
     sandbox_info,
     show,
-    sizes,
     valid_host,
 )
 
@@ -71,7 +70,6 @@ __all__ = [
     "CALL_TIMEOUT_SECONDS",
     "CONNECT_CONFLICT_RETRIES",
     "CONNECT_CONFLICT_WAIT_SECONDS",
-    "ENVD_PORT",
     "GUEST_UNRESPONSIVE",
     "LIST_MAX_PAGES",
     "PERMANENT_CONFLICT_CODES",
@@ -80,9 +78,6 @@ __all__ = [
     "RETRY_MIN_SECONDS",
     "RETRY_AFTER_CAP_SECONDS",
     "ControlPlane",
-    "ListedSandbox",
-    "SandboxInfo",
-    "sizes",
 ]
 
 log = logging.getLogger("e2b_provider")

@@ -31,10 +31,8 @@ from ..transport.response import HttpResponse
 from ..transport.stream import Stream
 from .envd_files import EnvdFiles
 from .envd_requests import (
-    ENVD_PORT,
     ERROR_BODY_BYTES,
     KEEPALIVE_SECONDS,
-    START_OPEN_SECONDS,
     check_connect_answer,
     check_keepalive,
     check_path,
@@ -49,13 +47,8 @@ from .envd_requests import (
 from .envd_streams import PTY_OPERATION, START_OPERATION, ProcessStream, WatchStream
 
 __all__ = [
-    "ENVD_PORT",
-    "ERROR_BODY_BYTES",
-    "KEEPALIVE_SECONDS",
-    "START_OPEN_SECONDS",
     "SENDABLE_SIGNALS",
     "EnvdClient",
-    "ProcessStream",
 ]
 
 #: The largest answer to ``process.Process/List`` read: it holds the whole config (arguments,

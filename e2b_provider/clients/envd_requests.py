@@ -27,7 +27,6 @@ from ..transport.response import HttpResponse
 from ..transport.stream import Stream
 
 __all__ = [
-    "ENVD_PORT",
     "ERROR_BODY_BYTES",
     "KEEPALIVE_SECONDS",
     "START_OPEN_SECONDS",

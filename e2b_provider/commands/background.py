@@ -96,12 +96,12 @@ from ..protocol.command_records import (
 from ..protocol.process_events import DataEvent, EndEvent
 from ..protocol.scripts import NO_PYTHON_STATUSES
 from ..sandbox_side import source
-from .command import Command, CommandInfo, CommandOutput, OnText
+from .command import Command, CommandInfo, OnText
 from .following import Follower, StreamGuard
 from .record_scripts import load_json, parse_list, parse_read, say_bad
 
 # Command, CommandInfo and CommandOutput are commands.command's; named here too, as before.
-__all__ = ["Background", "Command", "CommandInfo", "CommandOutput"]
+__all__ = ["Background", ]
 
 log = logging.getLogger("e2b_provider")
 

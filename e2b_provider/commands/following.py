@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from ..cancel import CancelToken, Deadline
-from ..clients.envd import ProcessStream
+from ..clients.envd_streams import ProcessStream
 from ..core.context import ProviderContext
 from ..core.messages import mark_worded
 from ..errors import (

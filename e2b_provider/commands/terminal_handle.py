@@ -47,7 +47,7 @@ from .terminal_wrapper import terminal_id
 if TYPE_CHECKING:
     from .terminals import Terminals
 
-__all__ = ["WAIT_SLICE_SECONDS", "Terminal"]
+__all__ = ["Terminal"]
 
 log = logging.getLogger("e2b_provider")
 

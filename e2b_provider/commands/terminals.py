@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ..cancel import WAIT_SLICE_SECONDS, CancelToken, Deadline
 from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import PtyStream, StreamEnd
+from ..commands.command import CommandInfo
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
 from ..core.messages import mark_worded
 from ..core.reboot import Reboots
@@ -53,17 +54,12 @@ from ..errors import (
 from ..models import Target
 from ..protocol import scripts as scripts
 from ..protocol.process_events import EndEvent, StartEvent
-from .background import CommandInfo
 from .kills import KillBatcher
 from .terminal_handle import Terminal
 from .terminal_wrapper import (
-    DEFAULT_TERM,
     MAX_PID,
-    TERMINAL_ID_PREFIX,
-    TERMINAL_LEFTOVERS,
     TERMINAL_STARTS_SCRIPT,
     TERMINAL_WRAPPER,
-    is_terminal_id,
     listed_terminal,
     parse_starts,
     parse_terminal_id,
@@ -72,15 +68,7 @@ from .terminal_wrapper import (
 )
 
 __all__ = [
-    "DEFAULT_TERM",
-    "TERMINAL_ID_PREFIX",
-    "TERMINAL_LEFTOVERS",
-    "TERMINAL_WRAPPER",
-    "Terminal",
     "Terminals",
-    "is_terminal_id",
-    "parse_terminal_id",
-    "terminal_env",
 ]
 
 log = logging.getLogger("e2b_provider")

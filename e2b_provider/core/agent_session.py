@@ -35,7 +35,7 @@ import attrs
 
 from .._watchdog import TimerHandle
 from ..cancel import WAIT_SLICE_SECONDS, CancelToken, Deadline
-from ..clients.envd import ProcessStream
+from ..clients.envd_streams import ProcessStream
 from ..errors import (
     Cancelled,
     E2BHttpError,

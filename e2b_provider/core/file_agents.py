@@ -33,7 +33,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
-from ..clients.envd import ProcessStream
+from ..clients.envd_streams import ProcessStream
 from ..errors import (
     Cancelled,
     E2BProviderError,
@@ -62,7 +62,6 @@ __all__ = [
     "AGENT_TAG_PREFIX",
     "MAX_INLINE_FILE",
     "MAX_PAYLOAD",
-    "AgentAnswer",
     "AgentUnavailable",
     "FileAgents",
 ]

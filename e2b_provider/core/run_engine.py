@@ -31,7 +31,8 @@ import attrs
 
 from .._watchdog import Watchdog
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
-from ..clients.envd import EnvdClient, ProcessStream
+from ..clients.envd import EnvdClient
+from ..clients.envd_streams import ProcessStream
 from ..errors import (
     E2BProviderError,
     ProtocolError,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
+from ..core.agent_session import AgentAnswer
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, script_failed
-from ..core.file_agents import AgentAnswer
 from ..core.messages import clean_stderr, script_reason, scrub
 from ..core.run_engine import RunOutcome
 from ..errors import CommandFailed, OperationTimeout, ProtocolError, UnsafePath

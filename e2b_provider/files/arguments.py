@@ -14,9 +14,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ..core.messages import scrub
 from ..errors import CommandFailed, InvalidArgument
+from ..files.tar_codec import Progress
 from ..protocol import validate as v
 from .answers import ACCESS_HINT
-from .trees import Progress
 
 __all__ = [
     "MAX_DOWNLOAD_BYTES",

@@ -13,7 +13,8 @@ from typing import Callable, Iterator, List, Optional
 
 from .._watchdog import TimerHandle
 from ..cancel import CancelReason, CancelToken, Deadline
-from ..clients.envd import EnvdClient, ProcessStream
+from ..clients.envd import EnvdClient
+from ..clients.envd_streams import ProcessStream
 from ..core.context import ProviderContext
 from ..core.run_engine import RunOutcome
 from ..errors import Cancelled, E2BProviderError, ProtocolError

@@ -65,7 +65,6 @@ from .tar_codec import Chunks, Progress, read_upto, tar_length, tar_stream
 from .upload_plan import SKIP, Unsent, UploadPlan, opened_entries, plan_upload
 
 __all__ = [
-    "Progress",
     "Trees",
     "tree_bound",
 ]

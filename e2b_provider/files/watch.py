@@ -20,7 +20,8 @@ values a watch yields.
   (every ``keepalive_seconds``) bound each read: a stream silent for twice that plus 10 s is
   dead (:class:`~e2b_provider.TransportTimeout`).
 * **Bounded memory.** Events are read only when the caller asks for the next one, at most
-  :data:`READ_BYTES` of the stream at a time, in messages of at most :data:`MAX_MESSAGE_BYTES`;
+  :data:`~e2b_provider.clients.envd_streams.WATCH_READ_BYTES` of the stream at a time, in
+  messages of at most :data:`~e2b_provider.clients.envd_streams.WATCH_MESSAGE_BYTES`;
   identical events that arrive together (a burst of writes to one file) are reported once.
   envd's ``WatchDir`` keeps no queue either: while the caller is busy, TCP's flow control
   stops envd, whose reader then leaves the kernel's inotify queue to fill; when it overflows
@@ -53,9 +54,7 @@ import weakref
 from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple, Union, final
 
 from ..cancel import CancelReason, CancelToken, Deadline
-from ..clients.envd import START_OPEN_SECONDS
-from ..clients.envd_streams import WATCH_MESSAGE_BYTES as MAX_MESSAGE_BYTES
-from ..clients.envd_streams import WATCH_READ_BYTES as READ_BYTES
+from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import WatchStream
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
 from ..core.leases import LEASE_LOOK_SECONDS
@@ -81,9 +80,7 @@ from .answers import ACCESS_HINT
 from .files import Files
 
 __all__ = [
-    "MAX_MESSAGE_BYTES",
     "MAX_RESTARTS",
-    "READ_BYTES",
     "WATCH_CHECK_SCRIPT",
     "Watch",
     "Watches",
@@ -93,8 +90,8 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-# READ_BYTES, the most of the stream read at once (what a watch holds at most, decoded,
-# besides one overflow event), and MAX_MESSAGE_BYTES, the largest ``WatchDir`` message
+# WATCH_READ_BYTES, the most of the stream read at once (what a watch holds at most,
+# decoded, besides one overflow event), and WATCH_MESSAGE_BYTES, the largest ``WatchDir`` message
 # accepted, are the stream's (:mod:`e2b_provider.clients.envd_streams`).
 #: A watch that envd ends this many times in a row, with no event in between, fails.
 MAX_RESTARTS = 3

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from ..core.context import ProviderContext
 
 __all__ = [
-    "ENVD_PORT",
     "TRAFFIC_TOKEN_HEADER",
     "Forward",
     "ForwardLimits",

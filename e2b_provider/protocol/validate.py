@@ -36,7 +36,6 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_PATH_BYTES",
     "MAX_PATH_COMPONENT_BYTES",
-    "MAX_TIMEOUT_SECONDS",
     "NAME_RE",
     "SANDBOX_ID_RE",
     "TAG_RE",

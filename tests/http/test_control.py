@@ -17,10 +17,9 @@ from e2b_provider.cancel import CancelToken
 from e2b_provider.clients.control import (
     GUEST_UNRESPONSIVE,
     ControlPlane,
-    ListedSandbox,
-    SandboxInfo,
     _retry_after,
 )
+from e2b_provider.clients.control_answers import ListedSandbox, SandboxInfo
 from e2b_provider.errors import (
     Cancelled,
     ConfigError,

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2b_provider.clients.envd import ProcessStream
+from e2b_provider.clients.envd_streams import ProcessStream
 from e2b_provider.errors import ProtocolError
 from e2b_provider.protocol.connect import (
     MAX_JSON_BYTES,

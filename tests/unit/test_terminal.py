@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
-from e2b_provider.commands.terminals import (
+from e2b_provider.commands.terminal_wrapper import (
     DEFAULT_TERM,
     TERMINAL_WRAPPER,
     is_terminal_id,
