@@ -98,6 +98,9 @@ def test_cancelled_file_calls_leave_only_the_agent_and_each_write_is_whole_or_no
     for i in range(40):
         (tree / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
         (tree / f"d{i % 4}" / f"f{i}").write_bytes(os.urandom(60_000))
+    # the download's source exists from the start: an upload cancelled before it wrote
+    # anything must not turn the next round's download into "does not exist"
+    p.upload(h, tree, "/workspace/up")
     calls = {
         "write small": lambda c: p.write_file(h, "/workspace/small", small_new, cancel=c),
         "write large": lambda c: p.write_file(h, "/workspace/big", big_new, cancel=c),
