@@ -109,7 +109,8 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     env_help = (
         "Configuration comes from the environment: E2B_API_KEY, E2B_TEMPLATE, and optionally "
         "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL, E2B_TIMEOUT_SECONDS. "
-        f"'{PROG} emulator' prints them for a local emulator."
+        f"Without E2B_API_KEY, the commands use the '{PROG} emulator' running on this "
+        "machine (it prints the variables too)."
     )
     p = _Parser(prog=PROG, description="E2B sandboxes from the shell.", epilog=env_help)
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -330,17 +331,26 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     em = _command(
         sub, "emulator", "local_emulator.cmd_emulator", sandbox=False,
-        help="run the local E2B emulator in the foreground",
-        description="Run the local E2B emulator in the foreground until Ctrl-C or "
-        "SIGTERM (which destroy its sandboxes), as python -m e2b_provider.emulator does, "
-        "with the same options. Once it serves, it writes the export lines another shell "
-        "needs, and only them, on stdout, then a ready line on stderr: e.g. "
-        "'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there.",
+        help="run the local E2B emulator (in the foreground, or -d: the background)",
+        description="Run the local E2B emulator in the foreground (-d: in the background) "
+        "until Ctrl-C or SIGTERM (which destroy its sandboxes), as python -m "
+        "e2b_provider.emulator does, with the same options. Once it serves, it writes the "
+        "export lines another shell needs, and only them, on stdout, then a ready line on "
+        "stderr: e.g. 'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there. While "
+        "it serves, the other commands of this user find it without any variable (when "
+        "E2B_API_KEY is unset): it records where it listens, and its key, in a file only you "
+        "can read ($XDG_RUNTIME_DIR/e2b-provider/ or /tmp/e2b-provider-UID/), removed when it "
+        "stops.",
     )
     if emulator_options:
         from ..emulator.__main__ import add_arguments
 
         add_arguments(em)
+        em.add_argument(
+            "-d", "--detach", action="store_true",
+            help="run it in the background (a session of its own) and return once it serves, "
+            "printing its pid ('kill PID' stops it); its log goes to a file beside its record",
+        )
     return p
 
 

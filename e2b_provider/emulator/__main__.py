@@ -162,7 +162,13 @@ def ready_line(url: str, name: str = NAME) -> str:
     return f"{name}: ready at {url} (template {DEFAULT_TEMPLATE}); Ctrl-C stops it\n"
 
 
-async def _serve(args: argparse.Namespace, api_key: str, state_dir: str, name: str) -> None:
+async def _serve(
+    args: argparse.Namespace,
+    api_key: str,
+    state_dir: str,
+    name: str,
+    on_ready: Optional[Callable[[str, str], None]] = None,
+) -> None:
     from .api.server import EmulatorServer
 
     resources = TemplateResources(
@@ -180,6 +186,8 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str, name: s
     try:
         host, port = await server.start(args.host, args.port)
         url = _url(host, port)
+        if on_ready is not None:  # before the lines: whoever reads them finds what it did
+            on_ready(url, api_key)
         # stdout first: whoever waits for the ready line may read the file stdout went to
         sys.stdout.write(shell_text(url, api_key))
         sys.stdout.flush()
@@ -214,10 +222,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def run(args: argparse.Namespace, *, parent_pid: Optional[int] = None, name: str = NAME) -> int:
+def run(
+    args: argparse.Namespace,
+    *,
+    parent_pid: Optional[int] = None,
+    name: str = NAME,
+    on_ready: Optional[Callable[[str, str], None]] = None,
+) -> int:
     """Run the emulator with the options :func:`add_arguments` defined until SIGINT/SIGTERM;
     returns the exit status (0; 1: it could not serve; 2: it cannot run here). ``name``
-    starts its messages; ``parent_pid``: the default of ``--parent-pid``."""
+    starts its messages; ``parent_pid``: the default of ``--parent-pid``; ``on_ready(url,
+    api_key)`` is called once it serves, before the shell lines are written."""
     if args.parent_pid is None:
         args.parent_pid = os.getppid() if parent_pid is None else parent_pid
     logging.basicConfig(
@@ -248,7 +263,7 @@ def run(args: argparse.Namespace, *, parent_pid: Optional[int] = None, name: str
     temporary = args.state_dir is None or args.remove_state_dir
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="e2b-emulator-")
     try:
-        asyncio.run(_serve(args, api_key, state_dir, name))
+        asyncio.run(_serve(args, api_key, state_dir, name, on_ready))
     except (OSError, ValueError) as exc:
         print(f"{name}: cannot serve: {exc}", file=sys.stderr, flush=True)
         return 1

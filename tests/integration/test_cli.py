@@ -296,6 +296,8 @@ def test_emulator_command_takes_the_options_of_python_dash_m() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     em = sub.choices["emulator"]  # type: ignore[index]
     ours, theirs = options(em), options(emulator_parser())
+    detach = {o: ours.pop(o) for o in ("-d", "--detach")}  # the command line's own
+    assert detach["-d"] == detach["--detach"]
     assert ours == theirs
     assert {"--api-key", "--state-dir", "--memory-mb", "--cpu-count", "--disk-mb",
             "--max-processes", "--host", "--port", "--log-level"} <= set(ours)
