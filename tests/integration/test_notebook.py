@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,24 @@ def _interrupt_once_started(client: NotebookClient, nb: Any, cell: Any) -> None:
     assert interrupted_at, "the long command never printed 'started'"
     assert _error(cell) == ["KeyboardInterrupt"], cell.outputs
     assert ended - interrupted_at[0] < 10.0
+    _check_short_traceback(cell)
+
+
+def _check_short_traceback(cell: Any) -> None:
+    """The interrupted cell's traceback, as the notebook shows it: the cell's own line and
+    the library's public call, no internal frame, at most 25 lines, KeyboardInterrupt last."""
+    (error,) = [o for o in cell.outputs if o.get("output_type") == "error"]
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    lines = shown.rstrip("\n").splitlines()
+    assert len(lines) <= 25, shown
+    assert lines[-1].startswith("KeyboardInterrupt"), shown
+    first = cell.source.splitlines()[0]
+    assert re.search(r"^Cell In\[\d+\], line \d+$", shown, re.M), shown
+    assert first in shown, shown  # the cell's own code
+    assert re.search(r"^File .*e2b_provider/(provider|commands/terminal_handle)\.py:", shown,
+                     re.M), shown
+    for internal in ("run_engine", "envd_streams", "transport", "urllib3", "socket.py"):
+        assert internal not in shown, shown
 
 
 @pytest.mark.parametrize(
