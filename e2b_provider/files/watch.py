@@ -78,6 +78,7 @@ from ..protocol import scripts as scripts
 from ..protocol.connect import EndStream
 from .answers import ACCESS_HINT
 from .files import Files
+from .watch_names import OwnNames
 
 __all__ = [
     "MAX_RESTARTS",
@@ -252,6 +253,7 @@ class Watch:
         self._lock = threading.Lock()
         self._stream: Optional[WatchStream] = None
         self._pending: Deque[FileEvent] = collections.deque()
+        self._own = OwnNames(path)
         self._deadline = Deadline.never()
         self._timer: Any = None
         self._undo: Any = None
@@ -502,10 +504,12 @@ class Watch:
             return
         event = FileEvent(change[0], event_path(self.path, change[1]))
         self._restarts = 0
-        if not self._pending or self._pending[-1] != event:
-            self._pending.append(event)  # identical events arriving together: once
         if event.path == self.path and event.type in ("remove", "rename"):
             self._done = True  # envd's watch of a removed or moved directory is dead
+        for kind, name in self._own.events(*change):  # the library's own files hidden
+            event = FileEvent(kind, event_path(self.path, name))
+            if not self._pending or self._pending[-1] != event:
+                self._pending.append(event)  # identical events arriving together: once
 
     def _ended(self, end: EndStream, *, opening: bool) -> None:
         """envd ended the stream: an error, a restart after a watcher error, or done."""
