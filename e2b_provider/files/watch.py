@@ -57,6 +57,7 @@ from ..cancel import CancelReason, CancelToken, Deadline
 from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import WatchStream
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
+from ..core.interrupts import caller_handling, shorten
 from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import is_ambiguous, mark_worded, reword
 from ..errors import (
@@ -414,6 +415,7 @@ class Watch:
 
     def __next__(self) -> FileEvent:
         began = time.monotonic()
+        outer = caller_handling()
         try:
             return self._next()
         except StopIteration:
@@ -425,8 +427,9 @@ class Watch:
             if said is exc:
                 raise
             raise said from exc
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            shorten(exc, exc.__traceback__, outer)  # Ctrl-C: the caller's frames and this one
             raise
 
     def _failure(self, exc: E2BProviderError, began: float) -> E2BProviderError:

@@ -236,6 +236,10 @@ def test_ctrl_c_interrupts_the_loop_and_ends_the_watch(
             child.kill()
             child.wait()
     assert out.strip() == "interrupted" and "KeyboardInterrupt" in err, err
+    # a short traceback: the loop's line and the watch's, not the stream's internals
+    shown = err[err.index("Traceback (most recent call last):"):].rstrip().splitlines()
+    assert len(shown) <= 12 and shown[-1] == "KeyboardInterrupt", err
+    assert "envd_streams" not in err and "socket" not in err, err
     wait_until(lambda: watches_on(emu, p, h, d) == 0, 10, "the watch to be removed")
 
 
