@@ -124,7 +124,8 @@ _LIST_MAX = 64 << 20
 _RECORD_ROOM = 2 << 20
 
 #: Runs the supervisor with the flag it needs (``${LC_CTYPE+1}``: was ``LC_CTYPE`` set before
-#: Python started, which may add one for itself).
+#: Python started, which may add one for itself). ``$1`` is ``PYTHON_BOOT``: the program
+#: comes in the environment, not on the command line ``ps`` shows.
 _LAUNCH = (
     'exec python3 -I -S -X utf8 -c "$1" capybara-bg "$2" "$3" "$4" "$5" "$6" "${LC_CTYPE+1}" '
     '"$7" "$8"'
@@ -199,7 +200,7 @@ class Background:
         need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def python_args(cid: str) -> List[str]:
-            return ["-c", _LAUNCH, "capybara-bg", source("supervisor"), cid, ctl, seconds,
+            return ["-c", _LAUNCH, "capybara-bg", scripts.PYTHON_BOOT, cid, ctl, seconds,
                     str(max_output_bytes), "1" if stdin else "0", scripts.LEAN_EXEC_WRAPPER,
                     command]
 
@@ -219,7 +220,8 @@ class Background:
             if not self.lacks_python(sid):
                 cid = uuid.uuid4().hex
                 try:
-                    return self._supervise(sid, target, cid, ctl, python_args(cid), env, cwd,
+                    py_env = {**env, scripts.PROGRAM_VAR: source("supervisor")}
+                    return self._supervise(sid, target, cid, ctl, python_args(cid), py_env, cwd,
                                            stdin, deadline, cancel, python=True)
                 except _NoPython:
                     self._mark_no_python(sid)
