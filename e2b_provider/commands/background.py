@@ -212,7 +212,7 @@ class Background:
             # without its closing brace, in pieces that each fit in one argument
             head = known[:-1]
             pieces = [head[i:i + _META_PIECE] for i in range(0, len(head), _META_PIECE)]
-            return ["-c", source("supervisor.sh"), "capybara-bg", cid, ctl, seconds, str(cap),
+            return ["-c", scripts.SH_BOOT, "capybara-bg", cid, ctl, seconds, str(cap),
                     scripts.LEAN_EXEC_WRAPPER, command, *pieces]
 
         def run(target: Target) -> Command:
@@ -226,7 +226,8 @@ class Background:
                 except _NoPython:
                     self._mark_no_python(sid)
             cid = uuid.uuid4().hex  # a fresh one: nothing of the first try can be in the way
-            return self._supervise(sid, target, cid, ctl, shell_args(cid), env, cwd, stdin,
+            sh_env = {**env, scripts.PROGRAM_VAR: source("supervisor.sh")}
+            return self._supervise(sid, target, cid, ctl, shell_args(cid), sh_env, cwd, stdin,
                                    deadline, cancel, python=False)
 
         return self._ctx.on_target(sid, cancel, run, need=need)

@@ -58,6 +58,7 @@ __all__ = [
     "NO_ENTRY_EXIT",
     "PART_PREFIX",
     "PYTHON_LAUNCH",
+    "SH_BOOT",
     "PYTHON_BOOT",
     "PROGRAM_VAR",
     "READ_PROBE_SCRIPT",
@@ -630,6 +631,9 @@ PROGRAM_VAR = "CAPYBARA_PROGRAM"
 #: it out of the environment first (nothing the program starts inherits it). ``-I`` keeps
 #: ``PYTHON*`` variables from changing what runs.
 PYTHON_BOOT = f"import os;exec(os.environ.pop({PROGRAM_VAR!r}))"
+#: ``sh -c`` text that runs the shell program in :data:`PROGRAM_VAR`, taken out of the
+#: environment first (``eval`` parses a copy of it).
+SH_BOOT = f'p=${PROGRAM_VAR}; unset {PROGRAM_VAR}; eval "$p"'
 #: Runs the Python program ``$1`` with arguments ``$2...`` (``$0`` names it for ``ps``):
 #: for launches whose environment the caller cannot set; the shell holds the text only
 #: until its ``exec``.

@@ -16,7 +16,7 @@ from e2b_provider import E2BSandboxProvider, SandboxHandle
 from e2b_provider.commands.terminal_wrapper import LEFTOVERS_VAR
 from e2b_provider.protocol.scripts import PROGRAM_VAR
 
-from .conftest import own_sandbox, root, until, warm_file_agent
+from .conftest import NO_PYTHON, own_sandbox, root, until, warm_file_agent
 
 #: The longest command line (``ps -o args``) a process of the library or emulator may have.
 LIMIT = 1000
@@ -73,4 +73,21 @@ def test_command_lines_are_short_with_agent_supervisor_and_terminal(
                     assert PROGRAM_VAR not in env and LEFTOVERS_VAR not in env, (args,
                                                                                 sorted(env))
             t.write(b"exit 3\n")
+        cmd.kill()
+
+
+def test_the_shell_supervisor_has_a_short_command_line_too(emulator) -> None:  # type: ignore[no-untyped-def]
+    with E2BSandboxProvider(emulator.config(template=NO_PYTHON)) as p, \
+            own_sandbox(p, "argv-nopy") as h:
+        cmd = p.start(h, "sleep 300")
+        rows = wait_until(lambda: [r for r in _processes(p, h) if r[2] == "sleep 300"]
+                          and _processes(p, h), 30, "the command")
+        long_lines = [(pid, user, len(a), a[:120]) for pid, user, a in rows
+                      if len(a.encode()) > LIMIT]
+        assert long_lines == [], long_lines
+        assert any(" capybara-bg " in a for _, _, a in rows), rows  # the shell supervisor
+        for pid, _, args in rows:
+            if args == "sleep 300":
+                env = _environ(p, h, pid)
+                assert "CAPYBARA_EXEC" in env and PROGRAM_VAR not in env, sorted(env)
         cmd.kill()
