@@ -3,7 +3,8 @@
 This package owns the code that runs on the sandbox's side of the wire: the provider reads
 a module's text (:func:`source`) and sends it to the sandbox's ``python3`` in the
 ``CAPYBARA_PROGRAM`` environment variable, run by a one-line ``-c`` that takes it out of the
-environment first (``protocol.scripts.PYTHON_BOOT``): a command line is public (``ps``). Such a module imports only the standard library, runs on Python 3.6 and later,
+environment first (``protocol.scripts.PYTHON_BOOT``): a command line is public (``ps``).
+Such a module imports only the standard library, runs on Python 3.6 and later,
 and never imports :mod:`e2b_provider`; the library itself never imports it (tests do, to
 run it locally).
 
