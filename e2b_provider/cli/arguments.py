@@ -118,11 +118,14 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     c = _command(
         sub, "create", "sandboxes.cmd_create", sandbox=False,
-        help="create a sandbox (older ones of that name are destroyed)",
-        description="Create a sandbox and print its id. Older sandboxes of the "
-        "same name are destroyed first.",
+        help="create a sandbox (refused when one of that name exists, unless --replace)",
+        description="Create a sandbox and print its id. When a running or paused sandbox "
+        "of that name exists, create refuses (exit 1, naming it) unless --replace is given: "
+        "then the older sandboxes of that name are destroyed first, files and all.",
     )
     c.add_argument("name", metavar="NAME")
+    c.add_argument("--replace", action="store_true",
+                   help="destroy the sandboxes of that name (and everything in them) first")
     c.add_argument("--cpu", type=int, default=None,
                    help="vCPUs: a request; E2B gives the template's sizes (a warning says "
                    "when they differ)")
