@@ -100,6 +100,20 @@ def _ports_type(text: str) -> Tuple[Optional[int], int]:
     return (_port_type(local) if sep else None), _port_type(remote)
 
 
+def _tail_type(text: str) -> Optional[int]:
+    """``logs --tail``: a number of lines (0 or more), or ``all`` (or -1: all, as
+    ``kubectl logs --tail=-1``); None for all."""
+    if text in ("all", "-1"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("give 0 or more lines, or all")
+    return value
+
+
 def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests).
 
@@ -223,13 +237,17 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         sub, "logs", "commands.cmd_logs", sandbox=True,
         help="show the output of a background command",
         description="Print the output the sandbox keeps of a background command "
-        "(stdout to stdout, stderr to stderr). With -f, then follow it live until the "
+        "(stdout to stdout, stderr to stderr); with --tail N, only the last N lines of "
+        "each. With -f, then follow it live until the "
         "command ends and exit with its status (124 if it timed out, 1 if it was killed "
         "or its status is unknown); Ctrl-C stops following (exit 130), not the command.",
     )
     _add_command_id(lg)
     lg.add_argument("-f", "--follow", action="store_true",
                     help="follow the output until the command ends")
+    lg.add_argument("-n", "--tail", type=_tail_type, default=None, metavar="N",
+                    help="show only the last N lines of each stream kept (default all); "
+                    "with -f, then follow")
 
     k = _command(
         sub, "kill", "commands.cmd_kill", sandbox=True,
