@@ -100,6 +100,17 @@ def _ports_type(text: str) -> Tuple[Optional[int], int]:
     return (_port_type(local) if sep else None), _port_type(remote)
 
 
+def _forward_type(text: str) -> Tuple[int, int]:
+    """``port-forward``'s ``[LOCAL:]REMOTE``, as ``kubectl port-forward`` reads it:
+    ``REMOTE`` alone listens on the same port here; ``:REMOTE`` or ``0:REMOTE`` on a free
+    one (0 in the pair)."""
+    local, sep, remote = text.rpartition(":")
+    port = _port_type(remote)
+    if not sep:
+        return port, port
+    return (0 if local in ("", "0") else _port_type(local)), port
+
+
 def _tail_type(text: str) -> Optional[int]:
     """``logs --tail``: a number of lines (0 or more), or ``all`` (or -1: all, as
     ``kubectl logs --tail=-1``); None for all."""
@@ -310,6 +321,20 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
                     help="the port inside the sandbox, optionally after the local port")
     fw.add_argument("--local-port", type=_port_type, default=None, metavar="N",
                     help="the local port (default: a free one)")
+
+    pf = _command(
+        sub, "port-forward", "ports.cmd_port_forward", sandbox=True,
+        help="serve sandbox ports on this machine, as kubectl port-forward",
+        description="As kubectl port-forward: listen on 127.0.0.1 and relay every "
+        "connection (HTTP/1.1, streaming, Server-Sent Events, WebSockets) to REMOTE inside "
+        "the sandbox, through E2B's edge or the emulator, adding the sandbox's traffic "
+        "token when its traffic is private. REMOTE alone listens on the same port here; "
+        "LOCAL:REMOTE on LOCAL; :REMOTE or 0:REMOTE on a free port. Prints "
+        "'Forwarding from 127.0.0.1:LOCAL -> REMOTE' for each, then runs until Ctrl-C "
+        "(exit 0). A local port that is taken is an error (exit 1).",
+    )
+    pf.add_argument("ports", type=_forward_type, nargs="+", metavar="[LOCAL:]REMOTE",
+                    help="a port inside the sandbox, optionally after the local port")
 
     ur = _command(
         sub, "url", "ports.cmd_url", sandbox=True,
