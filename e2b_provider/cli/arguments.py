@@ -285,7 +285,13 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "and a sandbox; write the sandbox side as SANDBOX:/absolute/path. As cp does: "
         "when DST is an existing directory the copy goes into it. Each file is written "
         "whole or not at all; symbolic links are copied as links. A progress line is "
-        "shown on a terminal.",
+        "shown on a terminal. As docker cp: DST - writes a tar stream of SRC (a file or "
+        "a directory, -r not needed) to standard output, its entries named from SRC's "
+        "base name; SRC - reads a tar stream (plain, gzip, bzip2 or xz) from standard "
+        "input and extracts it into the sandbox directory DST, which must exist. Such a "
+        "stream is refused whole, nothing copied, when an entry is unsafe (an absolute "
+        "link, '..', a link leading outside, a hard link or a device). Both go through "
+        "a private temporary directory on this machine.",
     )
     cp.add_argument("-r", "-R", "--recursive", action="store_true",
                     help="copy directories and everything below them")
