@@ -26,7 +26,18 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import (
+    Any,
+    BinaryIO,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 from ..errors import E2BProviderError, FilesFailed
 from ..files.local_extract import extract_stream
@@ -38,6 +49,9 @@ from .exits import UsageError
 #: :mod:`tarfile`'s ``data`` filter, where this Python has it (3.9.17 and later).
 _DATA_FILTER: Optional[Callable[[tarfile.TarInfo, str], tarfile.TarInfo]] = getattr(
     tarfile, "data_filter", None)
+#: What that filter raises (none without it: the library's rules alone refuse then).
+_FILTER_ERRORS: Tuple[Type[tarfile.TarError], ...] = tuple(
+    getattr(tarfile, name) for name in ("FilterError",) if hasattr(tarfile, name))
 _BLOCK = 512
 #: The longest list of refused entries an error names.
 _NAMED = 3
@@ -137,8 +151,9 @@ def extract_tar(stream: BinaryIO, tree: str, what: str) -> None:
             reader = Chunks(_as_pax(tf, tree).__next__)
             extract_stream(reader.read, tree, single=False, max_bytes=sys.maxsize,
                            refused=refused)
-    except tarfile.FilterError as exc:
-        refused.append({"path": exc.tarinfo.name, "message": str(exc)})
+    except _FILTER_ERRORS as exc:
+        member = getattr(exc, "tarinfo", None)
+        refused.append({"path": getattr(member, "name", "?"), "message": str(exc)})
     except tarfile.TarError as exc:
         raise E2BProviderError(f"{what} is not a whole tar stream ({exc}); nothing was "
                                "copied") from None
