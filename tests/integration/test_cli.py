@@ -248,7 +248,8 @@ def test_every_command_has_help() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     names: List[str] = list(sub.choices)  # type: ignore[union-attr]
     assert set(names) == {"create", "exec", "start", "logs", "kill", "ps", "cp", "ls", "rm",
-                          "suspend", "resume", "emulator", "forward", "url", "watch", "shell"}
+                          "suspend", "resume", "emulator", "forward", "port-forward", "url",
+                          "watch", "shell"}
     for name in [*names, None]:
         args = [name, "--help"] if name else ["--help"]
         r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
