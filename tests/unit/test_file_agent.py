@@ -43,7 +43,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from waiting import wait_until
 
-from e2b_provider.core.file_agents import CARRIED_ENV
+from e2b_provider.core.file_agents import CARRIED_ENV, serve_program
 from e2b_provider.errors import ProtocolError
 from e2b_provider.files.local_extract import extract_stream
 from e2b_provider.files.tar_codec import tar_stream
@@ -199,11 +199,13 @@ class Agent:
     """One ``serve`` process and a client for it."""
 
     def __init__(self, who: Who, idle: float = 60.0, umask: int = 0o022,
-                 prefix: Sequence[str] = (), carried: str = "") -> None:  # fmt: skip
+                 prefix: Sequence[str] = (), carried: str = "",
+                 program: str = AGENT) -> None:  # fmt: skip
         self.who = who
         env = dict(who.env, **({CARRIED_ENV: carried} if carried else {}))
+        argv = [a if a != AGENT else program for a in who.argv("serve", repr(idle), "capytest")]
         self.proc = subprocess.Popen(
-            [*prefix, *who.argv("serve", repr(idle), "capytest")],
+            [*prefix, *argv],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, umask=umask, cwd="/",
         )  # fmt: skip
@@ -1420,3 +1422,27 @@ def test_the_agents_json_is_the_json_modules(value: Dict[str, Any]) -> None:
 def test_the_agents_json_refuses_what_is_not_json(text: str) -> None:
     with pytest.raises(ValueError):
         file_agent.loads(text)
+
+
+def test_the_program_agents_run_serves_every_request_without_the_tar_part(
+    who: Who, start: Any
+) -> None:
+    program = serve_program()
+    assert len(program) < 0.7 * len(AGENT) and "def pack(" not in program
+    w = who.work
+    a = start(who, program=program)
+    assert a.ready["version"] == AGENT_VERSION
+    assert a.call("ping")[0] == {"pong": True}
+    assert a.call("write", b"x", path=str(w / "d" / "f"))[0] == {"results": [{"ok": True}]}
+    assert a.call("write_many", b"ab", files=[{"path": str(w / "a"), "len": 1},
+                                             {"path": str(w / "b"), "len": 1}])[0] == {
+        "results": [{"ok": True}, {"ok": True}]}  # fmt: skip
+    assert a.call("read", path=str(w / "d" / "f"), max=10)[1] == b"x"
+    assert a.call("stat", path=str(w / "d"))[0]["kind"] == "dir"
+    assert len(a.frames(a.send("read_many", paths=[str(w / "a"), str(w / "b")], max=5))) == 3
+    assert _names(a.frames(a.send("list", path=str(w), depth=2)))[0][1] == "a"
+    assert a.call("sweep")[0] == {"removed": 0}
+    assert "commands" in a.call("cmd_list")[0]
+    # (a name the program lacks would be answered as an EIO error naming the NameError)
+    assert a.call("cmd_read", cid="0" * 32, out=0, err=0, max=10)[0].get("error") != "EIO"
+    assert a.close() == 0
