@@ -34,6 +34,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "timeout_burst": ["--threads", "320", "--sandboxes", "4"],
     "notebook": ["--runs", "3", "--sdk-runs", "1", "--lines", "10"],
     "batch_files": ["--rounds", "5"],
+    "first_call": ["--rounds", "3"],
     "trees": ["--rounds", "1", "--files", "500", "--mib", "10", "--big-mib", "128"],
     "background": ["--rounds", "5"],
     "forward": ["--rounds", "5"],

@@ -3,7 +3,9 @@
 This module owns :class:`AgentSession`, one running file agent
 (:mod:`e2b_provider.sandbox_side.file_agent`) and the stream its answers come on, held open
 from the ``Start`` that launched it: a request travels as one ``process.Process/SendInput``
-(one round trip) and its answer comes back on that stream.
+(one round trip) and its answer comes back on that stream. The call that finds no agent
+running starts one carrying its request (:data:`CARRIED_ID`), whose answer comes the same
+way: one round trip for the start and the request.
 :class:`~e2b_provider.core.file_agents.FileAgents` starts the sessions and keeps one per
 sandbox.
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import attrs
 
@@ -53,6 +55,7 @@ from .run_engine import run_process
 
 __all__ = [
     "AGENT_SILENCE_SECONDS",
+    "CARRIED_ID",
     "GOODBYE_SECONDS",
     "STDERR_KEPT",
     "WITHDRAW_SECONDS",
@@ -71,6 +74,8 @@ AGENT_SILENCE_SECONDS = 30.0
 #: comes and its requests stop at their next step, so a healthy one answers in a round
 #: trip): past it the agent counts as hung and is retired.
 WITHDRAW_SECONDS = 5.0
+#: The id of the request an agent is started with (see :class:`AgentSession`).
+CARRIED_ID = 1
 #: Standard error kept from an agent, for messages.
 STDERR_KEPT = 4096
 #: How long a session's goodbye (closing the agent's input) may take.
@@ -119,6 +124,10 @@ class AgentSession:
         decoder: the frame decoder that read the ready frame.
         pid: the agent's process id.
         tag: its envd tag.
+        carried: the agent was started carrying its first request (id
+            :data:`CARRIED_ID`), whose answer comes on the stream like any other: the call
+            that started it waits for it with ``call(..., carried=True)``.
+        early: frames that came with the ready frame (the start of that answer).
     """
 
     def __init__(
@@ -130,6 +139,9 @@ class AgentSession:
         decoder: FrameDecoder,
         pid: int,
         tag: str,
+        *,
+        carried: bool = False,
+        early: Sequence[Frame] = (),
     ) -> None:
         self._ctx = ctx
         self.sid = sid
@@ -146,10 +158,14 @@ class AgentSession:
         self._reader = threading.Lock()
         self._calls: Dict[int, _Call] = {}
         self._next = 1
+        if carried:
+            self._calls[CARRIED_ID] = _Call(CARRIED_ID)
+            self._next = CARRIED_ID + 1
         self._ended: Optional[str] = None
         #: The agent wrote nothing for AGENT_SILENCE_SECONDS while it was waited for.
         self.hung = False
         self._stderr = bytearray()
+        self._deliver(early)
 
     @property
     def ended(self) -> bool:
@@ -164,8 +180,11 @@ class AgentSession:
         *,
         deadline: Deadline,
         cancel: Optional[CancelToken],
+        carried: bool = False,
     ) -> AgentAnswer:
-        """Send one request and wait for its whole answer.
+        """Send one request and wait for its whole answer. ``carried``: the request is the
+        one the agent was started with (see the class): it is not sent, only waited for
+        (once).
 
         Raises:
             AgentLost: the session ended first (send it again to a new agent).
@@ -176,14 +195,21 @@ class AgentSession:
         with self._lock:
             if self._ended is not None:
                 raise AgentLost(self._ended)
-            rid = self._next
-            self._next += 1
-            call = _Call(rid)
-            self._calls[rid] = call
+            if carried:
+                call = self._calls.get(CARRIED_ID) or _Call(0)
+                if call.id != CARRIED_ID:
+                    raise ProtocolError("the file agent's first request was waited for twice")
+                rid = CARRIED_ID
+            else:
+                rid = self._next
+                self._next += 1
+                call = _Call(rid)
+                self._calls[rid] = call
         try:
             writes = op in WRITES
             try:
-                self._send(encode_request(rid, op, fields, payload), deadline, cancel)
+                if not carried:
+                    self._send(encode_request(rid, op, fields, payload), deadline, cancel)
                 answer = self._await(call, deadline, cancel)
             except (Cancelled, OperationTimeout) as stop:
                 return self._withdrawn(call, stop, interrupted=False, writes=writes)
@@ -376,21 +402,25 @@ class AgentSession:
             except ProtocolError as exc:
                 self.end(str(exc))
                 return
-            if not frames:
-                return
-            with self._lock:
-                for f in frames:
-                    c = self._calls.get(f.id)
-                    if c is None or c.done:
-                        continue  # a call that gave up, or a stray frame
-                    c.frames.append(f)
-                    c.done = f.last
-                self._changed.notify_all()
+            self._deliver(frames)
         elif isinstance(ev, EndEvent):
             why = "the file agent exited"
             if self._stderr:
                 why += ": " + self._stderr.decode("utf-8", "replace").strip()[-300:]
             self.end(why)
+
+    def _deliver(self, frames: Sequence[Frame]) -> None:
+        """Hand each frame to the call it answers (and wake the waiting)."""
+        if not frames:
+            return
+        with self._lock:
+            for f in frames:
+                c = self._calls.get(f.id)
+                if c is None or c.done:
+                    continue  # a call that gave up, or a stray frame
+                c.frames.append(f)
+                c.done = f.last
+            self._changed.notify_all()
 
     def end(self, why: str) -> None:
         """End the session: every waiting call gets :class:`AgentLost`; the stream is

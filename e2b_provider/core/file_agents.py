@@ -9,6 +9,12 @@ checked with the sandbox user's own credentials (envd's ``/files`` reads and wri
 root). One session, its requests and their withdrawal are
 :class:`~e2b_provider.core.agent_session.AgentSession`'s.
 
+The first call that needs the agent starts it carrying its request (in the agent's
+environment, :data:`CARRIED_ENV`, up to :data:`MAX_CARRIED` bytes): one ``Start`` for
+both, no ``SendInput``. A call that can do without it (a single read, write or stat takes a
+one-off script) starts it in the background once its script is done, so that a starting
+``python3`` never slows the script the caller waits for.
+
 A call whose session ended under it (the agent exited after :data:`AGENT_IDLE_SECONDS`
 without a request, or was killed by ``kill_all``, or its stream broke: a pause cuts it)
 starts a new agent and sends its request again (every request is idempotent: a write
@@ -23,8 +29,10 @@ A sandbox that cannot run the agent (no ``python3``) is remembered for
 
 from __future__ import annotations
 
+import base64
 import collections
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -42,11 +50,12 @@ from ..errors import (
 )
 from ..models import Target
 from ..protocol import scripts as scripts
-from ..protocol.agent_frames import AGENT_VERSION, FrameDecoder
+from ..protocol.agent_frames import AGENT_VERSION, FrameDecoder, encode_request
 from ..protocol.process_events import DataEvent, EndEvent, StartEvent, exit_code_of
 from ..protocol.scripts import NO_PYTHON_STATUSES
 from ..sandbox_side import source
 from .agent_session import (
+    CARRIED_ID,
     GOODBYE_SECONDS,
     STDERR_KEPT,
     WRITES,
@@ -60,10 +69,14 @@ __all__ = [
     "AGENT_IDLE_SECONDS",
     "AGENT_READY_SECONDS",
     "AGENT_TAG_PREFIX",
+    "CARRIED_ENV",
+    "MAX_CARRIED",
     "MAX_INLINE_FILE",
     "MAX_PAYLOAD",
     "AgentUnavailable",
     "FileAgents",
+    "agent_envs",
+    "serve_program",
 ]
 
 log = logging.getLogger("e2b_provider")
@@ -84,6 +97,41 @@ MAX_PAYLOAD = 1 << 20
 #: trip (on a 20 ms link a 1 MiB write is quicker inside a request; on loopback the two
 #: are about even at 1 MiB).
 MAX_INLINE_FILE = 1 << 20
+#: The environment variable that carries, base64, the request an agent is started with: the
+#: call that finds no agent running starts one carrying its request, one round trip for
+#: both (the agent serves it as if it had come first on its standard input).
+CARRIED_ENV = "CAPYBARA_FIRST_REQUEST"
+#: The largest request carried so (encoded, with its payload): base64, with its name, it
+#: stays under Linux's 128 KiB for one environment string. A larger first request is sent
+#: once the agent is ready.
+MAX_CARRIED = 64 << 10
+
+
+#: The file agent's tar part: from the first mark up to the second (its ``main``). Its serve
+#: mode needs none of it, so the program an agent is started with leaves it out: less text
+#: for the sandbox's ``python3`` to compile at every start (about 40 % of it).
+_TAR_PART = ("\n# -- tar streams ---", "\ndef main(argv")
+
+
+@functools.lru_cache(maxsize=1)
+def serve_program() -> str:
+    """The text of :mod:`~e2b_provider.sandbox_side.file_agent` without its tar part (see
+    :data:`_TAR_PART`): what the provider's agents run (``serve`` mode only)."""
+    text = source("file_agent")
+    start, end = text.find(_TAR_PART[0]), text.find(_TAR_PART[1])
+    if start < 0 or end < start:
+        return text
+    return text[:start] + text[end:]
+
+
+def agent_envs(first: Optional[bytes]) -> Dict[str, str]:
+    """The environment an agent starts with: its program (which takes it out of its
+    environment first, see :data:`~e2b_provider.protocol.scripts.PROGRAM_VAR`) and, when
+    given, the request it carries (:data:`CARRIED_ENV`)."""
+    envs = {scripts.PROGRAM_VAR: serve_program()}
+    if first is not None:
+        envs[CARRIED_ENV] = base64.b64encode(first).decode("ascii")
+    return envs
 
 
 class AgentUnavailable(Exception):
@@ -131,14 +179,18 @@ class FileAgents:
                 return None
             return seen[1]
 
-    def ready(self, sid: str) -> Optional[AgentSession]:
-        """The sandbox's running session, or None; with none, one is started in the
-        background (unless the sandbox cannot run it), for the calls that follow."""
+    def ready(self, sid: str, start: bool = True) -> Optional[AgentSession]:
+        """The sandbox's running session, or None; with none, and ``start``, one is started
+        in the background (unless the sandbox cannot run it), for the calls that follow.
+
+        A call that takes a script when no agent runs asks with ``start=False``, and again
+        once its script is done: an agent starting beside the script (a ``python3`` reading
+        its program) would slow the script the call waits for."""
         with self._lock:
             s = self._sessions.get(sid)
             if s is not None and not s.ended:
                 return s
-            if sid in self._starting:
+            if sid in self._starting or not start:
                 return None
         if self.unavailable(sid) is None:
             self._start(sid, background=True)
@@ -163,12 +215,18 @@ class FileAgents:
             AgentUnavailable: the sandbox cannot run the agent.
             Cancelled, OperationTimeout, E2BProviderError.
         """
+        first: Optional[bytes] = None
+        if len(payload) <= MAX_CARRIED:
+            first = encode_request(CARRIED_ID, op, fields, payload)
+            if len(first) > MAX_CARRIED:
+                first = None
         for attempt in (1, 2):
             if attempt == 2 and op in WRITES:
                 cancel = None
-            session = self._session(sid, deadline, cancel)
+            session, carried = self._session(sid, deadline, cancel, first)
             try:
-                return session.call(op, fields, payload, deadline=deadline, cancel=cancel)
+                return session.call(op, fields, payload, deadline=deadline, cancel=cancel,
+                                    carried=carried)
             except AgentLost as exc:
                 self._drop(sid, session)
                 if attempt == 2:
@@ -228,12 +286,19 @@ class FileAgents:
             pass
 
     def _session(
-        self, sid: str, deadline: Deadline, cancel: Optional[CancelToken]
-    ) -> AgentSession:
+        self,
+        sid: str,
+        deadline: Deadline,
+        cancel: Optional[CancelToken],
+        first: Optional[bytes] = None,
+    ) -> Tuple[AgentSession, bool]:
+        """The sandbox's session, started on this thread if there is none (carrying
+        ``first``, the encoded request of id :data:`CARRIED_ID`, when given); and whether
+        it was started carrying it (the caller then waits for its answer, never sends it)."""
         why = self.unavailable(sid)
         if why is not None:
             raise AgentUnavailable(why)
-        fut = self._start(sid, background=False)
+        fut, carried = self._start(sid, background=False, first=first)
         while True:
             if cancel is not None and cancel.cancelled:
                 raise Cancelled(cancel.reason)
@@ -241,26 +306,29 @@ class FileAgents:
             if left <= 0:
                 raise OperationTimeout("the file agent did not start within the bound")
             try:
-                return fut.result(timeout=min(WAIT_SLICE_SECONDS, left))
+                return fut.result(timeout=min(WAIT_SLICE_SECONDS, left)), carried
             except concurrent.futures.TimeoutError:
                 continue
 
-    def _start(self, sid: str, *, background: bool) -> concurrent.futures.Future[AgentSession]:
+    def _start(
+        self, sid: str, *, background: bool, first: Optional[bytes] = None
+    ) -> Tuple[concurrent.futures.Future[AgentSession], bool]:
         """The future of the sandbox's session: a running one, one being started, or a new
-        start (on the worker pool when ``background``, else on this thread)."""
+        start (on the worker pool when ``background``, else on this thread, carrying
+        ``first`` if given); and whether it is a new start that carries ``first``."""
         with self._lock:
             s = self._sessions.get(sid)
             if s is not None and not s.ended:
                 done: concurrent.futures.Future[AgentSession] = concurrent.futures.Future()
                 done.set_result(s)
-                return done
+                return done, False
             fut = self._starting.get(sid)
             if fut is not None:
-                return fut
+                return fut, False
             fut = concurrent.futures.Future()
             if self._closed:
                 fut.set_exception(AgentUnavailable("the provider is closing"))
-                return fut
+                return fut, False
             self._starting[sid] = fut
         if background:
             try:
@@ -269,14 +337,19 @@ class FileAgents:
                 with self._lock:
                     self._starting.pop(sid, None)
                 fut.set_exception(AgentUnavailable("the provider is closing"))
-        else:
-            self._launch(sid, fut)
-        return fut
+            return fut, False
+        self._launch(sid, fut, first)
+        return fut, first is not None
 
-    def _launch(self, sid: str, fut: concurrent.futures.Future[AgentSession]) -> None:
+    def _launch(
+        self,
+        sid: str,
+        fut: concurrent.futures.Future[AgentSession],
+        first: Optional[bytes] = None,
+    ) -> None:
         try:
             session = self._ctx.on_target(
-                sid, None, lambda t: self._boot(sid, t), need=AGENT_READY_SECONDS
+                sid, None, lambda t: self._boot(sid, t, first), need=AGENT_READY_SECONDS
             )
         except AgentUnavailable as exc:
             with self._lock:
@@ -311,8 +384,10 @@ class FileAgents:
             session.goodbye()
         fut.set_result(session)
 
-    def _boot(self, sid: str, target: Target) -> AgentSession:
-        """Start the agent in ``target`` and read its stream up to the ready frame."""
+    def _boot(self, sid: str, target: Target, first: Optional[bytes] = None) -> AgentSession:
+        """Start the agent in ``target`` and read its stream up to the ready frame;
+        ``first``: the request it is started with (in its environment, which only the
+        sandbox user and root can read), served as if it had come first on its input."""
         ctx = self._ctx
         tag = AGENT_TAG_PREFIX + uuid.uuid4().hex
         guard = CancelToken()
@@ -328,7 +403,7 @@ class FileAgents:
                 cmd="python3",
                 args=["-I", "-S", "-X", "utf8", "-c", scripts.PYTHON_BOOT, "serve",
                       str(AGENT_IDLE_SECONDS), tag],
-                envs={scripts.PROGRAM_VAR: source("file_agent")},
+                envs=agent_envs(first),
                 cwd="/",
                 keepalive_seconds=ctx.bounds.keepalive,
                 cancel=guard,
@@ -359,7 +434,8 @@ class FileAgents:
                             raise ProtocolError(
                                 "the file agent did not say it was ready as expected"
                             )
-                        session = AgentSession(ctx, sid, stream, events, decoder, pid, tag)
+                        session = AgentSession(ctx, sid, stream, events, decoder, pid, tag,
+                                               carried=first is not None, early=frames[1:])
                         stream = None  # the session owns it now
                         return session
                 elif isinstance(ev, EndEvent):

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import stat as stat_mod
-import uuid
 from typing import List, Tuple
 
 log = logging.getLogger("e2b_provider")
@@ -54,7 +53,7 @@ def _host_tag() -> str:
 
 
 def part_name() -> str:
-    return f"{_PART}{os.getpid()}-{_host_tag()}-{uuid.uuid4().hex[:12]}"
+    return f"{_PART}{os.getpid()}-{_host_tag()}-{os.urandom(6).hex()}"
 
 
 def _gone(pid: int) -> bool:

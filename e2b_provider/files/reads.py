@@ -68,7 +68,7 @@ class Reads(FilePart):
     ) -> Optional[FileContent]:
         want = max_bytes + 1
         deadline = self._bound()
-        if self._agents.ready(sid) is not None:
+        if self._agents.ready(sid, start=False) is not None:
             try:
                 return self._read_by_agent(sid, path, max_bytes, cancel, deadline)
             except AgentUnavailable:
@@ -77,6 +77,7 @@ class Reads(FilePart):
         # the probe never asks for the fast path when the threshold is ``want`` itself
         args = scripts.read_probe_args(path, want, scripts.LARGE_READ_MIN if fast else want)
         r = self.ops.script(sid, scripts.SANDBOX_USER, args, want + STDERR_ROOM, cancel, deadline)
+        self._agents.ready(sid)  # started once the script is done, for the calls that follow
         if r.exit_code == scripts.LARGE_READ_EXIT and fast:
             try:
                 return self._ctx.on_target(
@@ -98,7 +99,7 @@ class Reads(FilePart):
     def stat(self, sid: str, path: str, cancel: Optional[CancelToken]) -> Optional[FileStat]:
         deadline = self._bound()
         with self.ops.lost_answer_said(sid, cancel, f"examining {path}"):
-            if self._agents.ready(sid) is not None:
+            if self._agents.ready(sid, start=False) is not None:
                 try:
                     answer = self._agents.call(
                         sid, "stat", {"path": path}, deadline=deadline, cancel=cancel
@@ -111,6 +112,7 @@ class Reads(FilePart):
                 sid, scripts.SANDBOX_USER, scripts.stat_probe_args(path), STDERR_ROOM, cancel,
                 deadline,
             )
+            self._agents.ready(sid)  # started once the script is done
         if r.exit_code == 3:
             return None
         if r.exit_code == scripts.NO_ENTRY_EXIT:

@@ -84,7 +84,7 @@ class Writes(FilePart):
         if (
             not skills
             and len(payload) <= MAX_INLINE_FILE
-            and self._agents.ready(sid) is not None
+            and self._agents.ready(sid, start=False) is not None
         ):
             try:
                 answer = self._agents.call(
@@ -101,6 +101,8 @@ class Writes(FilePart):
             user = scripts.ROOT_USER if skills else scripts.SANDBOX_USER
             args = scripts.inline_write_args(path, payload, skills)
             r = self.ops.script(sid, user, args, STDERR_ROOM, cancel, deadline, commit=True)
+            if not skills:  # started once the script is done, for the calls that follow
+                self._agents.ready(sid)
             if r.exit_code == 0:
                 return
             if r.exit_code != scripts.MISSING_TOOL_EXIT:

@@ -101,7 +101,7 @@ def no_file_agent(p: E2BSandboxProvider) -> E2BSandboxProvider:
     """Keep ``p`` off the file agent: its file calls take the per-call scripts (each its own
     process stream), as they did before the agent, and no agent start runs in the
     background to take a fault a test arms for the next stream."""
-    p._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
+    p._files._agents.ready = lambda sid, start=True: None  # type: ignore[method-assign]
     return p
 
 

@@ -214,7 +214,7 @@ def test_a_sandbox_that_cannot_run_the_agent_gets_the_scripts(
     of them, listings a script."""
     from e2b_provider.core import file_agents as _agent
 
-    monkeypatch.setattr(_agent, "source", lambda name: "import sys; sys.exit(127)")
+    monkeypatch.setattr(_agent, "serve_program", lambda: "import sys; sys.exit(127)")
     caplog.set_level(logging.INFO, logger="e2b_provider")
     with E2BSandboxProvider(emu.config(template="base")) as p:
         p.write_file(fresh, "/workspace/no-agent", b"1")

@@ -46,7 +46,7 @@ def box(emulator) -> Iterator[tuple]:  # type: ignore[no-untyped-def]
     ) as scripted:
         h = p.create(unique_name("atomic"))
         # a provider that never uses the file agent: every small write takes the script
-        scripted._files._agents.ready = lambda sid: None  # type: ignore[method-assign]
+        scripted._files._agents.ready = lambda sid, start=True: None  # type: ignore[method-assign]
         warm_file_agent(p, h)
         try:
             yield p, scripted, h

@@ -15,6 +15,7 @@ Every wait is bounded; nothing sleeps for "long enough".
 
 from __future__ import annotations
 
+import base64
 import errno
 import glob
 import io
@@ -42,6 +43,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from waiting import wait_until
 
+from e2b_provider.core.file_agents import CARRIED_ENV, serve_program
 from e2b_provider.errors import ProtocolError
 from e2b_provider.files.local_extract import extract_stream
 from e2b_provider.files.tar_codec import tar_stream
@@ -197,16 +199,22 @@ class Agent:
     """One ``serve`` process and a client for it."""
 
     def __init__(self, who: Who, idle: float = 60.0, umask: int = 0o022,
-                 prefix: Sequence[str] = ()) -> None:  # fmt: skip
+                 prefix: Sequence[str] = (), carried: str = "",
+                 program: str = AGENT) -> None:  # fmt: skip
         self.who = who
+        env = dict(who.env, **({CARRIED_ENV: carried} if carried else {}))
+        argv = [a if a != AGENT else program for a in who.argv("serve", repr(idle), "capytest")]
         self.proc = subprocess.Popen(
-            [*prefix, *who.argv("serve", repr(idle), "capytest")],
+            [*prefix, *argv],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=who.env, umask=umask, cwd="/",
+            env=env, umask=umask, cwd="/",
         )  # fmt: skip
         self._decoder = FrameDecoder()
         self._got: Dict[int, List[Frame]] = {}
-        self._next = 1
+        self._next = 2 if carried else 1
+        if carried:  # the ready frame may be all it writes (a malformed carried request)
+            self.ready: Dict[str, Any] = {}
+            return
         [ready] = self.frames(0, timeout=30)
         self.ready = ready.answer
 
@@ -1364,3 +1372,77 @@ def test_every_mode_runs_on_python_3_6(root: Who, start: Any) -> None:
     assert (rc, summary["errors"]) == (0, [])
     assert snapshot(dst) == expected(src)
     assert root.run("sweep").stdout == b"0\n"
+
+
+# -- starting with a request, and JSON without the json module -----------------------------
+
+
+def test_a_request_carried_by_the_start_is_served_first_and_the_input_after(
+    who: Who, start: Any
+) -> None:
+    w = who.work
+    first = encode_request(1, "write_many", {"files": [{"path": str(w / "d" / "a"), "len": 2},
+                                                       {"path": str(w / "b"), "len": 1}]}, b"aab")
+    a = start(who, carried=base64.b64encode(first).decode("ascii"))
+    [ready] = a.frames(0)
+    assert ready.answer["ready"] is True
+    assert [f.answer for f in a.frames(1)] == [{"results": [{"ok": True}, {"ok": True}]}]
+    assert (w / "d" / "a").read_bytes() == b"aa" and (w / "b").read_bytes() == b"b"
+    assert a.call("read", path=str(w / "b"), max=10)[1] == b"b"  # id 2, from its input
+    assert a.close() == 0
+
+
+def test_a_malformed_carried_request_ends_the_agent_with_status_2(who: Who, start: Any) -> None:
+    a = start(who, carried="!!not base64!!")
+    assert a.frames(0)[0].answer["ready"] is True
+    assert a.proc.wait(timeout=30) == 2
+    assert b"malformed" in a.stderr_after_exit()
+
+
+def test_the_agent_starts_without_importing_json_or_re() -> None:
+    probe = AGENT.replace('if __name__ == "__main__":', "if False:") + (
+        "\nimport sys\nprint(sorted(m for m in ('json', 're', 'enum') if m in sys.modules))\n")
+    out = subprocess.run([SYSTEM_PY, "-I", "-S", "-X", "utf8", "-c", probe],
+                         capture_output=True, timeout=30, check=True)
+    assert out.stdout == b"[]\n"
+
+
+@pytest.mark.parametrize("value", [
+    {"id": 1, "op": "write", "len": 3, "path": "/w/\u00e9 \udcff\n\"x\""},
+    {"results": [{"ok": True}, {"error": "EACCES", "message": "no", "path": None}]},
+    {"size": 12345678901234, "mtime": 1600000000.25, "list": [], "nested": {"a": [1, -2]}},
+])
+def test_the_agents_json_is_the_json_modules(value: Dict[str, Any]) -> None:
+    compact = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    assert file_agent.dumps(value) == compact
+    assert file_agent.loads(compact) == value == file_agent.loads(f" {json.dumps(value)}\n")
+
+
+@pytest.mark.parametrize("text", ["", "{", "{}x", "NaN", "[1,]", "{'a': 1}", "1 2"])
+def test_the_agents_json_refuses_what_is_not_json(text: str) -> None:
+    with pytest.raises(ValueError):
+        file_agent.loads(text)
+
+
+def test_the_program_agents_run_serves_every_request_without_the_tar_part(
+    who: Who, start: Any
+) -> None:
+    program = serve_program()
+    assert len(program) < 0.7 * len(AGENT) and "def pack(" not in program
+    w = who.work
+    a = start(who, program=program)
+    assert a.ready["version"] == AGENT_VERSION
+    assert a.call("ping")[0] == {"pong": True}
+    assert a.call("write", b"x", path=str(w / "d" / "f"))[0] == {"results": [{"ok": True}]}
+    assert a.call("write_many", b"ab", files=[{"path": str(w / "a"), "len": 1},
+                                             {"path": str(w / "b"), "len": 1}])[0] == {
+        "results": [{"ok": True}, {"ok": True}]}  # fmt: skip
+    assert a.call("read", path=str(w / "d" / "f"), max=10)[1] == b"x"
+    assert a.call("stat", path=str(w / "d"))[0]["kind"] == "dir"
+    assert len(a.frames(a.send("read_many", paths=[str(w / "a"), str(w / "b")], max=5))) == 3
+    assert _names(a.frames(a.send("list", path=str(w), depth=2)))[0][1] == "a"
+    assert a.call("sweep")[0] == {"removed": 0}
+    assert "commands" in a.call("cmd_list")[0]
+    # (a name the program lacks would be answered as an EIO error naming the NameError)
+    assert a.call("cmd_read", cid="0" * 32, out=0, err=0, max=10)[0].get("error") != "EIO"
+    assert a.close() == 0
