@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Union
 
 from ..cancel import CancelToken
 from ..clients.envd import EnvdClient
-from ..core.context import ProviderContext, script_failed
+from ..core.context import STDERR_ROOM, ProviderContext, script_failed
 from ..core.reboot import Reboots
 from ..core.run_engine import OnText, RunOutcome, run_process
 from ..errors import E2BProviderError, InvalidArgument, NotFound
@@ -32,6 +32,7 @@ from ..protocol import scripts as scripts
 from ..protocol.process_events import decode_output
 from .background import STDIN_PIECE
 from .kills import KillBatcher
+from .users import exec_wrapper
 
 __all__ = ["TIMEOUT_MARGIN_SECONDS", "Commands", "read_stdin_source"]
 
@@ -68,11 +69,14 @@ class Commands:
         on_stdout: Optional[OnText] = None,
         on_stderr: Optional[OnText] = None,
         stdin: Optional[Callable[[], bytes]] = None,
+        user: str = scripts.SANDBOX_USER,
     ) -> ExecResult:
         ctx = self._ctx
         bounds = ctx.bounds
         ctl = scripts.control_path(tag)
         run_env = scripts.exec_env(env, ctl)
+        args = scripts.exec_args(ctl, command, timeout, env)
+        args[3] = exec_wrapper(user)
 
         def run(target: Target) -> RunOutcome:
             began = time.monotonic()
@@ -80,7 +84,7 @@ class Commands:
             def start_kill(
                 bound: float, running: Callable[[], Optional[int]]
             ) -> concurrent.futures.Future[Optional[bool]]:
-                return self._kills.kill(target, ctl, began, bound, running)
+                return self._kills.kill(target, ctl, began, bound, running, user=user)
 
             envd = ctx.envd(target)
 
@@ -95,9 +99,9 @@ class Commands:
 
             return run_process(
                 envd,
-                user=scripts.SANDBOX_USER,
+                user=user,
                 cmd="setsid",
-                args=scripts.exec_args(ctl, command, timeout, env),
+                args=args,
                 env=run_env,
                 cwd=cwd if cwd is not None else "/workspace",
                 max_output_bytes=max_output_bytes,
@@ -134,7 +138,10 @@ class Commands:
         )
 
     def _sweep(self, sid: str, args: List[str], what: str, cancel: Optional[CancelToken]) -> None:
-        r = self._ctx.script_on(sid, args, cancel)
+        # as root: the commands of either user are reached (the scripts follow no path)
+        ctx = self._ctx
+        r = ctx.on_target(sid, cancel, lambda t: ctx.run_script(
+            t, scripts.ROOT_USER, args, STDERR_ROOM, cancel))
         if r.exit_code != 0:
             raise script_failed(what, r)
 
