@@ -49,8 +49,8 @@ Commands::
                           [--log-level LEVEL] ...  (as python -m e2b_provider.emulator)
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: it imports ``__future__`` before the ``try``
+# below could take a Ctrl-C; the annotations here name what the ``try`` imported.
 import sys
 
 try:

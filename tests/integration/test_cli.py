@@ -246,6 +246,25 @@ def test_ctrl_c_while_the_command_line_imports_is_one_line(tmp_path, how: str) -
     assert err == "e2b-provider: interrupted\n"
 
 
+@pytest.mark.parametrize(("how", "module"), [
+    # what the package's own first lines imported before the command line could take a
+    # Ctrl-C: typing (the import the issue saw), __version__'s module, the entry module.
+    # (The interpreter's own first finds, of e2b_provider and of the module it runs, come
+    # before any line of ours: a Ctrl-C there is Python's to report.)
+    ("console script", "typing"),
+    ("console script", "e2b_provider._version"),
+    ("console script", "e2b_provider.cli.entry"),
+    ("console script", "e2b_provider.cli.arguments"),
+    ("python -m", "typing"),
+    ("python -m", "e2b_provider.cli"),
+    ("python -m", "e2b_provider.cli.entry"),
+])
+def test_ctrl_c_in_any_import_of_ours_is_one_line(tmp_path, how: str, module: str) -> None:  # type: ignore[no-untyped-def]
+    argv = [SCRIPT] if how == "console script" else CLI
+    err = _interrupt_while_importing(tmp_path, [*argv, "exec", "sb", "ls", "-l"], module)
+    assert err == "e2b-provider: interrupted\n"
+
+
 def test_ctrl_c_while_the_library_imports_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     err = _interrupt_while_importing(tmp_path, [SCRIPT, "ls"], "e2b_provider.provider")
     assert err == "e2b-provider: interrupted\n"
