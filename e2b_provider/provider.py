@@ -521,9 +521,10 @@ class E2BSandboxProvider:
             user: who the command runs as: ``"sandbox"`` (default) or ``"root"`` (for
                 ``apt-get install``, say; envd's ``Start`` as that user, as E2B's
                 ``commands.run(user=...)``). Files a root command writes are root's; the
-                file calls of this provider stay the sandbox user's. Timeouts, cancels,
-                Ctrl-C, :meth:`kill_all` and :meth:`kill_tagged` stop a root command's tree
-                too (its kill runs as root).
+                file calls of this provider stay the sandbox user's. Its timeout, cancel
+                and Ctrl-C stop its tree as for any command (its kill runs as root);
+                :meth:`kill_all` and :meth:`kill_tagged` do not reach it (they run as the
+                sandbox user), its in-sandbox timeout and a reboot do.
 
         Returns:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.

@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Union
 
 from ..cancel import CancelToken
 from ..clients.envd import EnvdClient
-from ..core.context import STDERR_ROOM, ProviderContext, script_failed
+from ..core.context import ProviderContext, script_failed
 from ..core.reboot import Reboots
 from ..core.run_engine import OnText, RunOutcome, run_process
 from ..errors import E2BProviderError, InvalidArgument, NotFound
@@ -138,10 +138,7 @@ class Commands:
         )
 
     def _sweep(self, sid: str, args: List[str], what: str, cancel: Optional[CancelToken]) -> None:
-        # as root: the commands of either user are reached (the scripts follow no path)
-        ctx = self._ctx
-        r = ctx.on_target(sid, cancel, lambda t: ctx.run_script(
-            t, scripts.ROOT_USER, args, STDERR_ROOM, cancel))
+        r = self._ctx.script_on(sid, args, cancel)
         if r.exit_code != 0:
             raise script_failed(what, r)
 

@@ -20,9 +20,10 @@ have made:
   names); its pid files are only read, and a pid counts only while that process's command
   line is still the exec's wrapper, as for the sandbox user's kills.
 
-The kills of a root command run as root (the sandbox user may not signal its processes);
-``kill_all`` and ``kill_tagged`` run as root too, so they reach root commands; none of
-these scripts writes through a path the sandbox user chose.
+The kills of a root command (its timeout, cancel, Ctrl-C, a terminal's kill) run as root:
+the sandbox user may not signal its processes. ``kill_all`` and ``kill_tagged`` still run as
+the sandbox user, so they do not reach a root command (its own in-sandbox timeout and a
+reboot do).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def _root_sleepers(p: E2BSandboxProvider, h: SandboxHandle, marker: str) -> str:
     return p.exec(h, f"pgrep -u 0 -f '[s]leep {marker}' || true", user="root").stdout.strip()
 
 
-def test_a_root_command_is_killed_on_timeout_cancel_and_kill_all(
+def test_a_root_command_is_killed_on_timeout_and_cancel(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
     p = shared_provider
@@ -71,19 +71,6 @@ def test_a_root_command_is_killed_on_timeout_cancel_and_kill_all(
     threading.Timer(1.0, cancel.cancel).start()
     r = p.exec(sandbox, f"sleep {marker}", timeout=60.0, user="root", cancel=cancel)
     assert r.cancelled and not r.wedged, r
-    assert _root_sleepers(p, sandbox, marker) == ""
-    # kill_all reaches a root command another call runs
-    done = []
-    t = threading.Thread(target=lambda: done.append(
-        p.exec(sandbox, f"sleep {marker}", timeout=60.0, user="root")))
-    t.start()
-    deadline = time.monotonic() + 30
-    while not _root_sleepers(p, sandbox, marker):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    p.kill_all(sandbox)
-    t.join(60)
-    assert done and done[0].exit_code != 0, done
     assert _root_sleepers(p, sandbox, marker) == ""
 
 
