@@ -190,8 +190,17 @@ def redact(text: str) -> str:
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` (redacted) in at most ``limit`` characters, cut after a whole word (then
+    ``…``), never inside one unless one word is longer than a third of the limit."""
     text = redact(text)
-    return text if len(text) <= limit else text[:limit]
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    if not text[limit - 1].isspace():
+        space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+        if space >= limit // 3 * 2:
+            head = head[:space]
+    return head.rstrip() + "…"
 
 
 #: How the control-plane client names its requests (``"POST /v2/sandboxes"``); envd's

@@ -5,18 +5,25 @@ This module owns the data the library hands out and takes in: :class:`SandboxLim
 :class:`FileStat`, :class:`FileEvent`, and the
 internal :class:`Target` (where and how to reach one sandbox's envd). Values only: no I/O, no
 requests, no threads. Secrets (the envd access token) are kept out of ``repr``.
+
+In a notebook or IPython the values display readably (:class:`Displayed`): IPython's pretty
+printer breaks a long value over lines, and a command's output is shown as text, its head and
+tail, with what was left out said (``repr()`` stays the one-line ``attrs`` repr).
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Iterable, Literal, Optional, Tuple, Union
+import html
+import re
+from typing import Any, Iterable, List, Literal, Optional, Tuple, Union, cast
 
 import attrs
 
 from .errors import register_secret
 
 __all__ = [
+    "Displayed",
     "DirEntry",
     "Egress",
     "ExecResult",
@@ -37,6 +44,133 @@ Egress = Literal["none", "allowlist", "open"]
 FileEventType = Literal["create", "write", "remove", "rename", "chmod", "overflow"]
 
 
+#: A command's output in a notebook display: at most this many lines from its start and from
+#: its end (the result's own ``stdout``/``stderr`` keep everything).
+DISPLAY_HEAD_LINES = 20
+DISPLAY_TAIL_LINES = 10
+#: A longer line is cut in a display (the rest said in characters).
+DISPLAY_LINE_CHARS = 300
+#: Control characters other than tab and newline are shown as escapes in a display: the
+#: sandbox's output must not drive the viewer's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _visible(line: str) -> str:
+    line = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+    if len(line) > DISPLAY_LINE_CHARS:
+        left = len(line) - DISPLAY_LINE_CHARS
+        line = f"{line[:DISPLAY_LINE_CHARS]}… ({left:,} more characters)"
+    return line
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n:,} {what}" if n == 1 else f"{n:,} {what}s"
+
+
+def _output_lines(name: str, text: str) -> Tuple[str, List[str]]:
+    """The heading and the lines a display shows of one output stream."""
+    if not text:
+        return f"{name}: empty", []
+    lines = text.splitlines()
+    heading = f"{name}: {_plural(len(lines), 'line')}, {_plural(len(text), 'character')}"
+    if not text.endswith(("\n", "\r")):
+        heading += ", no newline at the end"
+    if len(lines) <= DISPLAY_HEAD_LINES + DISPLAY_TAIL_LINES:
+        return heading, [_visible(line) for line in lines]
+    hidden = len(lines) - DISPLAY_HEAD_LINES - DISPLAY_TAIL_LINES
+    return heading, [
+        *(_visible(line) for line in lines[:DISPLAY_HEAD_LINES]),
+        f"… {_plural(hidden, 'line')} not shown (.{name} has them all) …",
+        *(_visible(line) for line in lines[-DISPLAY_TAIL_LINES:]),
+    ]
+
+
+class Displayed:
+    """How the library's values show in IPython and Jupyter.
+
+    ``_repr_pretty_`` (IPython's pretty printer) shows the fields ``repr()`` shows (never a
+    field hidden from it, so never a secret), on one line when they fit, else one a line;
+    the output fields of a command (``stdout``, ``stderr``) come after, as text: each
+    stream's size, its first and last lines (what is left out is said), and a mark when the
+    command's output was cut at ``max_output_bytes``. ``_repr_html_`` shows the same for a
+    command's output, escaped.
+    """
+
+    __slots__ = ()
+
+    #: Fields shown as text blocks, after the others.
+    _TEXT_FIELDS: Tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # IPython takes the first class in the MRO that has ``_repr_pretty_`` or its own
+        # ``__repr__`` (attrs gives each class one): the display goes in each class itself.
+        cls._repr_pretty_ = Displayed._repr_pretty_  # type: ignore[method-assign]
+
+    def _shown_fields(self) -> List[Tuple[str, Any]]:
+        """The fields ``repr()`` shows, but the text blocks, and those at their default."""
+        shown = []
+        for a in attrs.fields(cast(Any, type(self))):
+            if a.repr is False or a.name in self._TEXT_FIELDS:
+                continue
+            value = getattr(self, a.name)
+            # (a factory's default is of another type than the value: shown)
+            if type(value) is type(a.default) and value == a.default:
+                continue
+            shown.append((a.name, value))
+        return shown
+
+    def _texts(self) -> List[Tuple[str, List[str]]]:
+        shown = [_output_lines(name, getattr(self, name)) for name in self._TEXT_FIELDS]
+        if self._TEXT_FIELDS and getattr(self, "truncated", False):
+            shown.append(("the output was cut at max_output_bytes (truncated=True)", []))
+        return shown
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        name = type(self).__name__
+        if cycle:
+            p.text(f"{name}(...)")
+            return
+        if self._TEXT_FIELDS:
+            # one line, then the text blocks (a forced line break would break a group)
+            p.text(self._heading())
+            for heading, lines in self._texts():
+                p.break_()
+                p.text(heading)
+                for line in lines:
+                    p.break_()
+                    p.text(f"  {line}" if line else "")
+            return
+        with p.group(len(name) + 1, f"{name}(", ")"):
+            for i, (field, value) in enumerate(self._shown_fields()):
+                if i:
+                    p.text(",")
+                    p.breakable()
+                p.text(f"{field}=")
+                if field == "mode" and isinstance(value, int):
+                    p.text(oct(value))
+                elif isinstance(value, bytes) and len(value) > DISPLAY_LINE_CHARS:
+                    p.text(f"{value[:DISPLAY_LINE_CHARS]!r}… ({len(value):,} bytes)")
+                else:
+                    p.pretty(value)
+
+    def _heading(self) -> str:
+        fields = ", ".join(f"{f}={v!r}" for f, v in self._shown_fields())
+        return f"{type(self).__name__}({fields})"
+
+    def _repr_html_(self) -> Optional[str]:
+        if not self._TEXT_FIELDS:
+            return None  # the plain text display
+        parts = [f"<div><code>{html.escape(self._heading())}</code>"]
+        for heading, lines in self._texts():
+            parts.append(f"<div><b>{html.escape(heading)}</b></div>")
+            if lines:
+                body = html.escape("\n".join(lines))
+                parts.append(f'<pre style="margin:0 0 0.5em 1em">{body}</pre>')
+        parts.append("</div>")
+        return "".join(parts)
+
+
 def _tuple_of_str(value: Iterable[str]) -> Tuple[str, ...]:
     if isinstance(value, str):
         # A bare string would silently become a tuple of characters.
@@ -45,7 +179,7 @@ def _tuple_of_str(value: Iterable[str]) -> Tuple[str, ...]:
 
 
 @attrs.frozen
-class SandboxLimits:
+class SandboxLimits(Displayed):
     """What a sandbox may use.
 
     The sizes are a request, not a setting: E2B sizes every sandbox by its template (a
@@ -77,7 +211,7 @@ class SandboxLimits:
 
 
 @attrs.frozen
-class SandboxHandle:
+class SandboxHandle(Displayed):
     """A sandbox created by the provider. Every method also accepts the id string.
 
     Two handles are equal when their ``id`` and ``name`` are (the sizes are not compared).
@@ -105,7 +239,7 @@ SandboxRef = Union[SandboxHandle, str]
 
 
 @attrs.frozen
-class SandboxSummary:
+class SandboxSummary(Displayed):
     """One sandbox as a listing shows it.
 
     Attributes:
@@ -139,7 +273,7 @@ class SandboxSummary:
 
 
 @attrs.frozen
-class ExecResult:
+class ExecResult(Displayed):
     """The outcome of one command.
 
     A command that ran to completion has an ``exit_code`` (128 + n when killed by signal n).
@@ -163,6 +297,8 @@ class ExecResult:
             closed); the command is then left to its in-sandbox timeout.
     """
 
+    _TEXT_FIELDS = ("stdout", "stderr")
+
     exit_code: Optional[int]
     stdout: str = ""
     stderr: str = ""
@@ -178,7 +314,7 @@ class ExecResult:
 
 
 @attrs.frozen
-class FileContent:
+class FileContent(Displayed):
     """Bytes read from a sandbox file.
 
     Attributes:
@@ -191,7 +327,7 @@ class FileContent:
 
 
 @attrs.frozen
-class FileStat:
+class FileStat(Displayed):
     """What ``stat`` reports about a path.
 
     Attributes:
@@ -204,7 +340,7 @@ class FileStat:
 
 
 @attrs.frozen
-class FileEvent:
+class FileEvent(Displayed):
     """One change a watch saw (see :meth:`~e2b_provider.E2BSandboxProvider.watch`).
 
     Attributes:
@@ -226,7 +362,7 @@ class FileEvent:
 
 
 @attrs.frozen
-class DirEntry:
+class DirEntry(Displayed):
     """One entry of a directory listing, as the ``sandbox`` user sees it.
 
     Attributes:
@@ -250,7 +386,7 @@ class DirEntry:
 
 
 @attrs.frozen
-class TransferSummary:
+class TransferSummary(Displayed):
     """What an upload or download of a file or tree moved.
 
     Attributes:

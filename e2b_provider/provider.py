@@ -21,6 +21,7 @@ what to do (:mod:`e2b_provider.core.calls`, :mod:`e2b_provider.core.messages`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from typing import (
@@ -558,26 +559,18 @@ class E2BSandboxProvider:
         v.check_cancel(cancel)
         began = time.monotonic()
         doing = f"running a command in sandbox {sid}"
-        with self._calls.doing(
-            doing,
-            "the command may or may not have run (its result was lost): check before "
-            "running it again",
-        ):  # no sid: starting() already looks the sandbox up once when the stream breaks
-            with self._calls.starting(doing, sid, began, cancel):
-                return self._commands.exec(
-                    sid,
-                    command,
-                    timeout=timeout,
-                    max_output_bytes=max_output_bytes,
-                    cwd=cwd,
-                    env=run_env,
-                    tag=tag,
-                    cancel=cancel,
-                    on_stdout=on_stdout,
-                    on_stderr=on_stderr,
-                    stdin=read_stdin,
-                    user=user,
-                )
+        lost = ("the command may or may not have run (its result was lost): check before "
+                "running it again")
+        # The call is made one short line below: a Ctrl-C's traceback shows the caller's
+        # frames and this one (see core/interrupts.py), so a notebook shows a few lines.
+        run = functools.partial(
+            self._commands.exec, sid, command, timeout=timeout,
+            max_output_bytes=max_output_bytes, cwd=cwd, env=run_env, tag=tag, cancel=cancel,
+            on_stdout=on_stdout, on_stderr=on_stderr, stdin=read_stdin, user=user,
+        )
+        # no sid to doing(): starting() already looks the sandbox up once when the stream breaks
+        with self._calls.doing(doing, lost), self._calls.starting(doing, sid, began, cancel):
+            return run()
 
     # -- commands that outlive the call ---------------------------------------------------
 

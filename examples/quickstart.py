@@ -37,8 +37,13 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with deployment() as config, E2BSandboxProvider(config) as provider:
         t0 = time.monotonic()
-        sandbox = provider.create("quickstart", SandboxLimits(cpu=1, memory_mb=512, disk_mb=1024))
-        print(f"created sandbox {sandbox.id} in {time.monotonic() - t0:.2f} s")
+        # No sizes requested: E2B gives every sandbox its template's (a request for others
+        # is logged as a warning); the handle says what the sandbox has.
+        sandbox = provider.create("quickstart", SandboxLimits())
+        print(
+            f"created sandbox {sandbox.id} in {time.monotonic() - t0:.2f} s: "
+            f"{sandbox.cpu_count} CPUs, {sandbox.memory_mb} MiB memory, {sandbox.disk_mb} MiB disk"
+        )
         try:
             r = provider.exec(sandbox, "echo hello from $(whoami) in $PWD; uname -s", timeout=30.0)
             print(f"exec -> exit {r.exit_code}: {r.stdout.strip()!r}")

@@ -1,5 +1,8 @@
 """Shared fixtures: the local E2B emulator for every test that needs a server.
 
+* a ``XDG_RUNTIME_DIR`` of the run's own (session, automatic), so the record an
+  ``e2b-provider emulator`` keeps never replaces the user's.
+
 * ``emulator`` (session): one :class:`~e2b_provider.emulator.Emulator` subprocess for the whole
   run. Skipped — with the reason printed in the summary — only when sandbox isolation is
   unavailable on this machine (:class:`~e2b_provider.emulator.EmulatorUnavailable`); any other
@@ -27,6 +30,21 @@ import waiting
 from e2b_provider.emulator import Emulator, EmulatorUnavailable
 
 _UNAVAILABLE: List[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A runtime directory of the run's own: the records of the ``e2b-provider emulator``s
+    tests start go there, never over the record of an emulator the user runs."""
+    runtime = tmp_path_factory.mktemp("xdg-runtime")
+    runtime.chmod(0o700)
+    before = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    yield
+    if before is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

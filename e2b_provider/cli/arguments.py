@@ -109,6 +109,31 @@ def _ports_type(text: str) -> Tuple[Optional[int], int]:
     return (_port_type(local) if sep else None), _port_type(remote)
 
 
+def _forward_type(text: str) -> Tuple[int, int]:
+    """``port-forward``'s ``[LOCAL:]REMOTE``, as ``kubectl port-forward`` reads it:
+    ``REMOTE`` alone listens on the same port here; ``:REMOTE`` or ``0:REMOTE`` on a free
+    one (0 in the pair)."""
+    local, sep, remote = text.rpartition(":")
+    port = _port_type(remote)
+    if not sep:
+        return port, port
+    return (0 if local in ("", "0") else _port_type(local)), port
+
+
+def _tail_type(text: str) -> Optional[int]:
+    """``logs --tail``: a number of lines (0 or more), or ``all`` (or -1: all, as
+    ``kubectl logs --tail=-1``); None for all."""
+    if text in ("all", "-1"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("give 0 or more lines, or all")
+    return value
+
+
 def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests).
 
@@ -118,7 +143,8 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     env_help = (
         "Configuration comes from the environment: E2B_API_KEY, E2B_TEMPLATE, and optionally "
         "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL, E2B_TIMEOUT_SECONDS. "
-        f"'{PROG} emulator' prints them for a local emulator."
+        f"Without E2B_API_KEY, the commands use the '{PROG} emulator' running on this "
+        "machine (it prints the variables too)."
     )
     p = _Parser(prog=PROG, description="E2B sandboxes from the shell.", epilog=env_help)
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -127,11 +153,14 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     c = _command(
         sub, "create", "sandboxes.cmd_create", sandbox=False,
-        help="create a sandbox (older ones of that name are destroyed)",
-        description="Create a sandbox and print its id. Older sandboxes of the "
-        "same name are destroyed first.",
+        help="create a sandbox (refused when one of that name exists, unless --replace)",
+        description="Create a sandbox and print its id. When a running or paused sandbox "
+        "of that name exists, create refuses (exit 1, naming it) unless --replace is given: "
+        "then the older sandboxes of that name are destroyed first, files and all.",
     )
     c.add_argument("name", metavar="NAME")
+    c.add_argument("--replace", action="store_true",
+                   help="destroy the sandboxes of that name (and everything in them) first")
     c.add_argument("--cpu", type=int, default=None,
                    help="vCPUs: a request; E2B gives the template's sizes (a warning says "
                    "when they differ)")
@@ -234,13 +263,17 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         sub, "logs", "commands.cmd_logs", sandbox=True,
         help="show the output of a background command",
         description="Print the output the sandbox keeps of a background command "
-        "(stdout to stdout, stderr to stderr). With -f, then follow it live until the "
+        "(stdout to stdout, stderr to stderr); with --tail N, only the last N lines of "
+        "each. With -f, then follow it live until the "
         "command ends and exit with its status (124 if it timed out, 1 if it was killed "
         "or its status is unknown); Ctrl-C stops following (exit 130), not the command.",
     )
     _add_command_id(lg)
     lg.add_argument("-f", "--follow", action="store_true",
                     help="follow the output until the command ends")
+    lg.add_argument("-n", "--tail", type=_tail_type, default=None, metavar="N",
+                    help="show only the last N lines of each stream kept (default all); "
+                    "with -f, then follow")
 
     k = _command(
         sub, "kill", "commands.cmd_kill", sandbox=True,
@@ -267,7 +300,13 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "and a sandbox; write the sandbox side as SANDBOX:/absolute/path. As cp does: "
         "when DST is an existing directory the copy goes into it. Each file is written "
         "whole or not at all; symbolic links are copied as links. A progress line is "
-        "shown on a terminal.",
+        "shown on a terminal. As docker cp: DST - writes a tar stream of SRC (a file or "
+        "a directory, -r not needed) to standard output, its entries named from SRC's "
+        "base name; SRC - reads a tar stream (plain, gzip, bzip2 or xz) from standard "
+        "input and extracts it into the sandbox directory DST, which must exist. Such a "
+        "stream is refused whole, nothing copied, when an entry is unsafe (an absolute "
+        "link, '..', a link leading outside, a hard link or a device). Both go through "
+        "a private temporary directory on this machine.",
     )
     cp.add_argument("-r", "-R", "--recursive", action="store_true",
                     help="copy directories and everything below them")
@@ -303,6 +342,20 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
                     help="the port inside the sandbox, optionally after the local port")
     fw.add_argument("--local-port", type=_port_type, default=None, metavar="N",
                     help="the local port (default: a free one)")
+
+    pf = _command(
+        sub, "port-forward", "ports.cmd_port_forward", sandbox=True,
+        help="serve sandbox ports on this machine, as kubectl port-forward",
+        description="As kubectl port-forward: listen on 127.0.0.1 and relay every "
+        "connection (HTTP/1.1, streaming, Server-Sent Events, WebSockets) to REMOTE inside "
+        "the sandbox, through E2B's edge or the emulator, adding the sandbox's traffic "
+        "token when its traffic is private. REMOTE alone listens on the same port here; "
+        "LOCAL:REMOTE on LOCAL; :REMOTE or 0:REMOTE on a free port. Prints "
+        "'Forwarding from 127.0.0.1:LOCAL -> REMOTE' for each, then runs until Ctrl-C "
+        "(exit 0). A local port that is taken is an error (exit 1).",
+    )
+    pf.add_argument("ports", type=_forward_type, nargs="+", metavar="[LOCAL:]REMOTE",
+                    help="a port inside the sandbox, optionally after the local port")
 
     ur = _command(
         sub, "url", "ports.cmd_url", sandbox=True,
@@ -344,17 +397,26 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     em = _command(
         sub, "emulator", "local_emulator.cmd_emulator", sandbox=False,
-        help="run the local E2B emulator in the foreground",
-        description="Run the local E2B emulator in the foreground until Ctrl-C or "
-        "SIGTERM (which destroy its sandboxes), as python -m e2b_provider.emulator does, "
-        "with the same options. Once it serves, it writes the export lines another shell "
-        "needs, and only them, on stdout, then a ready line on stderr: e.g. "
-        "'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there.",
+        help="run the local E2B emulator (in the foreground, or -d: the background)",
+        description="Run the local E2B emulator in the foreground (-d: in the background) "
+        "until Ctrl-C or SIGTERM (which destroy its sandboxes), as python -m "
+        "e2b_provider.emulator does, with the same options. Once it serves, it writes the "
+        "export lines another shell needs, and only them, on stdout, then a ready line on "
+        "stderr: e.g. 'e2b-provider emulator > e2b.env' here and '. ./e2b.env' there. While "
+        "it serves, the other commands of this user find it without any variable (when "
+        "E2B_API_KEY is unset): it records where it listens, and its key, in a file only you "
+        "can read ($XDG_RUNTIME_DIR/e2b-provider/ or /tmp/e2b-provider-UID/), removed when it "
+        "stops.",
     )
     if emulator_options:
         from ..emulator.__main__ import add_arguments
 
         add_arguments(em)
+        em.add_argument(
+            "-d", "--detach", action="store_true",
+            help="run it in the background (a session of its own) and return once it serves, "
+            "printing its pid ('kill PID' stops it); its log goes to a file beside its record",
+        )
     return p
 
 

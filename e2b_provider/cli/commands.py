@@ -12,6 +12,7 @@ import argparse
 import shutil
 import sys
 from datetime import datetime
+from typing import Tuple
 
 from ..commands.terminal_handle import Terminal
 from .arguments import CLI_EXEC_TIMEOUT_SECONDS
@@ -19,6 +20,7 @@ from .exits import EXIT_INTERRUPTED, PROG, exit_status
 from .inputs import command_line, env_vars, our_stdin
 from .lookup import attach, connect, found, resolve
 from .output import writer
+from .tail import AfterShown, last_lines
 from .terminal_session import run_terminal
 
 
@@ -74,20 +76,29 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """``logs``: the output kept of a background command (``-f``: followed to its end)."""
+    """``logs``: the output kept of a background command (``-f``: followed to its end;
+    ``--tail N``: from its last ``N`` lines)."""
     with connect() as p:
         c = attach(p, resolve(p, args.sandbox), args.id)
-        if not args.follow:
+        on_stdout, on_stderr = writer(sys.stdout), writer(sys.stderr)
+        after: Tuple[AfterShown, ...] = ()
+        if not args.follow or args.tail is not None:
             out = c.output()
-            sys.stdout.write(out.stdout)
-            sys.stdout.flush()
-            sys.stderr.write(out.stderr)
-            if out.truncated:
-                print(f"{PROG}: earlier output was not kept (the sandbox keeps the last "
-                      "--max-output-bytes of each stream)", file=sys.stderr)
-            return 0
+            shown = (last_lines(out.stdout, args.tail), last_lines(out.stderr, args.tail))
+            on_stdout(shown[0])
+            sys.stderr.write(shown[1])
+            if not args.follow:
+                if out.truncated and shown == (out.stdout, out.stderr):
+                    print(f"{PROG}: earlier output was not kept (the sandbox keeps the last "
+                          "--max-output-bytes of each stream)", file=sys.stderr)
+                return 0
+            # --tail -f: what was kept is dealt with; only what comes after it is shown
+            after = (AfterShown(out.stdout, on_stdout), AfterShown(out.stderr, on_stderr))
         try:
-            r = c.wait(on_stdout=writer(sys.stdout), on_stderr=writer(sys.stderr))
+            r = c.wait(on_stdout=after[0] if after else on_stdout,
+                       on_stderr=after[1] if after else on_stderr)
+            for one in after:
+                one.finish()
         except KeyboardInterrupt:
             print(f"{PROG}: interrupted (command {c.id} goes on)", file=sys.stderr)
             return EXIT_INTERRUPTED

@@ -16,15 +16,15 @@ starts stays one line. The exit statuses:
 * 1 for any other error (no such sandbox, an API or connection error, a local file error),
   printed on one line without a traceback;
 * 130 after Ctrl-C in any other command, or while it starts (one line: ``e2b-provider:
-  interrupted``), except ``forward``, which runs until Ctrl-C and then exits 0 (as
-  ``kubectl port-forward`` does); ``watch`` exits 130 after Ctrl-C, as ``logs -f`` does, and
-  0 once its ``--timeout`` passed, its directory went, or the reader of its output went away
-  (``| head -n 1``: it stops at once, also when no event comes, quietly);
+  interrupted``), except ``port-forward`` and ``forward``, which run until Ctrl-C and then
+  exit 0 (as ``kubectl port-forward`` does); ``watch`` exits 130 after Ctrl-C, as ``logs
+  -f`` does, and 0 once its ``--timeout`` passed, its directory went, or the reader of its
+  output went away (``| head -n 1``: it stops at once, also when no event comes, quietly);
 * ``emulator`` exits 0 once Ctrl-C or SIGTERM stopped it, 1 when it cannot run here.
 
 Commands::
 
-    e2b-provider create NAME [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
+    e2b-provider create NAME [--replace] [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
                              [--allow-host HOST]...
     e2b-provider exec [-i] [-t] [--timeout S] [-w DIR] [-e K=V]... [-u USER] SANDBOX [CMD [ARG...]]
                              (as docker exec: every word after SANDBOX is the command;
@@ -32,12 +32,14 @@ Commands::
     e2b-provider shell [-w DIR] [-e K=V]... [-u USER] SANDBOX   (as exec -it: the login shell)
     e2b-provider start [--timeout S] [-w DIR] [-e K=V]... [--tag T] [--max-output-bytes N]
                        SANDBOX CMD [ARG...]
-    e2b-provider logs [-f] SANDBOX ID
+    e2b-provider logs [-f] [--tail N] SANDBOX ID
     e2b-provider kill SANDBOX ID
     e2b-provider ps [--no-trunc] SANDBOX
-    e2b-provider cp [-r] [--exclude PATTERN]... SRC DST   (one side is SANDBOX:/path)
+    e2b-provider cp [-r] [--exclude PATTERN]... SRC DST   (one side is SANDBOX:/path;
+                                                           - is a tar stream, as docker cp)
     e2b-provider ls [--name NAME]
     e2b-provider ls [-l] [--depth N] SANDBOX:/path
+    e2b-provider port-forward SANDBOX [LOCAL:]REMOTE...   (until Ctrl-C)
     e2b-provider forward SANDBOX [LOCAL:]PORT [--local-port N]   (until Ctrl-C)
     e2b-provider url SANDBOX PORT
     e2b-provider watch SANDBOX PATH [-r] [--json] [--timeout S]   (until Ctrl-C)

@@ -1,5 +1,6 @@
-"""The commands on a sandbox's files: ``cp`` (with a progress line on a terminal), ``ls
-SANDBOX:/path`` and ``watch``.
+"""The commands on a sandbox's files: ``cp`` (with a progress line on a terminal; with ``-``
+on one side, a tar stream as ``docker cp``: :mod:`.archives`), ``ls SANDBOX:/path`` and
+``watch``.
 
 ``watch`` prints one event a line as it comes (``create /workspace/a.txt``; control
 characters of a path escaped, so one event stays one line; ``--json``: one JSON object a
@@ -17,7 +18,7 @@ import os
 import posixpath
 import sys
 import threading
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..errors import E2BProviderError
 from .exits import EXIT_INTERRUPTED, PROG, UsageError
@@ -29,6 +30,8 @@ from .output import Progress, event_line, mode_text, on_reader_gone
 def cmd_cp(args: argparse.Namespace) -> int:
     """``cp``: a file or tree between this machine and a sandbox, as ``cp`` copies."""
     src, dst = split_remote(args.src), split_remote(args.dst)
+    if "-" in (args.src, args.dst):
+        return _cp_stream(args, src, dst)
     if (src is None) == (dst is None):
         raise UsageError(
             "cp copies between this machine and a sandbox: write exactly one "
@@ -66,6 +69,38 @@ def cmd_cp(args: argparse.Namespace) -> int:
                     if name:
                         target = os.path.join(target, name)
                 p.download(h, src[1], target, exclude=exclude, progress=progress)
+            ok = True
+        finally:
+            progress.finish(ok)
+    return 0
+
+
+def _cp_stream(args: argparse.Namespace, src: Optional[Tuple[str, str]],
+               dst: Optional[Tuple[str, str]]) -> int:
+    """``cp SANDBOX:/path -`` and ``cp - SANDBOX:/dir``: a tar stream on our standard output
+    or input, as ``docker cp`` (see :mod:`.archives`)."""
+    if not ((src is not None and args.dst == "-") or (args.src == "-" and dst is not None)):
+        raise UsageError("cp with - copies between a sandbox and a tar stream: SANDBOX:/path - "
+                         "writes one to standard output, - SANDBOX:/dir reads one from "
+                         "standard input")
+    from .archives import tar_from_stdin, tar_to_stdout
+
+    progress = Progress(f"{args.src} -> {args.dst}", sys.stderr)
+    with connect() as p:
+        ok = False
+        try:
+            if src is not None:
+                h = resolve(p, src[0])
+                if p.stat(h, src[1]) is None:
+                    raise E2BProviderError(
+                        f"{args.src}: no such file or directory in the sandbox")
+                tar_to_stdout(p, h, src[1], exclude=args.exclude, progress=progress,
+                              where=args.src)
+            else:
+                assert dst is not None
+                h = resolve(p, dst[0])
+                tar_from_stdin(p, h, dst[1], exclude=args.exclude, progress=progress,
+                               where=args.dst)
             ok = True
         finally:
             progress.finish(ok)

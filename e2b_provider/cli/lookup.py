@@ -3,6 +3,7 @@ sandbox by name or id, a background command (or terminal) by id."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Callable, Union
 
@@ -13,14 +14,18 @@ from ..errors import E2BProviderError, InvalidArgument
 from ..models import SandboxHandle
 from ..protocol import validate as v
 from ..provider import E2BSandboxProvider
+from . import emulator_record
 from .exits import UsageError
 
 _CID = re.compile(r"[0-9a-f]{32}")
 
 
 def connect() -> E2BSandboxProvider:
-    """A provider configured by the environment (as :meth:`DeploymentConfig.from_env`)."""
-    return E2BSandboxProvider(DeploymentConfig.from_env())
+    """A provider configured by the environment (as :meth:`DeploymentConfig.from_env`), or,
+    when ``E2B_API_KEY`` is unset, by the running ``e2b-provider emulator``'s record."""
+    if os.environ.get("E2B_API_KEY"):
+        return E2BSandboxProvider(DeploymentConfig.from_env())
+    return E2BSandboxProvider(DeploymentConfig.from_env(emulator_record.emulator_settings()))
 
 
 def _valid(check: Callable[[str], object], ref: str) -> bool:

@@ -1,14 +1,48 @@
-"""The commands on a sandbox's ports: ``forward`` (until Ctrl-C, then exit 0, as ``kubectl
-port-forward`` does) and ``url``."""
+"""The commands on a sandbox's ports: ``port-forward`` (as ``kubectl port-forward``),
+``forward`` (its older form: one port, a free local one unless told) and ``url``.
+
+Both forwards run until Ctrl-C, then exit 0, as ``kubectl port-forward`` does (it stops on
+SIGINT and returns without an error).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from typing import List, Tuple
 
+from ..errors import E2BProviderError, InvalidArgument
 from .exits import PROG, UsageError
 from .lookup import connect, resolve
+
+
+def _until_ctrl_c() -> None:
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print(f"{PROG}: stopped forwarding", file=sys.stderr)
+
+
+def cmd_port_forward(args: argparse.Namespace) -> int:
+    """``port-forward``: serve sandbox ports on 127.0.0.1 until Ctrl-C, as ``kubectl
+    port-forward`` (``REMOTE`` alone: the same port here; ``:REMOTE``: a free one)."""
+    pairs: List[Tuple[int, int]] = args.ports
+    with connect() as p:
+        h = resolve(p, args.sandbox)
+        with contextlib.ExitStack() as forwards:
+            for local_port, port in pairs:
+                try:
+                    url = forwards.enter_context(p.forward(h, port, local_port=local_port))
+                except InvalidArgument as exc:  # the local port is taken: not a usage error
+                    raise E2BProviderError(str(exc)) from None
+                print(f"Forwarding from {url[len('http://'):]} -> {port}", flush=True)
+            print(f"{PROG}: forwarding to sandbox {h.id}; Ctrl-C stops", file=sys.stderr,
+                  flush=True)
+            _until_ctrl_c()
+    return 0
 
 
 def cmd_forward(args: argparse.Namespace) -> int:
@@ -24,11 +58,7 @@ def cmd_forward(args: argparse.Namespace) -> int:
             print(f"Forwarding from {url[len('http://'):]} -> {port}", flush=True)
             print(f"{PROG}: open {url}/ (port {port} of sandbox {h.id}); Ctrl-C stops",
                   file=sys.stderr, flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                print(f"{PROG}: stopped forwarding", file=sys.stderr)
+            _until_ctrl_c()
     return 0
 
 

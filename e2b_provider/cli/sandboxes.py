@@ -1,12 +1,20 @@
 """The commands on sandboxes themselves: ``create``, ``ls`` (the table of sandboxes, or the
-files of one), ``rm``, ``suspend`` and ``resume``."""
+files of one), ``rm``, ``suspend`` and ``resume``.
+
+``create NAME`` refuses when a running or paused sandbox of that name exists (as ``docker
+create --name`` refuses a name in use), naming it and ``--replace``; with ``--replace`` it
+does what the library's ``create`` does: destroys the older ones, files and all.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import List
 
-from ..models import SandboxLimits
+from ..errors import E2BProviderError
+from ..models import SandboxLimits, SandboxSummary
+from ..protocol import validate as v
 from .exits import EXIT_ERROR, PROG, UsageError
 from .files import list_files
 from .inputs import split_remote
@@ -21,7 +29,11 @@ def cmd_create(args: argparse.Namespace) -> int:
         allow_hosts=tuple(args.allow_host),
         **{k: val for k, val in given.items() if val is not None},
     )
+    v.check_name(args.name)
+    v.check_limits(limits)
     with connect() as p:
+        if not args.replace:
+            _refuse_a_name_in_use(p.list_sandboxes(args.name), args.name)
         h = p.create(args.name, limits)
     print(h.id)
     if any(val is not None for val in given.values()):
@@ -30,6 +42,20 @@ def cmd_create(args: argparse.Namespace) -> int:
                  f"{h.disk_mb if h.disk_mb is not None else '?'} MiB disk")
         print(f"{PROG}: sandbox {h.id} has {sizes} (its template's sizes)", file=sys.stderr)
     return 0
+
+
+def _refuse_a_name_in_use(there: List[SandboxSummary], name: str) -> None:
+    """Raise when ``there`` (the sandboxes named ``name``, as the library lists them) is not
+    empty: ``create`` replaces them only with ``--replace``."""
+    if not there:
+        return
+    which = ", ".join(f"{s.id} ({s.state})" for s in there)
+    one = len(there) == 1
+    raise E2BProviderError(
+        f"{'a sandbox' if one else f'{len(there)} sandboxes'} named {name!r} already "
+        f"exist{'s' if one else ''}: {which}; pass --replace to destroy "
+        f"{'it' if one else 'them'}, files and all, and create a new one"
+    )
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

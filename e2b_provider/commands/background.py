@@ -124,7 +124,8 @@ _LIST_MAX = 64 << 20
 _RECORD_ROOM = 2 << 20
 
 #: Runs the supervisor with the flag it needs (``${LC_CTYPE+1}``: was ``LC_CTYPE`` set before
-#: Python started, which may add one for itself).
+#: Python started, which may add one for itself). ``$1`` is ``PYTHON_BOOT``: the program
+#: comes in the environment, not on the command line ``ps`` shows.
 _LAUNCH = (
     'exec python3 -I -S -X utf8 -c "$1" capybara-bg "$2" "$3" "$4" "$5" "$6" "${LC_CTYPE+1}" '
     '"$7" "$8"'
@@ -199,7 +200,7 @@ class Background:
         need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def python_args(cid: str) -> List[str]:
-            return ["-c", _LAUNCH, "capybara-bg", source("supervisor"), cid, ctl, seconds,
+            return ["-c", _LAUNCH, "capybara-bg", scripts.PYTHON_BOOT, cid, ctl, seconds,
                     str(max_output_bytes), "1" if stdin else "0", scripts.LEAN_EXEC_WRAPPER,
                     command]
 
@@ -211,7 +212,7 @@ class Background:
             # without its closing brace, in pieces that each fit in one argument
             head = known[:-1]
             pieces = [head[i:i + _META_PIECE] for i in range(0, len(head), _META_PIECE)]
-            return ["-c", source("supervisor.sh"), "capybara-bg", cid, ctl, seconds, str(cap),
+            return ["-c", scripts.SH_BOOT, "capybara-bg", cid, ctl, seconds, str(cap),
                     scripts.LEAN_EXEC_WRAPPER, command, *pieces]
 
         def run(target: Target) -> Command:
@@ -219,12 +220,14 @@ class Background:
             if not self.lacks_python(sid):
                 cid = uuid.uuid4().hex
                 try:
-                    return self._supervise(sid, target, cid, ctl, python_args(cid), env, cwd,
+                    py_env = {**env, scripts.PROGRAM_VAR: source("supervisor")}
+                    return self._supervise(sid, target, cid, ctl, python_args(cid), py_env, cwd,
                                            stdin, deadline, cancel, python=True)
                 except _NoPython:
                     self._mark_no_python(sid)
             cid = uuid.uuid4().hex  # a fresh one: nothing of the first try can be in the way
-            return self._supervise(sid, target, cid, ctl, shell_args(cid), env, cwd, stdin,
+            sh_env = {**env, scripts.PROGRAM_VAR: source("supervisor.sh")}
+            return self._supervise(sid, target, cid, ctl, shell_args(cid), sh_env, cwd, stdin,
                                    deadline, cancel, python=False)
 
         return self._ctx.on_target(sid, cancel, run, need=need)

@@ -16,7 +16,7 @@ import attrs
 from ..cancel import CancelToken
 from ..core.messages import describe
 from ..errors import CommandFailed, InvalidArgument
-from ..models import ExecResult
+from ..models import Displayed, ExecResult
 from ..protocol import validate as v
 from ..protocol.command_records import (
     KeptOutput,
@@ -38,7 +38,7 @@ MAX_KEPT = 1 << 30
 
 
 @attrs.frozen
-class CommandInfo:
+class CommandInfo(Displayed):
     """A background command or a terminal that still runs (see ``commands``).
 
     Attributes:
@@ -61,7 +61,7 @@ class CommandInfo:
 
 
 @attrs.frozen
-class CommandOutput:
+class CommandOutput(Displayed):
     """What a background command printed, as far as the sandbox keeps it.
 
     Attributes:
@@ -69,6 +69,8 @@ class CommandOutput:
         stderr: likewise for standard error.
         truncated: True when earlier output was dropped (either stream).
     """
+
+    _TEXT_FIELDS = ("stdout", "stderr")
 
     stdout: str
     stderr: str

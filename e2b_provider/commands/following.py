@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 from ..cancel import CancelToken, Deadline
 from ..clients.envd_streams import ProcessStream
 from ..core.context import ProviderContext
+from ..core.interrupts import calls_user_code
 from ..core.messages import mark_worded
 from ..errors import (
     Cancelled,
@@ -132,6 +133,7 @@ class Follower:
                 f"command {self.cmd.id} did not end within the wait's timeout; it still runs"
             ))
 
+    @calls_user_code
     def _deliver(self, kind: str, data: bytes) -> None:
         cb, text = self.live[kind]
         if cb is not None and data:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
+from ..core.interrupts import caller_handling, calls_user_code, shorten, shorten_in_generator
 from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import describe, mark_worded
 from ..core.run_engine import wait_verdict
@@ -339,10 +341,12 @@ class Terminal:
         v.check_cancel(cancel)
         self._check_open()
         self._reading()
+        outer = caller_handling()
         try:
             return self._pull(None if timeout is None else Deadline.after(timeout), cancel)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._interrupted()
+            shorten(exc, exc.__traceback__, outer)
             raise
         finally:
             self._reader.release()
@@ -381,6 +385,7 @@ class Terminal:
         v.check_cancel(cancel)
         self._check_open()
         self._reading()
+        outer = caller_handling()
         live = LiveText() if on_output is not None else None
         deadline = None if timeout is None else Deadline.after(timeout)
         try:
@@ -402,8 +407,9 @@ class Terminal:
                 rest = live.finish(False)
                 if rest:
                     self._call(on_output, rest)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._interrupted()
+            shorten(exc, exc.__traceback__, outer)
             raise
         finally:
             self._reader.release()
@@ -412,6 +418,7 @@ class Terminal:
                                 "status")
         return self._exit_code
 
+    @calls_user_code
     def _call(self, fn: Callable[[str], None], text: str) -> None:
         try:
             fn(text)
@@ -546,11 +553,13 @@ class Terminal:
         self._check_stop(cancel)
         if self._ended:
             raise self._ended_error(ended)
+        outer = caller_handling()
         try:
             with describe(doing):
                 yield
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._interrupted()
+            shorten_in_generator(exc, sys._getframe(), outer)
             raise
 
     def _ended_error(self, what: str) -> CommandEnded:

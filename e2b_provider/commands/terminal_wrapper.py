@@ -37,6 +37,7 @@ from .users import as_root
 
 __all__ = [
     "DEFAULT_TERM",
+    "LEFTOVERS_VAR",
     "MAX_PID",
     "ROOT_TERMINAL_WRAPPER",
     "TERMINAL_ID_PREFIX",
@@ -57,6 +58,9 @@ DEFAULT_TERM = "xterm-256color"
 #: What comes after ``<sandbox id>:`` in a terminal's id.
 TERMINAL_ID_PREFIX = "pty-"
 
+#: The environment variable that hands :data:`TERMINAL_LEFTOVERS` to the wrapper.
+LEFTOVERS_VAR = "CAPYBARA_LEFTOVERS"
+
 #: What a terminal's wrapper becomes once its program has exited (``exec``, so it keeps its
 #: pid: envd's process and the session's leader; ``$1`` the control path, ``$2`` the
 #: program's status, the exec marker no longer in its environment): it kills what the
@@ -65,8 +69,8 @@ TERMINAL_ID_PREFIX = "pty-"
 #: ``/proc/*/stat`` by shell builtins alone, so the listing starts no process of its own
 #: (a job the shell left running, ``nohup``'d or ignoring the hang-up, holds the terminal and
 #: would keep envd from ever ending it); then every process carrying the terminal's exec
-#: marker (``MARKED_KILL``: what left the session with ``setsid``). Nothing in it is quoted
-#: with ``'``: :data:`TERMINAL_WRAPPER` quotes it so.
+#: marker (``MARKED_KILL``: what left the session with ``setsid``). The wrapper gets it in
+#: :data:`LEFTOVERS_VAR`, not on its command line, which ``ps`` shows.
 TERMINAL_LEFTOVERS = (
     scripts.MARKED_KILL
     + 'trap "" INT QUIT; c=$1; s=$2; r=0; while [ $r -lt 5 ]; do r=$((r+1)); g=; '
@@ -84,15 +88,16 @@ TERMINAL_LEFTOVERS = (
 #: program has exited, the wrapper becomes :data:`TERMINAL_LEFTOVERS` (without the exec
 #: marker, so its sweep by the marker spares it; with SIGINT and SIGQUIT ignored, not
 #: trapped, so a Ctrl-C typed meanwhile cannot end it before it ignores them itself): the
-#: program's exit ends the terminal, and nothing it started outlives it.
+#: program's exit ends the terminal, and nothing it started outlives it. It takes that
+#: script from :data:`LEFTOVERS_VAR` and out of the environment its program gets.
 TERMINAL_WRAPPER = (
-    'c=$1; echo $$ > "$c.pid" 2>/dev/null; if [ -e "$c.kill" ]; then exit 137; fi; '
+    'c=$1; k=$' + LEFTOVERS_VAR + '; unset ' + LEFTOVERS_VAR + '; '
+    'echo $$ > "$c.pid" 2>/dev/null; if [ -e "$c.kill" ]; then exit 137; fi; '
     "trap : INT QUIT; "
     'if [ -n "$2" ]; then /bin/bash -c "$2"; else u=${USER:-$(id -un)}; l=; '
     'while IFS=: read -r n _ _ _ _ _ l; do [ "$n" = "$u" ] && break; l=; done < /etc/passwd; '
     '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; trap "" INT QUIT; rm -f "$c.pid" 2>/dev/null; '
-    "unset " + scripts.EXEC_MARKER + "; exec /bin/sh -c '" + TERMINAL_LEFTOVERS
-    + "' capybara-exec \"$c\" $s"
+    "unset " + scripts.EXEC_MARKER + '; exec /bin/sh -c "$k" capybara-exec "$c" $s'
 )
 
 #: :data:`TERMINAL_WRAPPER` for a terminal of root: its pid file is written as
@@ -123,10 +128,12 @@ TERMINAL_STARTS_SCRIPT = (
 
 def terminal_env(env: Mapping[str, str], ctl: str) -> Dict[str, str]:
     """The environment envd starts a terminal's wrapper with: ``TERM`` (unless ``env`` has
-    one), ``env``, and the exec marker of control path ``ctl`` (never overridden)."""
+    one), ``env``, the exec marker of control path ``ctl`` and :data:`LEFTOVERS_VAR` (these
+    two never overridden)."""
     out = {"TERM": DEFAULT_TERM}
     out.update(env)
     out[scripts.EXEC_MARKER] = ctl
+    out[LEFTOVERS_VAR] = TERMINAL_LEFTOVERS
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from typing import Callable, Iterator, List, Optional
 
@@ -27,6 +28,7 @@ from ..errors import (
 from ..models import SandboxHandle, SandboxRef
 from ..protocol import validate as v
 from .context import ProviderContext
+from .interrupts import caller_handling, shorten_in_generator
 from .messages import (
     cwd_refused,
     is_ambiguous,
@@ -118,10 +120,15 @@ class Calls:
         :mod:`e2b_provider.core.messages`; ``lost`` is said when the answer was lost); a
         connection error caused by ``close()`` running meanwhile is ProviderClosed, and one
         caused by the deletion of sandbox ``sid`` meanwhile (one look-up of its state) is
-        SandboxGoneError."""
+        SandboxGoneError. A Ctrl-C's traceback is cut below the call (see
+        :mod:`e2b_provider.core.interrupts`)."""
         began = time.monotonic()
+        outer = caller_handling()
         try:
             yield
+        except KeyboardInterrupt as exc:  # the caller's frames and this call, not the internals
+            shorten_in_generator(exc, sys._getframe(), outer)
+            raise
         except E2BProviderError as exc:
             closed = self._ctx.closed_error() if isinstance(exc, TransportError) else None
             if closed is not None:

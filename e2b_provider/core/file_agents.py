@@ -326,8 +326,9 @@ class FileAgents:
             stream = ctx.envd(target).start(
                 user=scripts.SANDBOX_USER,
                 cmd="python3",
-                args=["-I", "-S", "-X", "utf8", "-c", source("file_agent"), "serve",
+                args=["-I", "-S", "-X", "utf8", "-c", scripts.PYTHON_BOOT, "serve",
                       str(AGENT_IDLE_SECONDS), tag],
+                envs={scripts.PROGRAM_VAR: source("file_agent")},
                 cwd="/",
                 keepalive_seconds=ctx.bounds.keepalive,
                 cancel=guard,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from typing import Callable, Iterator, Optional, Sequence, Tuple, Union
 
 from ..errors import (
@@ -38,6 +39,7 @@ from ..errors import (
     UnsafePath,
     redact,
 )
+from .interrupts import caller_handling, shorten_in_generator
 
 __all__ = [
     "clean_stderr",
@@ -217,9 +219,14 @@ def reword(exc: E2BProviderError, doing: str, lost: str = "") -> None:
 
 @contextlib.contextmanager
 def describe(doing: str, lost: str = "") -> Iterator[None]:
-    """Reword every library error raised inside the block (see :func:`reword`)."""
+    """Reword every library error raised inside the block (see :func:`reword`); cut a
+    Ctrl-C's traceback below the block's frame (see :mod:`e2b_provider.core.interrupts`)."""
+    outer = caller_handling()
     try:
         yield
+    except KeyboardInterrupt as exc:
+        shorten_in_generator(exc, sys._getframe(), outer)
+        raise
     except E2BProviderError as exc:
         reword(exc, doing, lost)
         raise

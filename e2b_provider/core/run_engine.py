@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ..protocol import escalation as esc_mod
 from ..protocol.process_events import DataEvent, EndEvent, LiveText, OutputBudget, StartEvent
+from .interrupts import calls_user_code
 
 __all__ = ["KillStarter", "Killer", "OnText", "RunOutcome", "run_process", "wait_verdict"]
 
@@ -104,6 +105,7 @@ class _Live:
     def finish(self, truncated: bool) -> None:
         self._call(self._text.finish(truncated))
 
+    @calls_user_code
     def _call(self, text: str) -> None:
         if not text:
             return

@@ -12,10 +12,14 @@ Usage::
     python -m e2b_provider.emulator [--host 127.0.0.1] [--port 0] [--api-key KEY]
                                     [--state-dir DIR] [--log-level warning]
                                     [--cpu-count 2] [--memory-mb 512] [--disk-mb 1024]
-                                    [--max-processes 1024]
+                                    [--max-processes 1024] [--boot-timeout 30]
+                                    [--max-boots N]
 
 The resource options size the template every sandbox runs (E2B sizes sandboxes by template, not
 by create request); with ``--log-level info`` each boot logs which of them the host enforces.
+A boot fails after ``--boot-timeout`` seconds without progress (no step reached, no CPU time
+used by its processes; four times that in all), and at most ``--max-boots`` boot at once
+(the others wait their turn), so a loaded host makes creates slower, not failed.
 
 Once it serves, it writes (in one flushed write) what a shell needs to point this library or
 the official SDK at it, and nothing else, on stdout; so ``python -m e2b_provider.emulator >
@@ -48,13 +52,15 @@ import shlex
 import signal
 import sys
 import tempfile
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, TypeVar
 
 from .api.state import DEFAULT_TEMPLATE, TemplateResources
 from .handle import EXIT_UNAVAILABLE, remove_state_dir
+from .runtime.boot_wait import BOOT_LIMIT_FACTOR, BOOT_STALL_SECONDS
 
 __all__ = ["add_arguments", "main", "run"]
 
+T = TypeVar("T")
 EXIT_INTERRUPTED = 130
 #: The name this command line gives itself in its messages.
 NAME = "e2b-emulator"
@@ -101,6 +107,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=f"{what} (default {getattr(defaults, attr)})",
         )
     p.add_argument(
+        "--boot-timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        default=None,
+        help="seconds a sandbox's boot may go without progress (no step reached, no CPU time "
+        f"used) before its create fails; a boot that progresses may take {BOOT_LIMIT_FACTOR:g} "
+        f"times that (default: $E2B_EMULATOR_BOOT_TIMEOUT or {BOOT_STALL_SECONDS:g})",
+    )
+    p.add_argument(
+        "--max-boots",
+        type=_at_least(1),
+        metavar="N",
+        default=None,
+        help="sandboxes booting at once; more creates wait for a turn (default: "
+        "$E2B_EMULATOR_MAX_BOOTS or the host's CPUs, at least 2)",
+    )
+    p.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="shut down cleanly when the parent process exits (used by the Emulator handle)",
@@ -138,6 +161,31 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
+    return value
+
+
+def _env_default(name: str, parse: Callable[[str], T], default: Optional[T]) -> Optional[T]:
+    """An option's default from environment variable ``name`` (when set), else ``default``.
+
+    Raises:
+        ValueError: the variable's value is not valid (the message names it).
+    """
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"${name}: {exc}") from None
+
+
 def _url(host: str, port: int) -> str:
     if ":" in host:
         host = f"[{host}]"
@@ -162,7 +210,13 @@ def ready_line(url: str, name: str = NAME) -> str:
     return f"{name}: ready at {url} (template {DEFAULT_TEMPLATE}); Ctrl-C stops it\n"
 
 
-async def _serve(args: argparse.Namespace, api_key: str, state_dir: str, name: str) -> None:
+async def _serve(
+    args: argparse.Namespace,
+    api_key: str,
+    state_dir: str,
+    name: str,
+    on_ready: Optional[Callable[[str, str], None]] = None,
+) -> None:
     from .api.server import EmulatorServer
 
     resources = TemplateResources(
@@ -171,7 +225,8 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str, name: s
         disk_mb=args.disk_mb,
         max_processes=args.max_processes,
     )
-    server = EmulatorServer(api_key=api_key, state_dir=state_dir, resources=resources)
+    server = EmulatorServer(api_key=api_key, state_dir=state_dir, resources=resources,
+                            boot_timeout=args.boot_timeout, max_boots=args.max_boots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -180,6 +235,8 @@ async def _serve(args: argparse.Namespace, api_key: str, state_dir: str, name: s
     try:
         host, port = await server.start(args.host, args.port)
         url = _url(host, port)
+        if on_ready is not None:  # before the lines: whoever reads them finds what it did
+            on_ready(url, api_key)
         # stdout first: whoever waits for the ready line may read the file stdout went to
         sys.stdout.write(shell_text(url, api_key))
         sys.stdout.flush()
@@ -214,12 +271,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def run(args: argparse.Namespace, *, parent_pid: Optional[int] = None, name: str = NAME) -> int:
+def run(
+    args: argparse.Namespace,
+    *,
+    parent_pid: Optional[int] = None,
+    name: str = NAME,
+    on_ready: Optional[Callable[[str, str], None]] = None,
+) -> int:
     """Run the emulator with the options :func:`add_arguments` defined until SIGINT/SIGTERM;
     returns the exit status (0; 1: it could not serve; 2: it cannot run here). ``name``
-    starts its messages; ``parent_pid``: the default of ``--parent-pid``."""
+    starts its messages; ``parent_pid``: the default of ``--parent-pid``; ``on_ready(url,
+    api_key)`` is called once it serves, before the shell lines are written."""
     if args.parent_pid is None:
         args.parent_pid = os.getppid() if parent_pid is None else parent_pid
+    try:
+        if args.boot_timeout is None:
+            args.boot_timeout = _env_default(
+                "E2B_EMULATOR_BOOT_TIMEOUT", _positive_seconds, BOOT_STALL_SECONDS
+            )
+        if args.max_boots is None:
+            args.max_boots = _env_default("E2B_EMULATOR_MAX_BOOTS", _at_least(1), None)
+    except ValueError as exc:  # 1, not 2: the Emulator handle reads 2 as "isolation unavailable"
+        print(f"{name}: {exc}", file=sys.stderr, flush=True)
+        return 1
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
@@ -248,7 +322,7 @@ def run(args: argparse.Namespace, *, parent_pid: Optional[int] = None, name: str
     temporary = args.state_dir is None or args.remove_state_dir
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="e2b-emulator-")
     try:
-        asyncio.run(_serve(args, api_key, state_dir, name))
+        asyncio.run(_serve(args, api_key, state_dir, name, on_ready))
     except (OSError, ValueError) as exc:
         print(f"{name}: cannot serve: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -89,6 +89,10 @@ class Emulator:
         memory_mb: memory limit of every sandbox in MiB (default 512).
         disk_mb: disk size of every sandbox in MiB (default 1024).
         max_processes: processes and threads a sandbox may have at once (default 1024).
+        boot_timeout: seconds a sandbox's boot may go without progress before its create
+            fails (default 30; a boot that progresses may take four times that).
+        max_boots: sandboxes booting at once, the other creates waiting their turn
+            (default: the host's CPUs, at least 2).
 
     Raises (from :meth:`start` / ``__enter__``):
         EmulatorUnavailable: isolation is unavailable on this machine (message included).
@@ -108,6 +112,8 @@ class Emulator:
         memory_mb: Optional[int] = None,
         disk_mb: Optional[int] = None,
         max_processes: Optional[int] = None,
+        boot_timeout: Optional[float] = None,
+        max_boots: Optional[int] = None,
     ) -> None:
         self._requested_key = api_key
         self._host = host
@@ -121,6 +127,8 @@ class Emulator:
             "--memory-mb": memory_mb,
             "--disk-mb": disk_mb,
             "--max-processes": max_processes,
+            "--boot-timeout": boot_timeout,
+            "--max-boots": max_boots,
         }
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._stderr: Optional[IO[bytes]] = None

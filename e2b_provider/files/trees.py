@@ -288,8 +288,8 @@ class Trees:
             args = scripts.pack_args(remote_path, exclude)
             argv = ["/bin/sh", args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
         else:
-            argv = ["python3", "-I", "-S", "-X", "utf8", "-c", source("file_agent"), "pack",
-                    remote_path, scripts.fileop_name(op_id), *exclude]
+            argv = scripts.python_argv("capybara-pack", source("file_agent"), "pack",
+                                       remote_path, scripts.fileop_name(op_id), *exclude)
 
         def body(helper: Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
             reader = Chunks(helper.next_output)

@@ -57,6 +57,7 @@ from ..cancel import CancelReason, CancelToken, Deadline
 from ..clients.envd_requests import START_OPEN_SECONDS
 from ..clients.envd_streams import WatchStream
 from ..core.context import FILE_OP_TIMEOUT_SECONDS, ProviderContext, script_failed
+from ..core.interrupts import caller_handling, shorten
 from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import is_ambiguous, mark_worded, reword
 from ..errors import (
@@ -78,6 +79,7 @@ from ..protocol import scripts as scripts
 from ..protocol.connect import EndStream
 from .answers import ACCESS_HINT
 from .files import Files
+from .watch_names import OwnNames
 
 __all__ = [
     "MAX_RESTARTS",
@@ -252,6 +254,7 @@ class Watch:
         self._lock = threading.Lock()
         self._stream: Optional[WatchStream] = None
         self._pending: Deque[FileEvent] = collections.deque()
+        self._own = OwnNames(path)
         self._deadline = Deadline.never()
         self._timer: Any = None
         self._undo: Any = None
@@ -412,6 +415,7 @@ class Watch:
 
     def __next__(self) -> FileEvent:
         began = time.monotonic()
+        outer = caller_handling()
         try:
             return self._next()
         except StopIteration:
@@ -423,8 +427,9 @@ class Watch:
             if said is exc:
                 raise
             raise said from exc
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            shorten(exc, exc.__traceback__, outer)  # Ctrl-C: the caller's frames and this one
             raise
 
     def _failure(self, exc: E2BProviderError, began: float) -> E2BProviderError:
@@ -502,10 +507,12 @@ class Watch:
             return
         event = FileEvent(change[0], event_path(self.path, change[1]))
         self._restarts = 0
-        if not self._pending or self._pending[-1] != event:
-            self._pending.append(event)  # identical events arriving together: once
         if event.path == self.path and event.type in ("remove", "rename"):
             self._done = True  # envd's watch of a removed or moved directory is dead
+        for kind, name in self._own.events(*change):  # the library's own files hidden
+            event = FileEvent(kind, event_path(self.path, name))
+            if not self._pending or self._pending[-1] != event:
+                self._pending.append(event)  # identical events arriving together: once
 
     def _ended(self, end: EndStream, *, opening: bool) -> None:
         """envd ended the stream: an error, a restart after a watcher error, or done."""

@@ -57,6 +57,10 @@ __all__ = [
     "NOT_REGULAR_EXIT",
     "NO_ENTRY_EXIT",
     "PART_PREFIX",
+    "PYTHON_LAUNCH",
+    "SH_BOOT",
+    "PYTHON_BOOT",
+    "PROGRAM_VAR",
     "READ_PROBE_SCRIPT",
     "READ_SCRIPT",
     "REFUSED_EXIT",
@@ -86,6 +90,7 @@ __all__ = [
     "kill_args",
     "kill_batch_args",
     "kill_tagged_args",
+    "python_argv",
     "read_args",
     "read_probe_args",
     "staging_path",
@@ -617,6 +622,31 @@ def pack_args(path: str, exclude: Sequence[str]) -> List[str]:
     return ["-c", PACK_SCRIPT, "capybara-pack", path, *exclude]
 
 
+#: The environment variable a sandbox-side Python program's text travels in. Programs go
+#: to ``python3`` this way, not as a ``-c`` argument: a process's arguments are public (``ps``
+#: shows every user's), and the file agent's text alone is 60 KB. A process's environment is
+#: shown only to its own user and root, and can be changed by neither after it starts.
+PROGRAM_VAR = "CAPYBARA_PROGRAM"
+#: ``python3 -c`` text that runs the program in :data:`PROGRAM_VAR` as ``__main__``, taking
+#: it out of the environment first (nothing the program starts inherits it). ``-I`` keeps
+#: ``PYTHON*`` variables from changing what runs.
+PYTHON_BOOT = f"import os;exec(os.environ.pop({PROGRAM_VAR!r}))"
+#: ``sh -c`` text that runs the shell program in :data:`PROGRAM_VAR`, taken out of the
+#: environment first (``eval`` parses a copy of it).
+SH_BOOT = f'p=${PROGRAM_VAR}; unset {PROGRAM_VAR}; eval "$p"'
+#: Runs the Python program ``$1`` with arguments ``$2...`` (``$0`` names it for ``ps``):
+#: for launches whose environment the caller cannot set; the shell holds the text only
+#: until its ``exec``.
+PYTHON_LAUNCH = (f'export {PROGRAM_VAR}="$1"; shift; '
+                 f'exec python3 -I -S -X utf8 -c {shlex.quote(PYTHON_BOOT)} "$@"')
+
+
+def python_argv(name: str, program: str, *args: str) -> List[str]:
+    """The argv that runs Python source ``program`` with ``args`` (``sys.argv[1:]``) by
+    :data:`PYTHON_LAUNCH`, as ``name`` (``$0`` of its shell)."""
+    return ["/bin/sh", "-c", PYTHON_LAUNCH, name, program, *args]
+
+
 #: The fast read's holder (Python, run as root). A forked child drops to user ``argv[2]``
 #: for good (its groups, gid, uid), opens ``argv[1]`` and passes the descriptor back over a
 #: socket pair (SCM_RIGHTS), then exits; the holder itself never changes its credentials,
@@ -677,7 +707,8 @@ while True:
 #: :data:`MISSING_TOOL_EXIT` when there is none); ``exec`` keeps the pid envd knows.
 HOLD_SCRIPT = (
     "for p in /usr/bin/python3 /usr/local/bin/python3 /bin/python3; do "
-    'if [ -x "$p" ]; then exec "$p" -I -S -c "$0" "$@"; fi; done; '
+    f'if [ -x "$p" ]; then export {PROGRAM_VAR}="$0"; '
+    f'exec "$p" -I -S -c {shlex.quote(PYTHON_BOOT)} "$@"; fi; done; '
     f"exit {MISSING_TOOL_EXIT}"
 )
 
@@ -1063,8 +1094,9 @@ TREE_MERGE_SCRIPT = (
 #: marker ``$2`` arrived is the marker removed and the directory renamed to ``$1``: the
 #: whole tree appears at once, or not at all (the traps remove the directory on any
 #: failure). Prints ``{"complete": ..., "whole": true}``; the caller knows what it sent.
-#: Into a destination that exists, the file agent's ``extract`` (program text ``$3``)
-#: writes each file atomically into what is there; without ``python3``, the tree is
+#: Into a destination that exists, the file agent's ``extract`` (``-c "$3"``,
+#: :data:`PYTHON_BOOT`) writes each file atomically into what is there; without ``python3``,
+#: the tree is
 #: extracted the same way into a new directory inside it (its parent may be closed to the
 #: user, as ``/`` is to ``/workspace``) and then merged into it by
 #: :data:`TREE_MERGE_SCRIPT` (``{"complete": true, "merged": true}`` after the ``E``
@@ -1102,8 +1134,9 @@ TREE_WHOLE_SCRIPT = (
 #: that exists, the file agent's ``extract`` writes each file atomically), or, under
 #: ``/skills`` (``$4`` = 1), as root by ``extract`` with the ``/skills`` rules. ``$1`` is
 #: the destination directory, ``$3`` the name of the stream's end marker, ``$6`` the file
-#: agent's program text. Either prints a JSON summary. Under ``/skills`` without
-#: ``python3`` it exits :data:`MISSING_TOOL_EXIT` at once (before ``ready``).
+#: agent's program text (handed on in :data:`PROGRAM_VAR`). Either prints a JSON summary.
+#: Under ``/skills`` without ``python3`` it exits :data:`MISSING_TOOL_EXIT` at once (before
+#: ``ready``).
 TREE_UPLOAD_SCRIPT = (
     'if [ "$4" = 1 ] && ! command -v python3 >/dev/null 2>&1; then exit '
     + str(MISSING_TOOL_EXIT) + '; fi; '
@@ -1113,10 +1146,10 @@ TREE_UPLOAD_SCRIPT = (
     'find "$d" -mindepth 1 -maxdepth 1 ! -name parts -mmin +10 -exec rm -rf -- {} + '
     '2>/dev/null; fi; '
     + _FIFO_OPEN +
-    'o=op=${0##*-}; '
-    'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$6" extract "$1" "$3" root "$o"; fi; '
+    f'o=op=${{0##*-}}; export {PROGRAM_VAR}="$6"; b={shlex.quote(PYTHON_BOOT)}; '
+    'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$b" extract "$1" "$3" root "$o"; fi; '
     "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c " + shlex.quote(TREE_WHOLE_SCRIPT)
-    + ' "$0" "$1" "$3" "$6" "$o"'
+    + ' "$0" "$1" "$3" "$b" "$o"'
 )
 
 

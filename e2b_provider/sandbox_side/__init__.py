@@ -1,8 +1,10 @@
 """Programs the library runs inside a sandbox, kept as source files.
 
 This package owns the code that runs on the sandbox's side of the wire: the provider reads
-a module's text (:func:`source`) and sends it to the sandbox's ``python3`` as a ``-c``
-argument. Such a module imports only the standard library, runs on Python 3.6 and later,
+a module's text (:func:`source`) and sends it to the sandbox's ``python3`` in the
+``CAPYBARA_PROGRAM`` environment variable, run by a one-line ``-c`` that takes it out of the
+environment first (``protocol.scripts.PYTHON_BOOT``): a command line is public (``ps``).
+Such a module imports only the standard library, runs on Python 3.6 and later,
 and never imports :mod:`e2b_provider`; the library itself never imports it (tests do, to
 run it locally).
 
@@ -14,7 +16,8 @@ run it locally).
   live followers.
 
 Two shell programs (POSIX ``sh`` and GNU coreutils) stand in for them where the sandbox has
-no ``python3``; the provider sends their text to ``/bin/sh -c``:
+no ``python3``; the provider sends their text to ``/bin/sh -c`` (``supervisor.sh`` likewise
+in ``CAPYBARA_PROGRAM``, ``protocol.scripts.SH_BOOT``):
 
 * ``supervisor.sh`` — the same supervisor, writing the same record, without live frames.
 * ``records.sh`` — the file agent's ``cmd_read`` and ``cmd_list`` over those records.

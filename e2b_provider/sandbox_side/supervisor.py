@@ -1,7 +1,8 @@
 """A background command's supervisor, inside a sandbox, as the sandbox user.
 
 The provider sends this file's text to the sandbox's ``python3`` (``python3 -I -S -X utf8
--c <this text> capybara-bg ID CTL SECONDS CAP STDIN LC WRAPPER COMMAND``) through envd's
+-c <boot> capybara-bg ID CTL SECONDS CAP STDIN LC WRAPPER COMMAND``, the text in the
+environment, see the package's docstring) through envd's
 ``Start``; envd keeps it as the command's process (its pid is the command's pid, its
 standard input the command's). Standard library only, Python 3.6 or later; it never
 imports the library.

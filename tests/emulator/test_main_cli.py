@@ -245,3 +245,15 @@ def test_sandboxes_get_default_signals_whatever_the_emulator_inherited(
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_boot_setting_is_refused_in_one_line(command: str) -> None:
+    argv, name = COMMANDS[command]
+    env = {**os.environ, "E2B_EMULATOR_BOOT_TIMEOUT": "soon"}
+    done = subprocess.run([*argv, "--port", "0"], capture_output=True, timeout=60, env=env)
+    assert done.returncode == 1 and done.stdout == b""
+    assert done.stderr == (f"{name}: $E2B_EMULATOR_BOOT_TIMEOUT: not a number of seconds: "
+                           "'soon'\n").encode()
+    done = subprocess.run([*argv, "--boot-timeout", "0"], capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"--boot-timeout: must be a positive number" in done.stderr

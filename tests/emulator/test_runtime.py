@@ -1012,3 +1012,42 @@ def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) ->
     finally:
         asyncio.run(rt.destroy())
     assert rt.host_pids() == []
+
+
+# --- boots measured by progress ------------------------------------------------------------
+
+#: Busy for 2.5 s of wall time (CPU time used: progress), then the stand-in agent.
+_SLOW_STANDIN = (
+    "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 2.5: pass\n" + STANDIN
+)
+#: An agent that never listens and uses no CPU: a boot that makes no progress.
+_STUCK_STANDIN = "import time\ntime.sleep(600)\n"
+
+
+def test_a_boot_that_progresses_waits_past_its_stall_bound(
+    make: Callable[..., SandboxRuntime],
+) -> None:
+    rt = make(agent_argv=[sys.executable, "-E", "-s", "-S", "-c", _SLOW_STANDIN,
+                          runtime.AGENT_SOCKET])
+    asyncio.run(rt.boot(timeout=2.0))  # 2 s in all would fail it; 2 s without progress too
+    assert rt.running and request(rt, "GET", "/health")[0] == 204
+
+
+def test_a_stuck_boot_fails_naming_its_step_in_whole_words(
+    make: Callable[..., SandboxRuntime],
+) -> None:
+    rt = make(agent_argv=[sys.executable, "-E", "-s", "-S", "-c",
+                          "print('agent: ' + 'booting ' * 400, flush=True)\n" + _STUCK_STANDIN,
+                          runtime.AGENT_SOCKET])
+    with pytest.raises(SandboxRuntimeError) as info:
+        asyncio.run(rt.boot(timeout=2.0))
+    text = str(info.value)
+    first, _, rest = text.partition("\n")
+    assert first == (
+        f"sandbox {rt.spec.sandbox_id} did not boot: it made no progress for 2 s while waiting "
+        "for the agent to answer GET /health: no step reached and no CPU time used by its "
+        "processes; its log ends:"
+    )
+    # the log's last line, too long to come whole, comes from a word's start, marked
+    assert rest.startswith("…booting ") and set(rest[1:].split()) == {"booting"}, rest[:80]
+    assert not rt.running and rt.host_pids() == []

@@ -316,7 +316,8 @@ def test_every_command_has_help() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     names: List[str] = list(sub.choices)  # type: ignore[union-attr]
     assert set(names) == {"create", "exec", "start", "logs", "kill", "ps", "cp", "ls", "rm",
-                          "suspend", "resume", "emulator", "forward", "url", "watch", "shell"}
+                          "suspend", "resume", "emulator", "forward", "port-forward", "url",
+                          "watch", "shell"}
     for name in [*names, None]:
         args = [name, "--help"] if name else ["--help"]
         r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
@@ -364,6 +365,8 @@ def test_emulator_command_takes_the_options_of_python_dash_m() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     em = sub.choices["emulator"]  # type: ignore[index]
     ours, theirs = options(em), options(emulator_parser())
+    detach = {o: ours.pop(o) for o in ("-d", "--detach")}  # the command line's own
+    assert detach["-d"] == detach["--detach"]
     assert ours == theirs
     assert {"--api-key", "--state-dir", "--memory-mb", "--cpu-count", "--disk-mb",
             "--max-processes", "--host", "--port", "--log-level"} <= set(ours)

@@ -127,3 +127,22 @@ def test_watch_ends_when_its_directory_goes_and_errors_are_one_line(
     _one_line(run(env, "watch", str(sb.id), "/root"), 1, "may not read the directory /root")
     r = run(env, "watch", str(sb.id), "workspace")
     assert r.returncode == 2 and "absolute" in r.stderr
+
+
+def test_watch_names_the_target_of_a_write_never_its_staging_file(
+    env: Dict[str, str], sb: SandboxHandle, provider: E2BSandboxProvider
+) -> None:
+    with started(env, "watch", str(sb.name), "/workspace/w") as child:
+        assert child.stdout is not None and child.stderr is not None
+        assert "watching /workspace/w" in child.stderr.readline()
+        provider.write_file(sb, "/workspace/w/a.txt", b"hello")
+        assert provider.exec(sb, "touch /workspace/w/last").ok
+        lines = []
+        while not lines or lines[-1] != "create /workspace/w/last":
+            line = child.stdout.readline()
+            assert line, (lines, child.stderr.read())
+            lines.append(line.rstrip("\n"))
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=30)
+    assert lines == ["create /workspace/w/a.txt", "write /workspace/w/a.txt",
+                     "create /workspace/w/last"]

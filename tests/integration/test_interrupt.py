@@ -104,6 +104,25 @@ def test_sigint_kills_remote_command_and_reraises(
     assert left.stdout.strip() == ""
 
 
+def test_a_script_interrupted_in_exec_prints_a_short_traceback(
+    emu, shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:  # type: ignore[no-untyped-def]
+    """The traceback Python prints: the script's line and the library's call, no internal
+    frame (was 60 lines down to ``socket.recv_into``)."""
+    marker = str(time.monotonic_ns())
+    command = f"sleep 4{marker}"
+    with _running_child(emu, shared_provider, sandbox, command, f"[s]leep 4{marker}") as child:
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    assert "child saw KeyboardInterrupt" in out
+    shown = err[err.index("Traceback (most recent call last):"):].rstrip().splitlines()
+    assert len(shown) <= 12, err
+    assert shown[-1] == "KeyboardInterrupt", err
+    files = [line.split(",")[0].strip() for line in shown if line.startswith("  File ")]
+    assert files[0] == 'File "<string>"', err  # the script's own line
+    assert len(files) == 2 and files[1].endswith('e2b_provider/provider.py"'), err
+
+
 def test_second_sigint_abandons_a_hung_cleanup(emu, provider: E2BSandboxProvider) -> None:  # type: ignore[no-untyped-def]
     h = provider.create(unique_name("ki2"))
     try:

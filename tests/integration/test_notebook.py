@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -40,13 +41,13 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
 ) -> None:
     nb = nbformat.read(str(NOTEBOOK), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert len(code) == 8
+    assert len(code) == 9
     monkeypatch.delenv("E2B_API_KEY", raising=False)  # the kernel inherits it: the emulator
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     with client.setup_kernel():
-        setup, live, long_cell, check, term_live, term_long, term_check, cleanup = code
+        setup, live, long_cell, check, term_live, term_long, term_check, shown, cleanup = code
         client.execute_cell(setup, nb.cells.index(setup))
         assert _text(setup).startswith("sandbox i"), setup.outputs
 
@@ -64,8 +65,24 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
                 assert "tick 0\r\ntick 1\r\ntick 2\r\n" in text, term_live.outputs
                 assert text.endswith("exit status 3\n"), term_live.outputs
 
+        client.execute_cell(shown, nb.cells.index(shown))
+        _check_result_display(shown)
+
         client.execute_cell(cleanup, nb.cells.index(cleanup))
         assert _error(cleanup) == []
+
+
+def _check_result_display(cell: Any) -> None:
+    """An ExecResult as a cell's value: its status, then its output as text, the head and
+    the tail of a long one, as plain text and as HTML (not one long repr line)."""
+    (result,) = [o for o in cell.outputs if o.get("output_type") == "execute_result"]
+    text = result["data"]["text/plain"].splitlines()
+    assert text[:4] == ["ExecResult(exit_code=0)", "stdout: 100 lines, 292 characters",
+                        "  1", "  2"], text
+    assert "  … 70 lines not shown (.stdout has them all) …" in text
+    assert text[-3:] == ["  100", "stderr: 1 line, 5 characters", "  done"], text
+    page = result["data"]["text/html"]
+    assert "<pre" in page and "\n100</pre>" in page and "done" in page
 
 
 def _interrupt_once_started(client: NotebookClient, nb: Any, cell: Any) -> None:
@@ -93,6 +110,24 @@ def _interrupt_once_started(client: NotebookClient, nb: Any, cell: Any) -> None:
     assert interrupted_at, "the long command never printed 'started'"
     assert _error(cell) == ["KeyboardInterrupt"], cell.outputs
     assert ended - interrupted_at[0] < 10.0
+    _check_short_traceback(cell)
+
+
+def _check_short_traceback(cell: Any) -> None:
+    """The interrupted cell's traceback, as the notebook shows it: the cell's own line and
+    the library's public call, no internal frame, at most 25 lines, KeyboardInterrupt last."""
+    (error,) = [o for o in cell.outputs if o.get("output_type") == "error"]
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    lines = shown.rstrip("\n").splitlines()
+    assert len(lines) <= 25, shown
+    assert lines[-1].startswith("KeyboardInterrupt"), shown
+    first = cell.source.splitlines()[0]
+    assert re.search(r"^Cell In\[\d+\], line \d+$", shown, re.M), shown
+    assert first in shown, shown  # the cell's own code
+    assert re.search(r"^File .*e2b_provider/(provider|commands/terminal_handle)\.py:", shown,
+                     re.M), shown
+    for internal in ("run_engine", "envd_streams", "transport", "urllib3", "socket.py"):
+        assert internal not in shown, shown
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,10 @@ def test_ctrl_c_interrupts_the_loop_and_ends_the_watch(
             child.kill()
             child.wait()
     assert out.strip() == "interrupted" and "KeyboardInterrupt" in err, err
+    # a short traceback: the loop's line and the watch's, not the stream's internals
+    shown = err[err.index("Traceback (most recent call last):"):].rstrip().splitlines()
+    assert len(shown) <= 12 and shown[-1] == "KeyboardInterrupt", err
+    assert "envd_streams" not in err and "socket" not in err, err
     wait_until(lambda: watches_on(emu, p, h, d) == 0, 10, "the watch to be removed")
 
 
@@ -488,3 +492,48 @@ def test_a_sandbox_paused_or_deleted_under_a_watch_says_so(emu: Any, what: str) 
             assert h.id in str(errors[0])
         finally:
             p.destroy(h)
+
+
+# -- the library's own files -------------------------------------------------------------------
+
+
+def test_writes_through_the_library_name_only_their_targets(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle, d: str, tmp_path: Any
+) -> None:
+    """Every write goes through a staging file beside its target, renamed onto it: the
+    watch names the target (create, then write, as for a direct write), never the staging
+    file; an upload's staging directory and a command's control files are hidden too."""
+    p, h = shared_provider, sandbox
+    sh(p, h, f"echo old > {d}/old.txt")
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f.txt").write_text("f")
+    with p.watch(h, d, recursive=True, timeout=60) as events:
+        p.write_file(h, f"{d}/new.txt", b"hello")  # small: the file agent
+        p.write_file(h, f"{d}/old.txt", b"x" * (3 << 20))  # large: streamed
+        p.upload(h, str(tree), f"{d}/tree")
+        sh(p, h, f"touch {d}/last")
+        got = until(events, ("create", f"{d}/last"))
+    assert [e for e in got if ".capybara" in e.path] == []
+    seen = pairs(got)
+    assert seen[:2] == [("create", f"{d}/new.txt"), ("write", f"{d}/new.txt")]
+    at = seen.index(("create", f"{d}/old.txt"))
+    assert seen[at + 1] == ("write", f"{d}/old.txt")
+    assert ("create", f"{d}/tree") in seen
+    assert {path for _, path in seen} <= {f"{d}/new.txt", f"{d}/old.txt", f"{d}/last",
+                                          f"{d}/tree", f"{d}/tree/sub",
+                                          f"{d}/tree/sub/f.txt"}
+
+
+def test_a_watch_of_tmp_does_not_show_the_commands_control_files(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
+) -> None:
+    p, h = shared_provider, sandbox
+    last = f"/tmp/last-{uuid.uuid4().hex[:8]}"
+    with p.watch(h, "/tmp", timeout=60) as events:
+        sh(p, h, "true")
+        p.write_file(h, "/tmp/x.txt", b"x")
+        sh(p, h, f"touch {last}")
+        got = until(events, ("create", last))
+    assert [e for e in got if ".capybara" in e.path] == [], pairs(got)
+    assert ("create", "/tmp/x.txt") in pairs(got)

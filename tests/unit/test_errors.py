@@ -83,7 +83,7 @@ def test_http_error_keeps_fields_and_cuts_message() -> None:
     assert err.status == 409 and err.code == 409
     assert err.error_code == "sandbox_snapshot_guest_agent_unresponsive"
     assert err.operation == "POST /v2/sandboxes/abc/connect"
-    assert err.message == "x" * 300
+    assert err.message == "x" * 299 + "…"  # one word: cut inside it, marked
     text = str(err)
     assert "HTTP 409" in text and "POST /v2/sandboxes/abc/connect" in text
     assert "x" * 301 not in text
@@ -94,9 +94,9 @@ def test_http_error_keeps_fields_and_cuts_message() -> None:
 
 def test_remote_and_command_errors_cut_their_text() -> None:
     r = e.RemoteError("deadline_exceeded", "y" * 1000)
-    assert r.code == "deadline_exceeded" and r.message == "y" * 300
+    assert r.code == "deadline_exceeded" and r.message == "y" * 299 + "…"
     c = e.CommandFailed("cannot read /x", exit_code=2, stderr="  " + "z" * 2000 + "\n")
-    assert c.exit_code == 2 and c.stderr == "z" * 500
+    assert c.exit_code == 2 and c.stderr == "z" * 499 + "…"
     assert str(c).startswith("cannot read /x: zzz")
 
 
@@ -335,3 +335,12 @@ def test_unowned_secrets_are_kept() -> None:
     e.register_secret(value)
     gc.collect()
     assert e.redact(value) == "***"
+
+
+def test_a_long_server_message_is_cut_after_a_whole_word() -> None:
+    text = ("sandbox boot failed: sandbox abc did not boot: it made no progress for 30 s while "
+            "waiting for the agent to answer GET /health; its log ends:\n" + "booting " * 100)
+    err = e.E2BHttpError(500, text, 500, operation="POST /v2/sandboxes")
+    assert len(err.message) <= e.MAX_MESSAGE_CHARS and err.message.endswith("booting…")
+    assert text.startswith(err.message[:-1])
+    assert str(err).count("booting…") == 1

@@ -37,12 +37,13 @@ LAYERS: Dict[str, int] = {
     "commands": 7,
     "files": 7,
     "ports": 7,
+    "interpreter": 7,
     "provider": 8,
     "extension": 9,
     "cli": 9,
     "__main__": 10,
 }
-RESOURCES = ("sandboxes", "commands", "files", "ports")
+RESOURCES = ("sandboxes", "commands", "files", "ports", "interpreter")
 #: The one module allowed above 600 lines of code: it is sent whole into sandboxes.
 LARGE_ALLOWED = {f"{PKG}.sandbox_side.file_agent"}
 MAX_CODE_LINES = 600

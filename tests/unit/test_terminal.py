@@ -17,6 +17,8 @@ import pytest
 
 from e2b_provider.commands.terminal_wrapper import (
     DEFAULT_TERM,
+    LEFTOVERS_VAR,
+    TERMINAL_LEFTOVERS,
     TERMINAL_WRAPPER,
     is_terminal_id,
     parse_terminal_id,
@@ -43,7 +45,9 @@ def test_a_terminal_id_names_its_pid_and_control_path() -> None:
 def test_the_environment_has_term_unless_given_and_always_the_marker() -> None:
     ctl = scripts.control_path()
     env = terminal_env({"HOME": "/workspace", scripts.EXEC_MARKER: "mine"}, ctl)
-    assert env == {"TERM": DEFAULT_TERM, "HOME": "/workspace", scripts.EXEC_MARKER: ctl}
+    assert env == {"TERM": DEFAULT_TERM, "HOME": "/workspace", scripts.EXEC_MARKER: ctl,
+                   LEFTOVERS_VAR: TERMINAL_LEFTOVERS}
+    assert terminal_env({LEFTOVERS_VAR: "mine"}, ctl)[LEFTOVERS_VAR] == TERMINAL_LEFTOVERS
     assert terminal_env({"TERM": "vt100"}, ctl)["TERM"] == "vt100"
 
 
@@ -59,8 +63,8 @@ def run_wrapper(ctl: str, command: str, keys: Sequence[Tuple[float, bytes]] = ()
         for sig in (signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_DFL)
         os.execve("/bin/sh", ["/bin/sh", "-c", TERMINAL_WRAPPER, "capybara-exec", ctl, command],
-                  env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": "root",
-                          "HOME": "/root"})
+                  {**(env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": "root",
+                              "HOME": "/root"}), LEFTOVERS_VAR: TERMINAL_LEFTOVERS})
     out = b""
     pending: List[Tuple[float, bytes]] = list(keys)
     deadline = time.monotonic() + 30

@@ -26,6 +26,8 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 from aiohttp import web
 
+from ..runtime.boot_wait import BOOT_LIMIT_FACTOR, BOOT_STALL_SECONDS
+from .boot_slots import BootSlots, default_max_boots
 from .errors import BadRequest
 from .faults import FaultRegistry
 from .logs import KilledLogs
@@ -74,7 +76,10 @@ class SandboxHost:
         runtime_module: the module providing ``SandboxSpec`` and ``SandboxRuntime``; defaults
             to :mod:`e2b_provider.emulator.runtime`.
         domain: the ``domain`` reported to clients.
-        boot_timeout: seconds a sandbox may take to boot.
+        boot_timeout: seconds a sandbox's boot may go without progress (it may take
+            ``BOOT_LIMIT_FACTOR`` times that in all while it progresses).
+        max_boots: boots at once (default: the host's CPUs, at least 2); more creates wait
+            for a slot (at most the whole-boot bound).
         resources: CPU, memory, disk and process limits of every sandbox (the template's).
     """
 
@@ -85,8 +90,9 @@ class SandboxHost:
         state_dir: str,
         runtime_module: Any = None,
         domain: str = DEFAULT_DOMAIN,
-        boot_timeout: float = 30.0,
+        boot_timeout: float = BOOT_STALL_SECONDS,
         resources: Optional[TemplateResources] = None,
+        max_boots: Optional[int] = None,
     ) -> None:
         if runtime_module is None:
             runtime_module = importlib.import_module("..runtime", __package__)
@@ -94,7 +100,10 @@ class SandboxHost:
         self._api_key = api_key.encode()
         self.state_dir = state_dir
         self.domain = domain
+        if not boot_timeout > 0:
+            raise ValueError(f"boot_timeout must be positive, not {boot_timeout!r}")
         self.boot_timeout = boot_timeout
+        self.boot_slots = BootSlots(default_max_boots() if max_boots is None else max_boots)
         self.resources = resources if resources is not None else TemplateResources()
         self.records: Dict[str, SandboxRecord] = {}
         self.templates = TemplateStore()
@@ -218,10 +227,19 @@ class SandboxHost:
             self._booting.discard(runtime)
         return rec
 
+    async def _boot(self, runtime: Any) -> None:
+        """Boot ``runtime`` in a boot slot (see :mod:`.boot_slots`).
+
+        Raises:
+            NoBootSlot: none came free within the whole-boot bound.
+        """
+        async with self.boot_slots.slot(self.boot_timeout * BOOT_LIMIT_FACTOR):
+            await runtime.boot(timeout=self.boot_timeout)
+
     async def _boot_new(self, sandbox_id: str, runtime: Any, req: CreateRequest) -> SandboxRecord:
         """Boot a new runtime and send envd's ``/init``; destroy it again on any failure."""
         try:
-            await runtime.boot(timeout=self.boot_timeout)
+            await self._boot(runtime)
         except asyncio.CancelledError:
             await asyncio.shield(self._destroy_runtime(runtime))
             raise
@@ -470,7 +488,7 @@ class SandboxHost:
             await runtime.halt()
         self.faults.clear_sandbox(rec.sandbox_id)
         try:
-            await runtime.boot(timeout=self.boot_timeout)
+            await self._boot(runtime)
             await self.proxy.init(rec)
         except Exception as exc:
             log.warning("cold boot of %s failed: %s", rec.sandbox_id, exc)

@@ -57,6 +57,7 @@ import attrs
 
 from . import disk, linux, ports
 from .boot_files import default_agent_argv, package_dir, write_boot_files
+from .boot_wait import BOOT_STALL_SECONDS, BootProgress, failure_message
 from .cgroups import SandboxCgroups
 from .errors import SandboxRuntimeError
 from .init_launch import init_argv, log_tail, start_init
@@ -382,18 +383,21 @@ class SandboxRuntime:
             if writer is not None:
                 writer.close()
 
-    async def boot(self, timeout: float = 30.0) -> None:
+    async def boot(self, timeout: float = BOOT_STALL_SECONDS) -> None:
         """Cold-boot the sandbox (keeping the files of earlier boots) and wait for its agent.
 
-        Returns when the agent answers ``GET /health`` on :attr:`envd_socket`.
+        Returns when the agent answers ``GET /health`` on :attr:`envd_socket`. The wait is
+        measured by progress (see :mod:`.boot_wait`): a boot fails after ``timeout`` seconds
+        without progress, or after ``BOOT_LIMIT_FACTOR`` times that in all.
 
         Args:
-            timeout: seconds to wait for the agent.
+            timeout: seconds the boot may go without progress.
 
         Raises:
             IsolationUnavailable: the host cannot isolate sandboxes.
             SandboxRuntimeError: already running, PID 1 failed, or no healthy agent in time
-                (the sandbox is halted again; the message ends with its log).
+                (the sandbox is halted again; the message names the step and why, and ends
+                with the last whole lines of its log).
         """
         async with self._guard():
             if self.running:
@@ -402,11 +406,10 @@ class SandboxRuntime:
             await self._halt_locked()  # leftovers of a PID 1 that died by itself
             self._rootless = os.geteuid() != 0
             t0 = time.monotonic()
-            deadline = t0 + timeout
             try:
                 await self._prepare_disk()
                 self._spawn(self._prepare())
-                await self._wait_ready(deadline)
+                await self._wait_ready(BootProgress(stall=timeout, started=time.monotonic()))
             except BaseException:
                 await self._halt_locked()
                 raise
@@ -438,27 +441,45 @@ class SandboxRuntime:
                 ", ".join(missing),
             )
 
-    async def _wait_ready(self, deadline: float) -> None:
+    def _cpu_usec(self) -> Optional[int]:
+        """CPU time the sandbox's processes used so far (its cgroups', else ``/proc``'s)."""
+        cg = self._cgroups
+        dirs = ([cg.control] if cg.control else []) + list(cg.extra)
+        try:
+            return read_usage(dirs, self.host_pids(), []).cpu_usec
+        except OSError:
+            return None
+
+    async def _wait_ready(self, progress: BootProgress) -> None:
         assert self._proc is not None
         delay = 0.002
+        measured = progress.started
         while True:
+            now = time.monotonic()
             if self._init_pid is None:
                 self._init_pid = self._find_init()
                 if self._init_pid is not None:
                     self._pid_ns = linux.namespace_id(self._init_pid, "pid")
             if self._proc.poll() is not None:
                 self._drain_log()
+                raise SandboxRuntimeError(failure_message(
+                    self.spec.sandbox_id,
+                    f"PID 1 exited with status {self._proc.returncode}", self.log_tail(),
+                ))
+            if self._init_pid is not None:
+                progress.reached(1, now)
+                if os.path.exists(self.envd_socket):
+                    progress.reached(2, now)
+                    if await self._healthy(min(1.0, max(0.05, progress.next_check(now)))):
+                        return
+            now = time.monotonic()
+            if now - measured >= 0.5:  # the CPU time: progress while no step is reached
+                measured = now
+                progress.used_cpu(self._cpu_usec(), now)
+            why = progress.why_stop(now)
+            if why is not None:
                 raise SandboxRuntimeError(
-                    f"sandbox {self.spec.sandbox_id} failed to boot "
-                    f"(PID 1 exited with {self._proc.returncode}):\n{self.log_tail()}"
-                )
-            remaining = deadline - time.monotonic()
-            if self._init_pid is not None and os.path.exists(self.envd_socket):
-                if await self._healthy(min(1.0, max(0.05, remaining))):
-                    return
-            if time.monotonic() >= deadline:
-                raise SandboxRuntimeError(
-                    f"sandbox {self.spec.sandbox_id}: agent not healthy in time:\n{self.log_tail()}"
+                    failure_message(self.spec.sandbox_id, why, self.log_tail())
                 )
             await asyncio.sleep(delay)
             delay = min(0.02, delay * 1.5)
