@@ -1,19 +1,21 @@
 """e2b-provider: run agent workloads in E2B sandboxes from blocking Python code.
 
 Public names are re-exported here; nothing else lives in this module. They are imported on
-first use (PEP 562), so ``import e2b_provider.cli.entry`` (the command line) starts without loading
-the whole library first, and a Ctrl-C during start-up stays a one-line message.
+first use (PEP 562), ``__version__`` too, so ``import e2b_provider.cli.entry`` (the command
+line) starts without loading the whole library first, and a Ctrl-C during start-up stays a
+one-line message: this module imports nothing when it runs (no ``typing``, not even
+``__future__``), so no import of its own can take that Ctrl-C outside the command line's
+handling of it.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any, Dict, List
-
-from ._version import __version__ as __version__
+#: False when the module runs; True for type checkers (which read the imports below).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     # ``X as X``: each name is re-exported explicitly (``__all__`` is built from ``_HOMES``).
+    from typing import Any, Dict, List
+
+    from ._version import __version__ as __version__
     from .cancel import CancelReason as CancelReason
     from .cancel import CancelToken as CancelToken
     from .cancel import Deadline as Deadline
@@ -60,7 +62,7 @@ if TYPE_CHECKING:
     from .provider import E2BSandboxProvider as E2BSandboxProvider
 
 #: Public name -> the module that defines it.
-_HOMES: Dict[str, str] = {
+_HOMES: "Dict[str, str]" = {
     "AuthenticationError": ".errors",
     "CancelReason": ".cancel",
     "CancelToken": ".cancel",
@@ -105,20 +107,23 @@ _HOMES: Dict[str, str] = {
     "TransportTimeout": ".errors",
     "UnsafePath": ".errors",
     "Watch": ".files.watch",
+    "__version__": "._version",
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(home, __name__), name)
     globals()[name] = value
     return value
 
 
-def __dir__() -> List[str]:
+def __dir__() -> "List[str]":
     return sorted(set(globals()) | set(_HOMES))
 
 
-__all__ = [*_HOMES, "__version__"]
+__all__ = [*_HOMES]

@@ -46,6 +46,7 @@ from .commands.shell import Commands, read_stdin_source
 from .commands.terminal_handle import Terminal
 from .commands.terminal_wrapper import TERMINAL_ID_PREFIX, is_terminal_id
 from .commands.terminals import Terminals
+from .commands.users import check_user
 from .config import DeploymentConfig
 from .core.calls import Calls
 from .core.context import ProviderContext, checked_bounds
@@ -462,8 +463,10 @@ class E2BSandboxProvider:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         stdin: Union[bytes, str, BinaryIO, None] = None,
+        user: str = "sandbox",
     ) -> ExecResult:
-        """Run a shell command (``/bin/bash -c``) in the sandbox as user ``sandbox``.
+        """Run a shell command (``/bin/bash -c``) in the sandbox as user ``sandbox`` (or
+        ``root``).
 
         The command runs in its own session under ``timeout -s KILL``, with
         ``HOME=/workspace`` and ``LANG=C.UTF-8`` (``env`` adds or overrides variables), and
@@ -516,6 +519,13 @@ class E2BSandboxProvider:
                 process's own standard input, say) pass an unbuffered reader such as
                 ``open(0, "rb", buffering=0, closefd=False)``: Python cannot exit while a
                 daemon thread is blocked in a buffered reader (``sys.stdin.buffer``).
+            user: who the command runs as: ``"sandbox"`` (default) or ``"root"`` (for
+                ``apt-get install``, say; envd's ``Start`` as that user, as E2B's
+                ``commands.run(user=...)``). Files a root command writes are root's; the
+                file calls of this provider stay the sandbox user's. Its timeout, cancel
+                and Ctrl-C stop its tree as for any command (its kill runs as root);
+                :meth:`kill_all` and :meth:`kill_tagged` do not reach it (they run as the
+                sandbox user), its in-sandbox timeout and a reboot do.
 
         Returns:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.
@@ -544,6 +554,7 @@ class E2BSandboxProvider:
         run_env = ca.exec_env(
             command, timeout, max_output_bytes, cwd, env, tag, on_stdout, on_stderr
         )
+        check_user(user)
         read_stdin = read_stdin_source(stdin) if stdin is not None else None
         v.check_cancel(cancel)
         began = time.monotonic()
@@ -555,7 +566,7 @@ class E2BSandboxProvider:
         run = functools.partial(
             self._commands.exec, sid, command, timeout=timeout,
             max_output_bytes=max_output_bytes, cwd=cwd, env=run_env, tag=tag, cancel=cancel,
-            on_stdout=on_stdout, on_stderr=on_stderr, stdin=read_stdin,
+            on_stdout=on_stdout, on_stderr=on_stderr, stdin=read_stdin, user=user,
         )
         # no sid to doing(): starting() already looks the sandbox up once when the stream breaks
         with self._calls.doing(doing, lost), self._calls.starting(doing, sid, began, cancel):
@@ -575,6 +586,7 @@ class E2BSandboxProvider:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         stdin: bool = False,
         cancel: Optional[CancelToken] = None,
+        user: str = "sandbox",
     ) -> Command:
         """Start a shell command in the background and return at once with its handle.
 
@@ -604,18 +616,27 @@ class E2BSandboxProvider:
             stdin: give it a standard input to write to (:meth:`Command.send_stdin`);
                 otherwise it reads ``/dev/null``.
             cancel: stops the start (not the command once it runs).
+            user: who the command runs as: only ``"sandbox"`` (default) for now. Its
+                supervisor keeps the record in the sandbox user's own directory, where a
+                root process must not write; run root's work with ``exec(user="root")``.
 
         Returns:
             The :class:`~e2b_provider.Command`, once the command runs.
 
         Raises:
-            InvalidArgument: bad arguments (before any I/O).
+            InvalidArgument: bad arguments (before any I/O), also ``user="root"``.
             CommandFailed: the supervisor could not start (the records' directory is not
                 the sandbox user's own, say).
             Cancelled, SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
         """
         sid = self._calls.open_sandbox(sandbox)
         run_env = ca.start_env(command, timeout, max_output_bytes, cwd, env, tag, stdin)
+        if check_user(user) != "sandbox":
+            raise InvalidArgument(
+                "background commands run as user 'sandbox' only: their supervisor keeps "
+                "the record in that user's own directory; run root's work with "
+                "exec(user='root')"
+            )
         v.check_cancel(cancel)
         doing = f"starting a background command in sandbox {sid}"
         with self._calls.doing(
@@ -670,11 +691,12 @@ class E2BSandboxProvider:
         env: Optional[Mapping[str, str]] = None,
         timeout: Optional[float] = None,
         cancel: Optional[CancelToken] = None,
+        user: str = "sandbox",
     ) -> Terminal:
         """Open an interactive terminal in the sandbox: a program on a pty, as
         ``docker exec -it`` gives one.
 
-        It runs as user ``sandbox`` with the environment ``exec`` gives a command
+        It runs as user ``sandbox`` (or ``user``) with the environment ``exec`` gives a command
         (``HOME=/workspace``, ``LANG=C.UTF-8``, ``env`` on top, the exec marker) and
         ``TERM=xterm-256color`` unless ``env`` sets one, in a session of its own whose
         controlling terminal is the pty (``cols`` x ``rows``). ``command=None`` runs the
@@ -700,6 +722,8 @@ class E2BSandboxProvider:
                 tree); :attr:`~e2b_provider.Terminal.timed_out` says so.
             cancel: kills the terminal's tree when it fires, from any thread; the
                 terminal's calls then raise :class:`~e2b_provider.Cancelled`.
+            user: who the program runs as: ``"sandbox"`` (default) or ``"root"`` (whose
+                login shell it then is), as for :meth:`exec`.
 
         Returns:
             The :class:`~e2b_provider.Terminal` (a context manager).
@@ -714,6 +738,7 @@ class E2BSandboxProvider:
         """
         sid = self._calls.open_sandbox(sandbox)
         run_env = ca.terminal_env(command, cols, rows, timeout, cwd, env)
+        check_user(user)
         v.check_cancel(cancel)
         doing = f"opening a terminal in sandbox {sid}"
         with self._calls.doing(
@@ -721,7 +746,7 @@ class E2BSandboxProvider:
         ), self._calls.starting(doing):
             return self._terminals.open(
                 sid, command, cols=cols, rows=rows, cwd=cwd, env=run_env,
-                timeout=timeout, cancel=cancel,
+                timeout=timeout, cancel=cancel, user=user,
             )
 
     def commands(

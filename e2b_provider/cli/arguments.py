@@ -66,9 +66,12 @@ def _command(sub: Any, name: str, handler: str, *, sandbox: bool, **texts: str
 
 
 def _add_command_words(cmd: argparse.ArgumentParser) -> None:
-    """The words after ``--`` of ``exec`` and ``start``."""
+    """The words after SANDBOX of ``exec`` and ``start``
+    (:func:`~.command_words.split_command` takes them off before parsing: only the help
+    shows them here)."""
     cmd.add_argument("command", nargs="*", metavar="CMD [ARG...]",
-                     help="after --: one shell command line, or a command and its arguments")
+                     help="everything after SANDBOX: one word is a shell command line, "
+                     "several are a command and its arguments")
 
 
 def _add_command_id(cmd: argparse.ArgumentParser) -> None:
@@ -77,11 +80,17 @@ def _add_command_id(cmd: argparse.ArgumentParser) -> None:
                      "32 hex digits after the ':')")
 
 
-def _add_cwd_and_env(cmd: argparse.ArgumentParser) -> None:
-    """The options of a command that runs something in the sandbox: ``--cwd``, ``--env``."""
-    cmd.add_argument("--cwd", default=None, help="working directory (default /workspace)")
-    cmd.add_argument("--env", action="append", default=[], metavar="K=V",
+def _add_cwd_and_env(cmd: argparse.ArgumentParser, *, user: bool = True) -> None:
+    """The options of a command that runs something in the sandbox, with docker's short
+    forms: ``-w/--cwd``, ``-e/--env``, and ``-u/--user`` unless ``user`` is False."""
+    cmd.add_argument("-w", "--cwd", "--workdir", dest="cwd", default=None, metavar="DIR",
+                     help="working directory (default /workspace)")
+    cmd.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
                      help="an environment variable (repeatable)")
+    if user:
+        cmd.add_argument("-u", "--user", choices=("sandbox", "root"), default="sandbox",
+                         help="run as this user: sandbox (default) or root (apt-get "
+                         "install, say)")
 
 
 def _port_type(text: str) -> int:
@@ -174,13 +183,16 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
 
     e = _command(
         sub, "exec", "commands.cmd_exec", sandbox=True,
+        usage=f"{PROG} exec [OPTIONS] SANDBOX [CMD [ARG...]]",
         help="run a command, output streamed live (-it: on a terminal, as docker exec -it)",
-        description="Run a command in the sandbox as user sandbox, streaming its output. "
-        "After --, one word is a shell command line, run by bash -c (-- 'make && ./run'); "
-        "several words are the command and its arguments, each passed unchanged (-- python3 "
-        "-c 'print(1)'), as docker exec does. When our standard input is not a terminal "
-        "(a pipe, a file), the command reads it, e.g. 'echo hi | e2b-provider exec SB -- "
-        "cat'; on a terminal it reads nothing "
+        description="Run a command in the sandbox as user sandbox (-u root: as root), "
+        "streaming its output. As docker exec: the options come before SANDBOX, and "
+        "everything after SANDBOX is the command ('exec SB ls -l /workspace'; a -- there "
+        "is taken too: 'exec SB -- ls -l'). One word is a shell command line, run by bash "
+        "-c ('make && ./run'); several words are the command and its arguments, each "
+        "passed unchanged (python3 -c 'print(1)'). When our standard input is not a "
+        "terminal (a pipe, a file), the command reads it, e.g. 'echo hi | e2b-provider "
+        "exec SB cat'; on a terminal it reads nothing "
         "(</dev/null) unless -i is given. Exits with the command's status; 124 if it timed "
         "out; 130 on Ctrl-C, after the remote command was killed. With -it the command "
         "(without one: the login shell) runs on a terminal in the sandbox and ours is "
@@ -212,18 +224,20 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     sh = _command(
         sub, "shell", "commands.cmd_shell", sandbox=True,
         help="open the sandbox user's login shell on a terminal (as exec -it)",
-        description="Open the login shell of user sandbox on a terminal in the sandbox, "
-        "ours attached in raw mode, as 'docker exec -it C bash' or 'kubectl exec -it P -- "
-        "bash'; the same as 'exec -it SANDBOX'. Exits with the shell's status.",
+        description="Open the login shell of user sandbox (-u root: root's) on a terminal "
+        "in the sandbox, ours attached in raw mode, as 'docker exec -it C bash' or 'kubectl "
+        "exec -it P -- bash'; the same as 'exec -it SANDBOX'. Exits with the shell's status.",
     )
     _add_cwd_and_env(sh)
 
     st = _command(
         sub, "start", "commands.cmd_start", sandbox=True,
+        usage=f"{PROG} start [OPTIONS] SANDBOX CMD [ARG...]",
         help="start a command in the background and print its id",
         description="Start a command in the sandbox in the background, as user sandbox, "
-        "and print its id. After --, as for exec: one word is a shell command line, run by "
-        "bash -c; several words are the command and its arguments, each passed unchanged. "
+        "and print its id. As for exec: the options come before SANDBOX, everything after "
+        "it is the command (a -- there is taken too); one word is a shell command line, run "
+        "by bash -c; several words are the command and its arguments, each passed unchanged. "
         "It runs on after we exit; the sandbox keeps the last --max-output-bytes of its "
         "stdout and of its stderr, and its exit status: see logs, ps and kill. It reads "
         "nothing on its standard input.",
@@ -234,7 +248,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         default=None,
         help="seconds before the command is killed (default: none, it runs until it ends)",
     )
-    _add_cwd_and_env(st)
+    _add_cwd_and_env(st, user=False)
     st.add_argument("--tag", default=None, help="a tag, shown by ps")
     st.add_argument(
         "--max-output-bytes",

@@ -44,6 +44,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
             on_stdout=writer(sys.stdout),
             on_stderr=writer(sys.stderr),
             stdin=our_stdin(even_a_terminal=args.interactive),
+            user=args.user,
         )
     if r.truncated:
         print(f"{PROG}: output past {args.max_output_bytes} bytes was dropped", file=sys.stderr)

@@ -26,11 +26,12 @@ Commands::
 
     e2b-provider create NAME [--replace] [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
                              [--allow-host HOST]...
-    e2b-provider exec SANDBOX [-i] [-t] [--timeout S] [--cwd DIR] [--env K=V]... [-- CMD [ARG...]]
-                             (our stdin goes to CMD unless it is a terminal, or with -i)
-    e2b-provider shell SANDBOX [--cwd DIR] [--env K=V]...   (as exec -it: the login shell)
-    e2b-provider start SANDBOX [--timeout S] [--cwd DIR] [--env K=V]... [--tag T]
-                              [--max-output-bytes N] -- CMD [ARG...]
+    e2b-provider exec [-i] [-t] [--timeout S] [-w DIR] [-e K=V]... [-u USER] SANDBOX [CMD [ARG...]]
+                             (as docker exec: every word after SANDBOX is the command;
+                             our stdin goes to CMD unless it is a terminal, or with -i)
+    e2b-provider shell [-w DIR] [-e K=V]... [-u USER] SANDBOX   (as exec -it: the login shell)
+    e2b-provider start [--timeout S] [-w DIR] [-e K=V]... [--tag T] [--max-output-bytes N]
+                       SANDBOX CMD [ARG...]
     e2b-provider logs [-f] [--tail N] SANDBOX ID
     e2b-provider kill SANDBOX ID
     e2b-provider ps [--no-trunc] SANDBOX
@@ -50,8 +51,8 @@ Commands::
                           [--log-level LEVEL] ...  (as python -m e2b_provider.emulator)
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: it imports ``__future__`` before the ``try``
+# below could take a Ctrl-C; the annotations here name what the ``try`` imported.
 import sys
 
 try:
@@ -59,6 +60,7 @@ try:
     from typing import List, Optional, Sequence
 
     from .arguments import parser
+    from .command_words import split_command
     from .exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMED_OUT, EXIT_USAGE, PROG, UsageError
 except KeyboardInterrupt:  # Ctrl-C while the command line starts: one line, no traceback
     sys.stderr.write("e2b-provider: interrupted\n")
@@ -98,17 +100,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(words: List[str]) -> int:
-    tail: Optional[List[str]] = None
-    if "--" in words:
-        # argparse's sub-commands do not pass "--" on: split it off here.
-        i = words.index("--")
-        words, tail = words[:i], words[i + 1 :]
     p = parser(emulator_options="emulator" in words)
+    command = split_command(p, words)  # exec's and start's: every word after SANDBOX
+    if command is None and "--" in words:
+        p.error("only exec and start take a command (after SANDBOX)")
     args = p.parse_args(words)
-    if tail is not None:
-        if args.cmd not in ("exec", "start"):
-            p.error("only exec and start take a command after --")
-        args.command = [*args.command, *tail]
+    if command is not None:
+        args.command = command
     from ..errors import E2BProviderError, InvalidArgument
 
     try:

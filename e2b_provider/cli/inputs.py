@@ -1,10 +1,11 @@
-"""What the words of a command become: ``--env KEY=VALUE`` pairs, the command after ``--``,
+"""What the words of a command become: ``--env KEY=VALUE`` pairs, the command after SANDBOX,
 ``SANDBOX:/path``, and our standard input for a command.
 
-``exec`` and ``start`` take the command after ``--``, as ``docker exec`` does: one word is a
-shell command line (``-- 'make && ./run'``), run by ``bash -c``; several words are the
-command's argument vector, each reaching it unchanged (``-- python3 -c 'print(1)'``): they are
-quoted with :func:`shlex.join` for ``bash -c``.
+``exec`` and ``start`` take the command after SANDBOX, as ``docker exec`` does
+(:mod:`.command_words` splits it off): one word is a shell command line (``'make &&
+./run'``), run by ``bash -c``; several words are the command's argument vector, each
+reaching it unchanged (``python3 -c 'print(1)'``): they are quoted with :func:`shlex.join`
+for ``bash -c``.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ def env_vars(items: Sequence[str]) -> Dict[str, str]:
 
 
 def command_line(argv: Sequence[str], cmd: str) -> str:
-    """The line ``bash -c`` runs for the words after ``--``: one word is a shell command
+    """The line ``bash -c`` runs for the words after SANDBOX: one word is a shell command
     line, taken as it is; several are an argument vector, quoted so that each word reaches
     the command unchanged (as ``docker exec`` and ``kubectl exec`` pass them)."""
     if not argv:
-        raise UsageError(f"{cmd} needs a command after --")
+        raise UsageError(f"{cmd} needs a command after SANDBOX")
     if len(argv) == 1:
         return argv[0]
     return shlex.join(argv)

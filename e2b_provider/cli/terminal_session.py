@@ -120,7 +120,7 @@ def run_terminal(args: argparse.Namespace, command: Optional[str], *, interactiv
         cols, rows = _window((fd_out, fd_in))
         sys.stdout.flush()
         term = p.terminal(h, command, cols=cols, rows=rows, cwd=args.cwd, env=env or None,
-                          timeout=getattr(args, "timeout", None))
+                          timeout=getattr(args, "timeout", None), user=args.user)
         try:
             with _signals() as (wake, got), _raw(fd_in, interactive):
                 code = _session(term, fd_in, fd_out, wake, got, interactive)

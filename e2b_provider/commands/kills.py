@@ -57,6 +57,7 @@ from ..core.run_engine import run_process
 from ..errors import E2BProviderError
 from ..models import Target
 from ..protocol import scripts as scripts
+from .users import ROOT_KILL_BATCH_SCRIPT
 
 __all__ = ["KILL_WAIT_CAP_SECONDS", "KillBatcher"]
 
@@ -72,7 +73,7 @@ SIGNAL_TIMEOUT_SECONDS = 5.0
 #: ``t`` (monotonic clock).
 RebootedSince = Callable[[str, float], bool]
 
-_Key = Tuple[str, str, str]
+_Key = Tuple[str, str, str, str]
 
 
 @attrs.define(eq=False)
@@ -87,6 +88,8 @@ class _Kill:
     future: concurrent.futures.Future[Optional[bool]]
     #: Signal the pid only while envd lists it with ``ctl`` as its tag (see the module).
     confirm: bool = False
+    #: The user the command runs as: its kill script runs as that user.
+    user: str = scripts.SANDBOX_USER
 
 
 @attrs.define(eq=False)
@@ -94,6 +97,7 @@ class _Queue:
     """The kills of one sandbox that no batch has taken yet."""
 
     target: Target
+    user: str
     kills: List[_Kill] = attrs.field(factory=list)
 
 
@@ -105,8 +109,8 @@ class _Answers:
     watchers: int = 0
 
 
-def _key(target: Target) -> _Key:
-    return (target.sandbox_id, target.url, target.access_token)
+def _key(target: Target, user: str) -> _Key:
+    return (target.sandbox_id, target.url, target.access_token, user)
 
 
 class _Bound:
@@ -220,6 +224,7 @@ class KillBatcher:
         running: Callable[[], Optional[int]],
         *,
         confirm: bool = False,
+        user: str = scripts.SANDBOX_USER,
     ) -> concurrent.futures.Future[Optional[bool]]:
         """Queue the kill of the exec with control path ``ctl``; never blocks.
 
@@ -233,18 +238,21 @@ class KillBatcher:
             confirm: ``running`` may give the pid of a process that has ended (a terminal
                 whose end was not read): signal it only while envd lists it with ``ctl`` as
                 its tag.
+            user: the user the command runs as (``"root"``: the kill runs as root, by
+                :data:`~e2b_provider.commands.users.ROOT_KILL_BATCH_SCRIPT`; the kills of
+                each user are batched apart).
 
         Returns:
             A future with the verdict (see the module's docstring).
         """
         fut: concurrent.futures.Future[Optional[bool]] = concurrent.futures.Future()
-        key = _key(target)
+        key = _key(target, user)
         with self._lock:
             queue = self._queues.get(key)
             idle = queue is None
             if queue is None:
-                queue = self._queues[key] = _Queue(target)
-            queue.kills.append(_Kill(ctl, began, bound, running, fut, confirm))
+                queue = self._queues[key] = _Queue(target, user)
+            queue.kills.append(_Kill(ctl, began, bound, running, fut, confirm, user))
         if idle:
             self._schedule(key)
         return fut
@@ -265,7 +273,7 @@ class KillBatcher:
             del queue.kills[: scripts.KILL_BATCH_MAX]
             target = queue.target
         try:
-            self._run(target, batch)
+            self._run(target, batch, queue.user)
         except BaseException as exc:  # a bug must not leave an exec waiting for nothing
             log.exception("e2b_provider: kill batch failed in sandbox %s", target.sandbox_id)
             for k in batch:
@@ -281,7 +289,7 @@ class KillBatcher:
             if more:
                 self._schedule(key)
 
-    def _run(self, target: Target, batch: List[_Kill]) -> None:
+    def _run(self, target: Target, batch: List[_Kill], user: str) -> None:
         """Run one batch: the kill script for all, their verdicts, then SIGKILL by pid."""
         ctx = self._ctx
         sid = target.sandbox_id
@@ -310,13 +318,16 @@ class KillBatcher:
             lambda: ctx.closed,
         )
         envd = ctx.envd(target)
+        args = scripts.kill_batch_args([k.ctl for k in live])
+        if user == scripts.ROOT_USER:
+            args[1] = ROOT_KILL_BATCH_SCRIPT
         ok = False
         try:
             r = run_process(
                 envd,
-                user=scripts.SANDBOX_USER,
+                user=user,
                 cmd="/bin/sh",
-                args=scripts.kill_batch_args([k.ctl for k in live]),
+                args=args,
                 cwd="/",
                 max_output_bytes=4096,
                 timeout=None,  # bounded by the guard
@@ -366,7 +377,7 @@ class KillBatcher:
             # The sandbox could not run a kill: the kills queued behind this batch would
             # meet the same sandbox. They share the verdict (and so the reboot).
             with self._lock:
-                queue = self._queues.get(_key(target))
+                queue = self._queues.get(_key(target, user))
                 queued = list(queue.kills) if queue is not None else []
                 if queue is not None:
                     queue.kills.clear()

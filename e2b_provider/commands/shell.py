@@ -32,6 +32,7 @@ from ..protocol import scripts as scripts
 from ..protocol.process_events import decode_output
 from .background import STDIN_PIECE
 from .kills import KillBatcher
+from .users import exec_wrapper
 
 __all__ = ["TIMEOUT_MARGIN_SECONDS", "Commands", "read_stdin_source"]
 
@@ -68,11 +69,14 @@ class Commands:
         on_stdout: Optional[OnText] = None,
         on_stderr: Optional[OnText] = None,
         stdin: Optional[Callable[[], bytes]] = None,
+        user: str = scripts.SANDBOX_USER,
     ) -> ExecResult:
         ctx = self._ctx
         bounds = ctx.bounds
         ctl = scripts.control_path(tag)
         run_env = scripts.exec_env(env, ctl)
+        args = scripts.exec_args(ctl, command, timeout, env)
+        args[3] = exec_wrapper(user)
 
         def run(target: Target) -> RunOutcome:
             began = time.monotonic()
@@ -80,7 +84,7 @@ class Commands:
             def start_kill(
                 bound: float, running: Callable[[], Optional[int]]
             ) -> concurrent.futures.Future[Optional[bool]]:
-                return self._kills.kill(target, ctl, began, bound, running)
+                return self._kills.kill(target, ctl, began, bound, running, user=user)
 
             envd = ctx.envd(target)
 
@@ -95,9 +99,9 @@ class Commands:
 
             return run_process(
                 envd,
-                user=scripts.SANDBOX_USER,
+                user=user,
                 cmd="setsid",
-                args=scripts.exec_args(ctl, command, timeout, env),
+                args=args,
                 env=run_env,
                 cwd=cwd if cwd is not None else "/workspace",
                 max_output_bytes=max_output_bytes,

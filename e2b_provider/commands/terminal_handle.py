@@ -41,6 +41,7 @@ from ..errors import (
     TransportError,
 )
 from ..models import Target
+from ..protocol import scripts as scripts
 from ..protocol import validate as v
 from ..protocol.process_events import DataEvent, EndEvent, LiveText, ProcessEvent
 from .arguments import check_wait_timeout
@@ -101,8 +102,10 @@ class Terminal:
         command: Optional[str],
         began: float,
         owned: bool,
+        user: str = scripts.SANDBOX_USER,
     ) -> None:
         self._owner = owner
+        self._user = user
         self.sandbox_id = sid
         self._target = target
         self.pid = pid
@@ -519,7 +522,7 @@ class Terminal:
                 # signalled only while envd still lists it as this terminal's (confirm)
                 fut = self._kill_future = self._owner.kills.kill(
                     self._target, self._ctl, self._began, self._owner.ctx.bounds.kill,
-                    lambda: None if self._ended else self.pid, confirm=True,
+                    lambda: None if self._ended else self.pid, confirm=True, user=self._user,
                 )
         return fut
 

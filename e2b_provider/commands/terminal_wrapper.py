@@ -33,11 +33,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ..errors import InvalidArgument, ProtocolError
 from ..protocol import scripts as scripts
 from ..protocol.scripts import CONTROL_PREFIX
+from .users import as_root
 
 __all__ = [
     "DEFAULT_TERM",
     "LEFTOVERS_VAR",
     "MAX_PID",
+    "ROOT_TERMINAL_WRAPPER",
     "TERMINAL_ID_PREFIX",
     "TERMINAL_LEFTOVERS",
     "TERMINAL_STARTS_SCRIPT",
@@ -48,6 +50,7 @@ __all__ = [
     "parse_terminal_id",
     "terminal_env",
     "terminal_id",
+    "terminal_wrapper",
 ]
 
 #: The ``TERM`` a terminal's programs see unless ``env`` says otherwise (envd sets none).
@@ -96,6 +99,16 @@ TERMINAL_WRAPPER = (
     '[ -x "$l" ] || l=/bin/sh; "$l" -l; fi; s=$?; trap "" INT QUIT; rm -f "$c.pid" 2>/dev/null; '
     "unset " + scripts.EXEC_MARKER + '; exec /bin/sh -c "$k" capybara-exec "$c" $s'
 )
+
+#: :data:`TERMINAL_WRAPPER` for a terminal of root: its pid file is written as
+#: :func:`~e2b_provider.commands.users.as_root` says.
+ROOT_TERMINAL_WRAPPER = as_root(TERMINAL_WRAPPER)
+
+
+def terminal_wrapper(user: str) -> str:
+    """The wrapper a terminal of ``user`` (``"sandbox"`` or ``"root"``) runs under."""
+    return ROOT_TERMINAL_WRAPPER if user == scripts.ROOT_USER else TERMINAL_WRAPPER
+
 
 _ID_RE = re.compile(r"pty-(?P<pid>[1-9][0-9]{0,9})-(?P<hex>[0-9a-f]{32})")
 #: The largest pid envd can name (its pids are 32-bit): an id with a larger one names none.
@@ -164,7 +177,8 @@ def listed_terminal(p: Mapping[str, Any]) -> Optional[Tuple[int, str, str]]:
         return None
     args, envs = config.get("args"), config.get("envs")
     if (config.get("cmd") != "/bin/sh" or not isinstance(args, list) or len(args) != 5
-            or args[:4] != ["-c", TERMINAL_WRAPPER, "capybara-exec", ctl]
+            or args[0] != "-c" or args[1] not in (TERMINAL_WRAPPER, ROOT_TERMINAL_WRAPPER)
+            or args[2:4] != ["capybara-exec", ctl]
             or not isinstance(args[4], str) or not isinstance(envs, dict)
             or envs.get(scripts.EXEC_MARKER) != ctl):
         return None

@@ -59,12 +59,12 @@ from .terminal_handle import Terminal
 from .terminal_wrapper import (
     MAX_PID,
     TERMINAL_STARTS_SCRIPT,
-    TERMINAL_WRAPPER,
     listed_terminal,
     parse_starts,
     parse_terminal_id,
     terminal_env,
     terminal_id,
+    terminal_wrapper,
 )
 
 __all__ = [
@@ -126,10 +126,11 @@ class Terminals:
         env: Mapping[str, str],
         timeout: Optional[float],
         cancel: Optional[CancelToken],
+        user: str = scripts.SANDBOX_USER,
     ) -> Terminal:
         ctx = self.ctx
         ctl = scripts.control_path(None)
-        args = ["-c", TERMINAL_WRAPPER, "capybara-exec", ctl, command or ""]
+        args = ["-c", terminal_wrapper(user), "capybara-exec", ctl, command or ""]
         run_env = terminal_env(env, ctl)
         # envd's kill (of its process only) comes after this process's kill of the whole
         # tree, as the exec's in-sandbox timeout: the backstop when nobody watches
@@ -144,14 +145,14 @@ class Terminals:
             events: Optional[PtyStream] = None
             try:
                 events = PtyStream(envd.start_pty(
-                    user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, cols=cols, rows=rows,
+                    user=user, cmd="/bin/sh", args=args, cols=cols, rows=rows,
                     envs=run_env, cwd=cwd if cwd is not None else "/workspace", tag=ctl,
                     keepalive_seconds=ctx.bounds.keepalive, timeout_ms=timeout_ms,
                     cancel=cancel,
                 ))
                 pid = self._first(events, cancel, "opening")
                 term = Terminal(self, sid, target, pid, ctl, events, command=command,
-                                began=began, owned=True)
+                                began=began, owned=True, user=user)
                 term._arm(timeout, cancel)
                 return term
             except BaseException as exc:
@@ -165,7 +166,8 @@ class Terminals:
                 if (opened or isinstance(exc, (KeyboardInterrupt, Cancelled))) and not (
                     isinstance(exc, RemoteError)
                 ):
-                    self._kill_unknown(target, ctl, began, isinstance(exc, KeyboardInterrupt))
+                    self._kill_unknown(target, ctl, began, isinstance(exc, KeyboardInterrupt),
+                                       user)
                 raise
 
         return ctx.on_target(sid, cancel, run, need=need)
@@ -185,9 +187,12 @@ class Terminals:
             if isinstance(ev, (EndEvent, StreamEnd)):
                 raise ProtocolError("the terminal's stream ended before its start event")
 
-    def _kill_unknown(self, target: Target, ctl: str, began: float, interrupted: bool) -> None:
+    def _kill_unknown(
+        self, target: Target, ctl: str, began: float, interrupted: bool, user: str
+    ) -> None:
         # no pid known: the kill script alone (by the control path and the marker)
-        fut = self.kills.kill(target, ctl, began, self.ctx.bounds.kill, lambda: None)
+        fut = self.kills.kill(target, ctl, began, self.ctx.bounds.kill, lambda: None,
+                              user=user)
         bound = self.ctx.bounds.interrupt_kill if interrupted else self.ctx.bounds.kill + 1
         try:
             wait_verdict(fut, Deadline.after(bound))
@@ -224,8 +229,9 @@ class Terminals:
                     if exc.code == "not_found":
                         raise self._not_found(value, sid) from None
                     raise
+                # whose it is, its id does not say: killed as root, which reaches either
                 term = Terminal(self, sid, target, pid, ctl, events, command=None,
-                                began=time.monotonic(), owned=False)
+                                began=time.monotonic(), owned=False, user=scripts.ROOT_USER)
                 listed = envd.list_processes(cancel=cancel)
                 if any(p.get("pid") == pid and p.get("tag") == ctl for p in listed):
                     return term

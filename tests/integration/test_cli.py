@@ -101,6 +101,55 @@ def test_words_after_dashdash_are_an_argument_vector(env: Dict[str, str], named:
     assert (r.returncode, r.stdout) == (4, "A B\n"), r.stderr
 
 
+def test_every_word_after_the_sandbox_is_the_command(env: Dict[str, str], named: str) -> None:
+    # as docker exec: no -- needed; words that look like options belong to the command
+    assert run(env, "exec", named, "--", "mkdir -p /workspace/d && touch /workspace/d/f"
+               ).returncode == 0
+    r = run(env, "exec", named, "ls", "-l", "/workspace/d")
+    assert r.returncode == 0 and r.stdout.startswith("total") and " f\n" in r.stdout, r.stderr
+    r = run(env, "exec", named, "printf", "%s|", "--cwd", "--", "-e", "x")
+    assert (r.returncode, r.stdout) == (0, "--cwd|--|-e|x|"), r.stderr
+    r = run(env, "exec", named, "python3", "-c", "import sys; print(sys.argv[1:])", "-h", "-q")
+    assert (r.returncode, r.stdout) == (0, "['-h', '-q']\n"), r.stderr
+    r = run(env, "exec", named, "echo $((6*7))")  # one word: a shell command line
+    assert (r.returncode, r.stdout) == (0, "42\n"), r.stderr
+    # -- is taken right after SANDBOX, and before it (the end of exec's options)
+    r = run(env, "exec", named, "--", "printf", "%s|", "a", "--", "b")
+    assert (r.returncode, r.stdout) == (0, "a|--|b|"), r.stderr
+    r = run(env, "exec", "-w", "/tmp", "--", named, "pwd")
+    assert (r.returncode, r.stdout) == (0, "/tmp\n"), r.stderr
+    # the older form: options after SANDBOX, then -- and the command
+    r = run(env, "exec", named, "--cwd", "/tmp", "--env", "A=1", "--", "echo $A; pwd")
+    assert (r.returncode, r.stdout) == (0, "1\n/tmp\n"), r.stderr
+    # no command
+    r = run(env, "exec", named)
+    assert r.returncode == 2 and "exec needs a command after SANDBOX" in r.stderr
+    r = run(env, "exec", "--help")
+    assert r.returncode == 0 and "[OPTIONS] SANDBOX [CMD [ARG...]]" in r.stdout
+    assert "everything after SANDBOX is the command" in " ".join(r.stdout.split())
+
+
+def test_docker_short_options_and_root(env: Dict[str, str], named: str) -> None:
+    r = run(env, "exec", "-e", "A=1", "-eB=2", "-w", "/tmp", named, "sh", "-c",
+            'echo "$A$B $(pwd) $(id -un)"')
+    assert (r.returncode, r.stdout) == (0, "12 /tmp sandbox\n"), r.stderr
+    r = run(env, "exec", "--workdir=/var", "--user", "sandbox", named, "pwd")
+    assert (r.returncode, r.stdout) == (0, "/var\n"), r.stderr
+    # no password-less sudo in the sandbox: root is asked for by -u root
+    r = run(env, "exec", named, "sudo -n true")
+    assert r.returncode != 0
+    r = run(env, "exec", "-u", "root", named, "sh", "-c",
+            "id -u; touch /etc/by-root && stat -c %U /etc/by-root")
+    assert (r.returncode, r.stdout) == (0, "0\nroot\n"), r.stderr
+    r = run(env, "start", "-w", "/tmp", "-e", "A=7", named, "sh", "-c", "echo $A; pwd")
+    assert r.returncode == 0, r.stderr
+    cid = r.stdout.strip()
+    r = run(env, "logs", "-f", named, cid)
+    assert (r.returncode, r.stdout) == (0, "7\n/tmp\n"), r.stderr
+    r = run(env, "exec", "-u", "nobody", named, "true")
+    assert r.returncode == 2 and "invalid choice: 'nobody'" in r.stderr
+
+
 def _one_line(r: subprocess.CompletedProcess, code: int, text: str) -> None:  # type: ignore[type-arg]
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
@@ -194,6 +243,25 @@ def _interrupt_while_importing(tmp_path, argv: List[str], module: str) -> str:  
 def test_ctrl_c_while_the_command_line_imports_is_one_line(tmp_path, how: str) -> None:  # type: ignore[no-untyped-def]
     argv = [SCRIPT] if how == "console script" else CLI
     err = _interrupt_while_importing(tmp_path, [*argv, "ls"], "argparse")
+    assert err == "e2b-provider: interrupted\n"
+
+
+@pytest.mark.parametrize(("how", "module"), [
+    # what the package's own first lines imported before the command line could take a
+    # Ctrl-C: typing (the import the issue saw), __version__'s module, the entry module.
+    # (The interpreter's own first finds, of e2b_provider and of the module it runs, come
+    # before any line of ours: a Ctrl-C there is Python's to report.)
+    ("console script", "typing"),
+    ("console script", "e2b_provider._version"),
+    ("console script", "e2b_provider.cli.entry"),
+    ("console script", "e2b_provider.cli.arguments"),
+    ("python -m", "typing"),
+    ("python -m", "e2b_provider.cli"),
+    ("python -m", "e2b_provider.cli.entry"),
+])
+def test_ctrl_c_in_any_import_of_ours_is_one_line(tmp_path, how: str, module: str) -> None:  # type: ignore[no-untyped-def]
+    argv = [SCRIPT] if how == "console script" else CLI
+    err = _interrupt_while_importing(tmp_path, [*argv, "exec", "sb", "ls", "-l"], module)
     assert err == "e2b-provider: interrupted\n"
 
 

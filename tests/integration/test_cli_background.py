@@ -258,7 +258,7 @@ def test_start_usage_errors(env: Dict[str, str], sb: SandboxHandle) -> None:
     name = str(sb.name)
     for args in (["start", name, "--"], ["start", name]):
         line = one_error_line(run(env, *args), 2)
-        assert "start needs a command after --" in line
+        assert "start needs a command after SANDBOX" in line
     line = one_error_line(run(env, "start", name, "--max-output-bytes", "10", "--", "true"), 2)
     assert "1024" in line
     line = one_error_line(run(env, "start", name, "--env", "NOEQUALS", "--", "true"), 2)

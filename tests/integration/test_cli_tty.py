@@ -184,6 +184,20 @@ def test_a_repl_and_its_exit_code(pane: Pane, sandbox: SandboxHandle) -> None:
     assert pane.status() == 4
 
 
+def test_exec_it_runs_every_word_after_the_sandbox_with_docker_short_options(
+    pane: Pane, sandbox: SandboxHandle
+) -> None:
+    # as docker exec -it: no --, the options before SANDBOX, -u root -w DIR -e K=V
+    pane.start(["exec", "-it", "-u", "root", "-w", "/tmp", "-e", "GREETING=hi", sandbox.id,
+                "python3", "-q"])
+    pane.wait_for(r"(?m)^>>>$")
+    pane.keys("text:import os; print(os.getuid(), os.getcwd(), os.environ['GREETING'])",
+              "Enter")
+    pane.wait_for(r"(?m)^0 /tmp hi$")
+    pane.keys("text:raise SystemExit(5)", "Enter")
+    assert pane.status() == 5, pane.stderr
+
+
 def test_ctrl_backslash_quits_the_remote_program(pane: Pane, sandbox: SandboxHandle) -> None:
     pane.start(["exec", "-it", sandbox.id, "--", "sh", "-c", "echo ready; sleep 300"])
     pane.wait_for("ready")
