@@ -6,7 +6,8 @@ Contenders (interleaved round by round, the order rotated; each writes its own d
 - tar floor: the same bytes as one tar over one process with bare ``requests``: up, one
   ``POST /files`` of the archive (built in memory beforehand, off the clock) and one
   ``Start`` of ``tar -xf`` as ``sandbox``; down, one ``Start`` of ``tar -cf -`` as
-  ``sandbox`` whose output is decoded and written by ``tarfile`` (no checks);
+  ``sandbox`` whose output is decoded as it comes and piped into a local ``tar -xf -``
+  (GNU tar; no checks);
 - SDK loop: the official SDK file by file (``files.write`` for each file; ``files.list``
   with the tree's depth, then ``files.read`` for each file).
 
@@ -27,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -64,27 +66,33 @@ def tar_bytes(top: str) -> bytes:
 
 
 def floor_download(raw: b.RawEnvd, remote: str, local: str) -> None:
-    """``tar -cf -`` in the sandbox, its output decoded and extracted, nothing checked."""
-    resp = raw.post_start("tar", ["-cf", "-", "-C", remote, "."], stream=True)
-    pending = bytearray()
-    pos = 0
-    out = io.BytesIO()
-    for chunk in resp.iter_content(1 << 20):
-        pending += chunk
-        while len(pending) - pos >= 5:
-            n = int.from_bytes(pending[pos + 1 : pos + 5], "big")
-            if len(pending) - pos < 5 + n:
-                break
-            msg = json.loads(pending[pos + 5 : pos + 5 + n])
-            pos += 5 + n
-            data = msg.get("event", {}).get("data", {}).get("stdout")
-            if data:
-                out.write(base64.b64decode(data))
-        del pending[:pos]
+    """``tar -cf -`` in the sandbox, its output decoded as it comes and piped into a local
+    ``tar -xf -`` (GNU tar: the extraction in C, as ``... | tar x`` in a shell), nothing
+    checked."""
+    os.makedirs(local)
+    untar = subprocess.Popen(["tar", "-xf", "-", "-C", local], stdin=subprocess.PIPE)
+    assert untar.stdin is not None
+    try:
+        resp = raw.post_start("tar", ["-cf", "-", "-C", remote, "."], stream=True)
+        pending = bytearray()
         pos = 0
-    out.seek(0)
-    with tarfile.open(fileobj=out, mode="r") as tf:
-        tf.extractall(local, filter="fully_trusted")
+        for chunk in resp.iter_content(1 << 20):
+            pending += chunk
+            while len(pending) - pos >= 5:
+                n = int.from_bytes(pending[pos + 1 : pos + 5], "big")
+                if len(pending) - pos < 5 + n:
+                    break
+                msg = json.loads(pending[pos + 5 : pos + 5 + n])
+                pos += 5 + n
+                data = msg.get("event", {}).get("data", {}).get("stdout")
+                if data:
+                    untar.stdin.write(base64.b64decode(data))
+            del pending[:pos]
+            pos = 0
+    finally:
+        untar.stdin.close()
+        if untar.wait(600) != 0:
+            raise RuntimeError(f"local tar exited {untar.returncode}")
 
 
 class _RssSampler:
