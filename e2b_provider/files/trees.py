@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import tarfile
 import uuid
 from typing import (
     Any,
@@ -312,11 +313,20 @@ class Trees:
                 helper.finish()
                 return shrank_members(helper.stderr_lines())
 
-            summary = extract_stream(
-                reader.read, local_path, single=bool(head.get("single")),
-                max_bytes=max_bytes, refused=refused, progress=progress,
-                total=_int(head.get("total")), settle=shrank if shell else None,
-            )
+            try:
+                summary = extract_stream(
+                    reader.read, local_path, single=bool(head.get("single")),
+                    max_bytes=max_bytes, refused=refused, progress=progress,
+                    total=_int(head.get("total")), settle=shrank if shell else None,
+                )
+            except tarfile.TarError as exc:  # the stream ended early, or is not a tar
+                helper.finish()
+                if helper.exit_code in (0, 1):  # the packer says it finished: its output lies
+                    raise CommandFailed(
+                        f"the download of {remote_path} failed: the sandbox sent a malformed "
+                        f"archive ({exc})"
+                    ) from None
+                raise _pack_failed(remote_path, helper, None) from None
             helper.finish()
             if shell:  # tar's status: 2 when some entries could not be read
                 if helper.exit_code not in (0, 1, 2):
