@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
+import ipykernel  # noqa: F401  the kernel the server starts (test extras)
+import jupyter_client  # noqa: F401  how the server drives it (test extras)
 import pytest
 import requests
-
-pytest.importorskip("jupyter_client", reason="the code interpreter needs jupyter_client")
-pytest.importorskip("ipykernel", reason="the code interpreter needs ipykernel")
 
 #: Each request's bound: a server that does not answer fails the test, never hangs it.
 BOUND_SECONDS = 30.0

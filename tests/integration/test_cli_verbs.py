@@ -17,6 +17,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 import requests
 from command_line import CLI, cli_env, default_sigint, run, started
+from local_trees import tar_entry, tar_of
 from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
@@ -63,24 +64,6 @@ def members(data: bytes) -> Dict[str, Tuple[str, bytes]]:
             else:
                 out[m.name] = ("other", b"")
     return out
-
-
-def tar_of(*entries: tarfile.TarInfo, data: Dict[str, bytes] = {}, mode: str = "w") -> bytes:  # noqa: B006
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tf:  # type: ignore[call-overload]
-        for ti in entries:
-            body = data.get(ti.name)
-            if body is not None:
-                ti.size = len(body)
-            tf.addfile(ti, io.BytesIO(body) if body is not None else None)
-    return buf.getvalue()
-
-
-def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", mode: int = 0o644
-          ) -> tarfile.TarInfo:
-    ti = tarfile.TarInfo(name)
-    ti.type, ti.linkname, ti.mode = kind, link, mode
-    return ti
 
 
 def listing(p: E2BSandboxProvider, h: SandboxHandle, path: str) -> List[str]:
@@ -142,10 +125,10 @@ def test_cp_from_stdin_extracts_a_tar_stream_into_the_directory(
     provider.exec(sb, "mkdir -p /workspace/in && echo keep > /workspace/in/old.txt")
     payload = os.urandom(2 << 20)
     stream = tar_of(
-        entry("./", tarfile.DIRTYPE, mode=0o700),  # as tar c -C dir . writes it
-        entry("./a.txt"), entry("./bin/", tarfile.DIRTYPE, mode=0o755),
-        entry("./bin/run", mode=0o755), entry("./bin/data"),
-        entry("./bin/link", tarfile.SYMTYPE, link="run"),
+        tar_entry("./", tarfile.DIRTYPE, mode=0o700),  # as tar c -C dir . writes it
+        tar_entry("./a.txt"), tar_entry("./bin/", tarfile.DIRTYPE, mode=0o755),
+        tar_entry("./bin/run", mode=0o755), tar_entry("./bin/data"),
+        tar_entry("./bin/link", tarfile.SYMTYPE, link="run"),
         data={"./a.txt": b"hello\n", "./bin/run": b"#!/bin/sh\necho ran\n",
               "./bin/data": payload},
     )
@@ -160,20 +143,20 @@ def test_cp_from_stdin_extracts_a_tar_stream_into_the_directory(
     # the destination directory keeps its own mode (./ is the destination, not an entry)
     assert provider.exec(sb, "stat -c %a /workspace/in").stdout.strip() == "755"
     # compressed, as docker cp - takes it, and names with a leading / (stripped)
-    gz = tar_of(entry("/abs.txt"), data={"/abs.txt": b"gz\n"}, mode="w:gz")
+    gz = tar_of(tar_entry("/abs.txt"), data={"/abs.txt": b"gz\n"}, mode="w:gz")
     r = run(env, "cp", "-", f"{name}:/workspace/in", stdin=gz)
     assert r.returncode == 0, r.stderr
     assert provider.read_file(sb, "/workspace/in/abs.txt").data == b"gz\n"
 
 
 @pytest.mark.parametrize("bad", [
-    [entry("evil", tarfile.SYMTYPE, link="/etc")],
-    [entry("../up.txt")],
-    [entry("d/../../up.txt")],
-    [entry("out", tarfile.SYMTYPE, link="../.."), entry("out/x.txt")],
-    [entry("hard", tarfile.LNKTYPE, link="/etc/passwd")],
-    [entry("hard", tarfile.LNKTYPE, link="first.txt")],
-    [entry("dev", tarfile.CHRTYPE)],
+    [tar_entry("evil", tarfile.SYMTYPE, link="/etc")],
+    [tar_entry("../up.txt")],
+    [tar_entry("d/../../up.txt")],
+    [tar_entry("out", tarfile.SYMTYPE, link="../.."), tar_entry("out/x.txt")],
+    [tar_entry("hard", tarfile.LNKTYPE, link="/etc/passwd")],
+    [tar_entry("hard", tarfile.LNKTYPE, link="first.txt")],
+    [tar_entry("dev", tarfile.CHRTYPE)],
 ], ids=["absolute link", "dotdot", "inner dotdot", "write through a link", "hard link out",
         "hard link in", "device"])
 def test_cp_from_stdin_refuses_an_unsafe_stream_whole(
@@ -182,7 +165,7 @@ def test_cp_from_stdin_refuses_an_unsafe_stream_whole(
 ) -> None:
     provider.exec(sb, "mkdir -p /workspace/dst/d && echo keep > /workspace/dst/old.txt")
     before = listing(provider, sb, "/workspace")
-    stream = tar_of(entry("first.txt"), *bad, data={"first.txt": b"1\n", "out/x.txt": b"x\n",
+    stream = tar_of(tar_entry("first.txt"), *bad, data={"first.txt": b"1\n", "out/x.txt": b"x\n",
                                                      "../up.txt": b"u\n",
                                                      "d/../../up.txt": b"u\n"})
     r = run(env, "cp", "-", f"{sb.name}:/workspace/dst", stdin=stream)
@@ -196,7 +179,7 @@ def test_cp_dash_usage_and_destination_errors(
 ) -> None:
     name = str(sb.name)
     provider.write_file(sb, "/workspace/file.txt", b"x")
-    ok = tar_of(entry("a.txt"), data={"a.txt": b"a"})
+    ok = tar_of(tar_entry("a.txt"), data={"a.txt": b"a"})
     for args in (["-", "local"], ["local", "-"], ["-", "-"]):
         assert "tar stream" in one_error_line(run(env, "cp", *args, stdin=ok), 2)
     line = one_error_line(run(env, "cp", "-", f"{name}:/workspace/none", stdin=ok), 1)
@@ -205,7 +188,7 @@ def test_cp_dash_usage_and_destination_errors(
     assert "not a directory" in line
     line = one_error_line(run(env, "cp", "-", f"{name}:/workspace", stdin=b"not a tar\n"), 1)
     assert "not a whole tar stream" in line
-    cut = tar_of(entry("big"), data={"big": os.urandom(100_000)})[:50_000]
+    cut = tar_of(tar_entry("big"), data={"big": os.urandom(100_000)})[:50_000]
     assert "not a whole tar stream" in one_error_line(
         run(env, "cp", "-", f"{name}:/workspace", stdin=cut), 1)
     assert provider.exec(sb, "ls /workspace").stdout.split() == ["file.txt"]

@@ -7,9 +7,10 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import pytest
+from local_trees import tar_entry, tar_of
 
 from e2b_provider.cli import archives
 from e2b_provider.cli.arguments import parser
@@ -93,24 +94,6 @@ def test_after_shown_passes_only_what_follows_the_replay() -> None:
 # -- cp - ----------------------------------------------------------------------------------------
 
 
-def _tar(entries: List[tarfile.TarInfo], data: Dict[str, bytes], mode: str = "w") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tf:  # type: ignore[call-overload]
-        for ti in entries:
-            body = data.get(ti.name)
-            if body is not None:
-                ti.size = len(body)
-            tf.addfile(ti, io.BytesIO(body) if body is not None else None)
-    return buf.getvalue()
-
-
-def _entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", mode: int = 0o644
-           ) -> tarfile.TarInfo:
-    ti = tarfile.TarInfo(name)
-    ti.type, ti.linkname, ti.mode = kind, link, mode
-    return ti
-
-
 @pytest.fixture(params=["tarfile data filter", "library rules alone"])
 def filters(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both with :mod:`tarfile`'s data filter and without it (a Python before 3.9.17):
@@ -127,10 +110,10 @@ def test_a_tar_stream_is_extracted_with_files_dirs_links_and_modes(tmp_path, fil
     big = os.urandom(300_000)
     data = {"./a.txt": b"hello\n", "./d/run": b"#!/bin/sh\n", "./d/big": big}
     for mode in ("w", "w:gz", "w:bz2", "w:xz"):
-        stream = _tar([_entry("./", tarfile.DIRTYPE), _entry("./a.txt"),
-                       _entry("./d", tarfile.DIRTYPE), _entry("./d/run", mode=0o4777),
-                       _entry("./d/big"), _entry("./d/l", tarfile.SYMTYPE, link="../a.txt")],
-                      data, mode)
+        stream = tar_of(tar_entry("./", tarfile.DIRTYPE), tar_entry("./a.txt"),
+                       tar_entry("./d", tarfile.DIRTYPE), tar_entry("./d/run", mode=0o4777),
+                       tar_entry("./d/big"), tar_entry("./d/l", tarfile.SYMTYPE, link="../a.txt"),
+                      data=data, mode=mode)
         tree = tmp_path / mode.replace(":", "-")
         archives.extract_tar(io.BytesIO(stream), str(tree), "standard input")
         assert (tree / "a.txt").read_bytes() == b"hello\n"
@@ -140,20 +123,20 @@ def test_a_tar_stream_is_extracted_with_files_dirs_links_and_modes(tmp_path, fil
 
 
 @pytest.mark.parametrize("bad", [
-    [_entry("evil", tarfile.SYMTYPE, link="/etc")],
-    [_entry("../up.txt")],
-    [_entry("d/../../up.txt")],
-    [_entry("out", tarfile.SYMTYPE, link="../.."), _entry("out/x.txt")],
-    [_entry("a", tarfile.SYMTYPE, link="b/.."), _entry("b", tarfile.SYMTYPE, link=".."),
-     _entry("a/x.txt")],
-    [_entry("hard", tarfile.LNKTYPE, link="first.txt")],
-    [_entry("dev", tarfile.CHRTYPE)],
-    [_entry("fifo", tarfile.FIFOTYPE)],
+    [tar_entry("evil", tarfile.SYMTYPE, link="/etc")],
+    [tar_entry("../up.txt")],
+    [tar_entry("d/../../up.txt")],
+    [tar_entry("out", tarfile.SYMTYPE, link="../.."), tar_entry("out/x.txt")],
+    [tar_entry("a", tarfile.SYMTYPE, link="b/.."), tar_entry("b", tarfile.SYMTYPE, link=".."),
+     tar_entry("a/x.txt")],
+    [tar_entry("hard", tarfile.LNKTYPE, link="first.txt")],
+    [tar_entry("dev", tarfile.CHRTYPE)],
+    [tar_entry("fifo", tarfile.FIFOTYPE)],
 ], ids=["absolute link", "dotdot", "inner dotdot", "through a link", "through two links",
         "hard link", "device", "fifo"])
 def test_an_unsafe_tar_stream_is_refused(tmp_path, filters: str,  # type: ignore[no-untyped-def]
                                          bad: List[tarfile.TarInfo]) -> None:
-    stream = _tar([_entry("first.txt"), *bad], {"first.txt": b"1"})
+    stream = tar_of(tar_entry("first.txt"), *bad, data={"first.txt": b"1"})
     with pytest.raises(E2BProviderError, match="refused, nothing was copied"):
         archives.extract_tar(io.BytesIO(stream), str(tmp_path / "tree"), "standard input")
     # nothing was written outside the tree
@@ -162,7 +145,7 @@ def test_an_unsafe_tar_stream_is_refused(tmp_path, filters: str,  # type: ignore
 
 
 def test_what_is_not_a_whole_tar_stream_is_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    whole = _tar([_entry("big")], {"big": os.urandom(100_000)})
+    whole = tar_of(tar_entry("big"), data={"big": os.urandom(100_000)})
     for junk in (b"", b"not a tar\n", whole[:50_000], whole[:700]):
         with pytest.raises(E2BProviderError, match="not a whole tar stream"):
             archives.extract_tar(io.BytesIO(junk), str(tmp_path / "tree"), "standard input")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import re
 
-import pytest
+from IPython.lib.pretty import pretty  # IPython comes with the test extras (ipykernel)
 
 from e2b_provider import (
     CommandInfo,
@@ -24,8 +24,6 @@ from e2b_provider import (
     TransferSummary,
 )
 from e2b_provider.models import DISPLAY_HEAD_LINES, DISPLAY_TAIL_LINES, Target
-
-pretty = pytest.importorskip("IPython.lib.pretty").pretty
 
 UTC = datetime.timezone.utc
 
