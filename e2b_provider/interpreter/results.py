@@ -50,6 +50,19 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _REPR_TEXT = 60
 
 
+def _filtered(
+    bundle: Dict[str, Any], include: Optional[Iterable[str]], exclude: Optional[Iterable[str]]
+) -> Dict[str, Any]:
+    """``bundle`` with only the MIME types IPython asked for (``include``), less ``exclude``."""
+    wanted = set(include) if include is not None else None
+    dropped = set(exclude) if exclude is not None else set()
+    return {
+        mime: value
+        for mime, value in bundle.items()
+        if (wanted is None or mime in wanted) and mime not in dropped
+    }
+
+
 def _short(text: str) -> str:
     return text if len(text) <= _REPR_TEXT else text[: _REPR_TEXT - 1] + "…"
 
@@ -119,13 +132,7 @@ class Result:
             bundle.setdefault(mime, value)
         if "text/plain" not in bundle:
             bundle["text/plain"] = repr(self)
-        wanted = set(include) if include is not None else None
-        dropped = set(exclude) if exclude is not None else set()
-        return {
-            mime: value
-            for mime, value in bundle.items()
-            if (wanted is None or mime in wanted) and mime not in dropped
-        }
+        return _filtered(bundle, include, exclude)
 
     def __repr__(self) -> str:
         kind = "main " if self.is_main_result else ""
@@ -235,11 +242,7 @@ class Execution:
                 blocks.append(f"<p><em>{flag.replace('_', ' ')}</em></p>")
                 plain.append(f"[{flag.replace('_', ' ')}]")
         bundle = {"text/plain": "\n".join(plain) or repr(self), "text/html": "\n".join(blocks)}
-        if include is not None:
-            bundle = {k: v for k, v in bundle.items() if k in set(include)}
-        if exclude is not None:
-            bundle = {k: v for k, v in bundle.items() if k not in set(exclude)}
-        return bundle
+        return _filtered(bundle, include, exclude)
 
 
 def _result_html(result: Result) -> str:

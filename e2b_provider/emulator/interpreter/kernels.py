@@ -186,8 +186,7 @@ class Context:
         except BaseException:
             await asyncio.shield(self._settle(msg_id, env))
             raise
-        if env:
-            await self._silent(_env_code(self.language, {k: self._env.get(k) for k in env}))
+        await self._restore_env(env)
         await emit({"type": "end_of_execution"})
 
     async def _settle(self, msg_id: str, env: Optional[Mapping[str, str]]) -> None:
@@ -199,6 +198,10 @@ class Context:
         except (asyncio.TimeoutError, RuntimeError):
             await self.restart()
             return
+        await self._restore_env(env)
+
+    async def _restore_env(self, env: Optional[Mapping[str, str]]) -> None:
+        """Put the variables an execution set back as the kernel started with them."""
         if env:
             await self._silent(_env_code(self.language, {k: self._env.get(k) for k in env}))
 
