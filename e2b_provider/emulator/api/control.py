@@ -210,6 +210,7 @@ class ControlPlane:
             alias=found.alias,
             files_from=found.build.files_dir if found.build is not None else None,
             without=found.without,
+            services=found.services,
         )
 
     async def _do_create(self, spec: CreateRequest) -> Dict[str, Any]:

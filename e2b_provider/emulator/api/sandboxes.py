@@ -26,6 +26,8 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 from aiohttp import web
 
+from ..interpreter.environment import CodeEnvMissing
+from ..interpreter.template import code_interpreter_service
 from ..runtime.boot_wait import BOOT_LIMIT_FACTOR, BOOT_STALL_SECONDS
 from .boot_slots import BootSlots, default_max_boots
 from .errors import BadRequest
@@ -210,6 +212,7 @@ class SandboxHost:
                 (self.volumes.get(m.volume_id).data_dir, m.path) for m in req.volume_mounts
             ),
             without=req.without,
+            services=self._services(req.services),
         )
         state_dir = os.path.join(self.state_dir, sandbox_id)
         try:
@@ -226,6 +229,22 @@ class SandboxHost:
         finally:
             self._booting.discard(runtime)
         return rec
+
+    def _services(self, names: Tuple[str, ...]) -> Tuple[Any, ...]:
+        """The template's services by name (the code interpreter's needs its environment).
+
+        Raises:
+            BadRequest: 500 naming the command that builds a missing environment.
+        """
+        services = []
+        for name in names:
+            assert name == "code-interpreter", name
+            try:
+                services.append(code_interpreter_service())
+            except CodeEnvMissing as exc:
+                log.warning("%s", exc)
+                raise _create_failed(exc) from None
+        return tuple(services)
 
     async def _boot(self, runtime: Any) -> None:
         """Boot ``runtime`` in a boot slot (see :mod:`.boot_slots`).

@@ -33,6 +33,7 @@ __all__ = [
     "ENVD_VERSION",
     "KNOWN_TEMPLATES",
     "NO_PYTHON_TEMPLATE",
+    "TEMPLATE_SERVICES",
     "TEMPLATE_WITHOUT",
     "MAX_TIMEOUT_SECONDS",
     "BadRequest",
@@ -71,6 +72,11 @@ NO_PYTHON_TEMPLATE = "base-without-python3"
 #: What each such template lacks: program names hidden from every ``PATH`` directory (the
 #: name itself and ``name.*``/``name-*``, so ``python3.11`` and ``python3-config`` go too).
 TEMPLATE_WITHOUT = {NO_PYTHON_TEMPLATE: ("python3", "python")}
+#: An emulator template like E2B's Code Interpreter (``code-interpreter-v1``): E2B's ``base``
+#: plus the code-interpreter server on port 49999 (see :mod:`..interpreter.template`).
+CODE_INTERPRETER_TEMPLATE = "code-interpreter-v1"
+#: The services (by name) each such template runs beside the agent.
+TEMPLATE_SERVICES = {CODE_INTERPRETER_TEMPLATE: ("code-interpreter",)}
 #: Templates that always exist.
 KNOWN_TEMPLATES = frozenset({DEFAULT_TEMPLATE})
 #: The base template's envd defaults (its build's ``Context.User`` and ``Context.WorkDir``),
@@ -283,6 +289,8 @@ class CreateRequest:
     volume_mounts: Tuple[VolumeMount, ...] = ()
     #: Programs the template lacks (see :data:`TEMPLATE_WITHOUT`).
     without: Tuple[str, ...] = ()
+    #: Services the template runs (see :data:`TEMPLATE_SERVICES`).
+    services: Tuple[str, ...] = ()
 
 
 def parse_create_body(body: Any, *, default_timeout: int) -> CreateRequest:

@@ -18,7 +18,7 @@ import attrs
 
 from .errors import BadRequest
 from .names import DEFAULT_TAG, TEAM_SLUG, new_template_id, split_namespace, with_tag
-from .state import DEFAULT_TEMPLATE, TEMPLATE_WITHOUT
+from .state import DEFAULT_TEMPLATE, TEMPLATE_SERVICES, TEMPLATE_WITHOUT
 
 __all__ = [
     "BASE",
@@ -70,6 +70,7 @@ class Resolved:
     alias: Optional[str]
     build: Optional[SnapshotBuild]  # None for base
     without: Tuple[str, ...] = ()  # programs the template lacks
+    services: Tuple[str, ...] = ()  # services the template runs
 
 
 class TemplateStore:
@@ -98,14 +99,18 @@ class TemplateStore:
         Raises:
             BadRequest: 404 for an unknown template or tag.
         """
-        if self.is_base(identifier) or identifier in TEMPLATE_WITHOUT:
+        if identifier.startswith("e2b/") and identifier[4:] in TEMPLATE_SERVICES:
+            identifier = identifier[4:]  # E2B's public templates, also by their full name
+        if (self.is_base(identifier) or identifier in TEMPLATE_WITHOUT
+                or identifier in TEMPLATE_SERVICES):
             if tag is not None:
                 raise BadRequest(
                     f"tag '{tag}' does not exist for template '{identifier}'", status=404
                 )
             name = BASE if self.is_base(identifier) else identifier
             return Resolved(template_id=name, alias=name, build=None,
-                            without=TEMPLATE_WITHOUT.get(name, ()))
+                            without=TEMPLATE_WITHOUT.get(name, ()),
+                            services=TEMPLATE_SERVICES.get(name, ()))
         tpl = self.find(identifier)
         if tpl is None:
             raise BadRequest(f"template '{identifier}' not found", status=404)

@@ -28,6 +28,9 @@ READY_SECONDS = 60.0
 #: How often a quiet execution yields a keepalive (so a lost client is noticed).
 KEEPALIVE_SECONDS = 5.0
 
+#: How often an execution's wait looks at its kernel (alive? restarted?).
+POLL_SECONDS = 0.25
+
 #: How long an interrupted execution may take to end before its kernel is restarted.
 SETTLE_SECONDS = 10.0
 
@@ -73,6 +76,11 @@ def result_line(data: Mapping[str, Any], is_main: bool) -> Dict[str, Any]:
     return line
 
 
+def _restarting(why: str) -> Dict[str, Any]:
+    """The error line of an execution whose kernel went away (E2B's ``ContextRestarting``)."""
+    return {"type": "error", "name": "ContextRestarting", "value": why, "traceback": ""}
+
+
 def _env_code(language: str, values: Mapping[str, Optional[str]]) -> str:
     """Code that sets (a value) or unsets (None) variables in the kernel's process."""
     if language == "python":
@@ -113,6 +121,11 @@ class Context:
         self._km = AsyncKernelManager(kernel_name=KERNEL_NAMES[language])
         self._kc: Any = None
         self.lock = asyncio.Lock()
+        #: How many times the kernel was restarted: an execution of an older kernel is over.
+        self.generation = 0
+        #: Set while the kernel answers (cleared during a restart).
+        self._ready = asyncio.Event()
+        self._ready.set()
 
     def describe(self) -> Dict[str, str]:
         """The context as the server lists it."""
@@ -152,8 +165,13 @@ class Context:
 
     async def restart(self) -> None:
         """Restart the kernel (its state is lost) and wait until it answers."""
-        await self._km.restart_kernel(now=True)
-        await self._connect()
+        self.generation += 1
+        self._ready.clear()
+        try:
+            await self._km.restart_kernel(now=True)
+            await self._connect()
+        finally:
+            self._ready.set()
 
     async def shutdown(self) -> None:
         """Stop the kernel for good."""
@@ -177,6 +195,8 @@ class Context:
         returns, so the next one starts on an idle kernel; a kernel that does not stop
         within ``SETTLE_SECONDS`` is restarted.
         """
+        await self._ready.wait()  # not on a kernel being restarted
+        generation = self.generation
         if env:
             await self._silent(_env_code(self.language, dict(env)))
         msg_id = self._kc.execute(code, store_history=True, allow_stdin=False)
@@ -184,7 +204,8 @@ class Context:
             async for line in self._lines(msg_id):
                 await emit(line)
         except BaseException:
-            await asyncio.shield(self._settle(msg_id, env))
+            if self.generation == generation:  # this kernel still runs it: stop it
+                await asyncio.shield(self._settle(msg_id, env))
             raise
         await self._restore_env(env)
         await emit({"type": "end_of_execution"})
@@ -192,11 +213,15 @@ class Context:
     async def _settle(self, msg_id: str, env: Optional[Mapping[str, str]]) -> None:
         """Interrupt the execution ``msg_id`` and read it to its end (restart the kernel if
         it does not end in time), then put ``env`` back."""
+        generation = self.generation
         try:
             await self.interrupt()
             await asyncio.wait_for(self._drain(msg_id), SETTLE_SECONDS)
         except (asyncio.TimeoutError, RuntimeError):
-            await self.restart()
+            if self.generation == generation:  # not restarted meanwhile (by a client)
+                await self.restart()
+            return
+        if self.generation != generation:
             return
         await self._restore_env(env)
 
@@ -211,20 +236,24 @@ class Context:
 
     async def _lines(self, msg_id: str) -> AsyncIterator[Dict[str, Any]]:
         errored = False
+        generation = self.generation
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
         while True:
+            if self.generation != generation:  # restarted under it: this execution is over
+                yield _restarting("the context was restarted")
+                return
             try:
-                msg = await self._kc.get_iopub_msg(timeout=KEEPALIVE_SECONDS)
+                msg = await self._kc.get_iopub_msg(timeout=POLL_SECONDS)
             except queue.Empty:
                 if not await self.alive():
-                    yield {
-                        "type": "error",
-                        "name": "ContextRestarting",
-                        "value": "the kernel died",
-                        "traceback": "",
-                    }
+                    yield _restarting("the kernel died")
                     return
-                yield {"type": "keepalive"}
+                if loop.time() - quiet_since >= KEEPALIVE_SECONDS:
+                    quiet_since = loop.time()
+                    yield {"type": "keepalive"}
                 continue
+            quiet_since = loop.time()
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind = msg["msg_type"]

@@ -195,6 +195,33 @@ def make_app(
     return app
 
 
+#: The kernels' IPython configuration: no colors in tracebacks, sequences shown whole.
+KERNEL_CONFIG = (
+    "c = get_config()  # noqa: F821\n"
+    'c.InteractiveShell.colors = "NoColor"\n'
+    "c.PlainTextFormatter.max_seq_length = 0\n"
+)
+
+
+def prepare_profile(ipython_dir: Optional[str] = None) -> str:
+    """Write the kernels' IPython profile (``profile_default``): the configuration, unless
+    one is there, and the display formatters (:mod:`.kernel_display`) as a startup file.
+    Returns the profile's directory."""
+    base = ipython_dir or os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
+    profile = os.path.join(base, "profile_default")
+    os.makedirs(os.path.join(profile, "startup"), exist_ok=True)
+    config = os.path.join(profile, "ipython_kernel_config.py")
+    if not os.path.exists(config):
+        with open(config, "w", encoding="utf-8") as f:
+            f.write(KERNEL_CONFIG)
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_display.py")
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
+    with open(os.path.join(profile, "startup", "00-e2b-display.py"), "w", encoding="utf-8") as f:
+        f.write(text)
+    return profile
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Serve on ``--port`` (49999) until stopped."""
     import argparse
@@ -204,6 +231,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--cwd", default=DEFAULT_CWD)
     args = parser.parse_args(argv)
+    prepare_profile()
     web.run_app(
         make_app(args.cwd),
         host=args.host,

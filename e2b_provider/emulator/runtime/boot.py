@@ -470,8 +470,12 @@ class SandboxRuntime:
                 progress.reached(1, now)
                 if os.path.exists(self.envd_socket):
                     progress.reached(2, now)
-                    if await self._healthy(min(1.0, max(0.05, progress.next_check(now)))):
-                        return
+                    if progress.step >= 3 or await self._healthy(
+                        min(1.0, max(0.05, progress.next_check(now)))
+                    ):
+                        progress.reached(3, now)
+                        if await self._services_listen():
+                            return
             now = time.monotonic()
             if now - measured >= 0.5:  # the CPU time: progress while no step is reached
                 measured = now
@@ -483,6 +487,18 @@ class SandboxRuntime:
                 )
             await asyncio.sleep(delay)
             delay = min(0.02, delay * 1.5)
+
+    async def _services_listen(self) -> bool:
+        """Whether every service with a ready port listens on it (asked through the agent)."""
+        for service in self.spec.services:
+            if service.ready_port is None:
+                continue
+            try:
+                sock = await ports.connect_port(self.ports_socket, service.ready_port, 1.0)
+            except ports.PortClosed:
+                return False
+            sock.close()
+        return True
 
     # -- freeze / thaw --
 

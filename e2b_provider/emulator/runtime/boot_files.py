@@ -56,12 +56,13 @@ def _under(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
 
-def python_bind_paths() -> List[str]:
+def python_bind_paths(extra: Sequence[str] = ()) -> List[str]:
     """Return the host directories bound read-only into every sandbox, at the same paths.
 
     They are what ``sys.executable -m e2b_provider.emulator.agent`` needs: the interpreter's
-    prefixes, the ``e2b_provider`` package and the directory holding ``aiohttp``. Paths under
-    the overlaid ``/usr``, ``/etc``, ``/var`` and ``/opt`` are visible anyway and left out.
+    prefixes, the ``e2b_provider`` package and the directory holding ``aiohttp``; then
+    ``extra`` (what the template's services need). Paths under the overlaid ``/usr``,
+    ``/etc``, ``/var`` and ``/opt`` are visible anyway and left out.
     """
     candidates = [
         sys.prefix,
@@ -74,6 +75,7 @@ def python_bind_paths() -> List[str]:
     spec = importlib.util.find_spec("aiohttp")
     if spec is not None and spec.origin:
         candidates.append(os.path.dirname(os.path.dirname(spec.origin)))
+    candidates.extend(extra)
     paths = sorted({os.path.realpath(p) for p in candidates if p})
     kept: List[str] = []
     for path in paths:
@@ -140,7 +142,7 @@ def write_boot_files(
             not readable by the sandbox's root (root mode).
     """
     sd = state_dir
-    binds = python_bind_paths()
+    binds = python_bind_paths([b for service in spec.services for b in service.binds])
     _check_binds(sd, binds, rootless)
     os.makedirs(sd, mode=0o700, exist_ok=True)
     os.chmod(sd, 0o700)
@@ -199,6 +201,10 @@ def write_boot_files(
         "agent_argv": list(agent_argv),
         "agent_env": env,
         "agent_cwd": agent_cwd,
+        "services": [
+            {"name": sv.name, "argv": list(sv.argv), "env": dict(env, **sv.env), "cwd": sv.cwd}
+            for sv in spec.services
+        ],
         "agent_socket": AGENT_SOCKET,
         "ports_socket": PORTS_SOCKET,
         "boot_id_file": boot_id_file,

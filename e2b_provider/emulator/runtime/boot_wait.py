@@ -1,7 +1,8 @@
 """How long a sandbox's boot may take: progress, not a fixed wall deadline, and its messages.
 
 This module owns the rule a boot is waited for by. A boot goes through steps (PID 1 starting,
-PID 1 making the agent's socket, the agent answering ``GET /health``); it fails when it made no
+PID 1 making the agent's socket, the agent answering ``GET /health``, the template's
+services listening); it fails when it made no
 progress for ``stall`` seconds (no new step, and no CPU time used by the sandbox's processes),
 or when it ran past its hard bound (``BOOT_LIMIT_FACTOR`` times ``stall``) in all. On a loaded
 host a boot's processes get little CPU but some: such a boot waits, where a fixed 30 s
@@ -36,6 +37,7 @@ STEPS = (
     "starting PID 1",
     "waiting for PID 1 to make the agent's socket",
     "waiting for the agent to answer GET /health",
+    "waiting for the template's services to listen on their ports",
 )
 
 

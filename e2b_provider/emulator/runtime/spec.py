@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import re
 import types
-from typing import Mapping, Sequence, Set, Tuple
+from typing import Mapping, Optional, Sequence, Set, Tuple
 
 import attrs
 
 from ...protocol.validate import EGRESS_MODES
 
-__all__ = ["SandboxSpec"]
+__all__ = ["SandboxSpec", "Service"]
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -77,6 +77,49 @@ def _check_binds(
         seen.add(dst)
 
 
+def _strings(value: Sequence[str]) -> Tuple[str, ...]:
+    return tuple(str(v) for v in value)
+
+
+def _check_argv(
+    _: object, attribute: attrs.Attribute[Tuple[str, ...]], value: Tuple[str, ...]
+) -> None:
+    if not value or not os.path.isabs(value[0]) or any("\0" in a for a in value):
+        raise ValueError(f"{attribute.name}: argv[0] must be an absolute path, no NUL anywhere")
+
+
+def _check_ready_port(
+    _: object, attribute: attrs.Attribute[Optional[int]], value: Optional[int]
+) -> None:
+    if value is not None and not 1 <= value <= 65535:
+        raise ValueError(f"{attribute.name} must be a TCP port, not {value!r}")
+
+
+@attrs.frozen
+class Service:
+    """A program a template runs beside the agent (E2B's systemd services): PID 1 starts it
+    at every boot, as the sandbox's root, and starts it again whenever it exits.
+
+    Attributes:
+        name: what logs call it.
+        argv: its command line (``argv[0]`` absolute, as seen inside the sandbox).
+        env: variables added to the sandbox's environment for it.
+        cwd: its working directory inside the sandbox.
+        ready_port: a TCP port inside the sandbox; the boot is done only once something
+            listens there (E2B builds such templates with a ready check on it).
+        binds: host directories it needs, bound read-only at the same paths.
+    """
+
+    name: str
+    argv: Tuple[str, ...] = attrs.field(converter=_strings, validator=_check_argv)
+    env: Mapping[str, str] = attrs.field(
+        factory=dict, converter=_env_vars, validator=_check_env, hash=False
+    )
+    cwd: str = "/"
+    ready_port: Optional[int] = attrs.field(default=None, validator=_check_ready_port)
+    binds: Tuple[str, ...] = attrs.field(default=(), converter=_strings)
+
+
 @attrs.frozen
 class SandboxSpec:
     """What one sandbox is: identity, network mode, environment and resource limits.
@@ -102,6 +145,7 @@ class SandboxSpec:
         without: program names the sandbox's template lacks: hidden (whited out in its
             overlay) from every ``PATH`` directory, as ``name``, ``name.*`` and ``name-*``.
             Root mode only (a whiteout is a device node the rootless mode cannot make).
+        services: programs its template runs beside the agent (see :class:`Service`).
     """
 
     sandbox_id: str = attrs.field(validator=_check_id)
@@ -119,3 +163,4 @@ class SandboxSpec:
         default=(), converter=_binds, validator=_check_binds
     )
     without: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    services: Tuple[Service, ...] = attrs.field(default=(), converter=tuple)

@@ -88,7 +88,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         log("setup failed:\n" + traceback.format_exc(), "error")
         return 1
     log(f"sandbox {cfg['sandbox_id']} set up in {1000 * (time.monotonic() - t0):.0f} ms")
-    return serve(cfg["agent_argv"], cfg["agent_env"], cfg["agent_cwd"], boot)
+    return serve(
+        cfg["agent_argv"], cfg["agent_env"], cfg["agent_cwd"], boot, cfg.get("services") or ()
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""The Python environment of the emulator's ``code-interpreter-v1`` template: where it is,
+whether it is complete, and how it is built.
+
+E2B's template installs Jupyter, ``ipykernel``, ``bash_kernel`` and the data packages into
+its image; the emulator's sandboxes share the host's files, so the template's kernels run
+from one virtual environment on the host, bound read-only into each such sandbox at the same
+path. It lives at ``$E2B_EMULATOR_CODE_ENV``, or ``.venv-code`` beside the package's source
+tree. ``./dev`` builds it (``python -m e2b_provider.emulator.interpreter.environment``);
+building again with the same requirements does nothing. Other templates never need it.
+Standard library only: the emulator's control plane imports this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import List, Optional, Sequence
+
+import attrs
+
+__all__ = [
+    "BUILD_COMMAND",
+    "ENV_VAR",
+    "REQUIREMENTS",
+    "CodeEnv",
+    "CodeEnvMissing",
+    "build",
+    "default_dir",
+    "find",
+]
+
+#: The variable naming the environment's directory.
+ENV_VAR = "E2B_EMULATOR_CODE_ENV"
+#: What the template's kernels and server need (E2B's template pins more; these are the
+#: packages its protocol and its rich results rely on).
+REQUIREMENTS = (
+    "ipykernel>=6.29",
+    "jupyter_client>=8.6",
+    "bash_kernel>=0.9",
+    "aiohttp>=3.9,<4",
+    "matplotlib>=3.8",
+    "pandas>=2.1",
+    "numpy>=1.26",
+    "pillow>=10",
+    "orjson>=3.9",
+    "e2b-charts>=0.1",
+)
+#: The file written last by a build: its requirements (a build without it is unfinished).
+STAMP = "e2b-provider-code-env.json"
+#: The command that builds it, as error messages name it.
+BUILD_COMMAND = "./dev code-env (or: python -m e2b_provider.emulator.interpreter.environment)"
+
+
+class CodeEnvMissing(Exception):
+    """The environment is not there or not complete (the message names the command)."""
+
+
+@attrs.frozen
+class CodeEnv:
+    """A built environment.
+
+    Attributes:
+        directory: its directory (absolute, real).
+        python: its interpreter.
+        binds: host directories a sandbox needs to run it (it, and its base interpreter's).
+    """
+
+    directory: str
+    python: str
+    binds: List[str]
+
+
+def default_dir() -> str:
+    """``$E2B_EMULATOR_CODE_ENV``, else ``.venv-code`` beside the package's directory."""
+    named = os.environ.get(ENV_VAR)
+    if named:
+        return os.path.abspath(named)
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(os.path.dirname(package), ".venv-code")
+
+
+def _base_home(directory: str) -> Optional[str]:
+    """The prefix of the interpreter the virtual environment was made from."""
+    try:
+        with open(os.path.join(directory, "pyvenv.cfg"), encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    return os.path.dirname(os.path.realpath(value.strip()))
+    except OSError:
+        return None
+    return None
+
+
+def find(directory: Optional[str] = None) -> CodeEnv:
+    """The built environment at ``directory`` (default :func:`default_dir`).
+
+    Raises:
+        CodeEnvMissing: it is not there, or its build did not finish or is out of date.
+    """
+    where = os.path.abspath(directory or default_dir())
+    python = os.path.join(where, "bin", "python")
+    try:
+        with open(os.path.join(where, STAMP), encoding="utf-8") as f:
+            built = json.load(f)
+    except (OSError, ValueError):
+        built = None
+    if not os.access(python, os.X_OK) or built is None:
+        raise CodeEnvMissing(
+            f"the code-interpreter template needs its Python environment at {where}; "
+            f"build it with {BUILD_COMMAND}"
+        )
+    if built.get("requirements") != list(REQUIREMENTS):
+        raise CodeEnvMissing(
+            f"the code-interpreter template's Python environment at {where} is out of date; "
+            f"build it again with {BUILD_COMMAND}"
+        )
+    real = os.path.realpath(where)
+    binds = [real]
+    home = _base_home(real)
+    if home is not None:
+        binds.append(home)
+    return CodeEnv(directory=real, python=os.path.join(real, "bin", "python"), binds=binds)
+
+
+def build(directory: str, python: str = sys.executable, quiet: bool = True) -> CodeEnv:
+    """Build (or finish, or bring up to date) the environment at ``directory``.
+
+    Makes a virtual environment with ``python``, installs :data:`REQUIREMENTS` and the Bash
+    kernel's spec into it, then writes the stamp. Readable by everyone (a root-mode
+    sandbox's root is not host root).
+
+    Raises:
+        subprocess.CalledProcessError: venv or pip failed (their output went to stderr).
+    """
+    where = os.path.abspath(directory)
+    try:
+        return find(where)
+    except CodeEnvMissing:
+        pass
+    try:
+        os.unlink(os.path.join(where, STAMP))
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o022)
+    try:
+        if not os.access(os.path.join(where, "bin", "python"), os.X_OK):
+            subprocess.run([python, "-m", "venv", where], check=True)
+        env_python = os.path.join(where, "bin", "python")
+        pip = [env_python, "-m", "pip", "install", "--disable-pip-version-check"]
+        if quiet:
+            pip.append("-q")
+        subprocess.run(pip + list(REQUIREMENTS), check=True)
+        subprocess.run([env_python, "-m", "bash_kernel.install", "--sys-prefix"], check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(os.path.join(where, STAMP), "w", encoding="utf-8") as f:
+            json.dump({"requirements": list(REQUIREMENTS)}, f)
+    finally:
+        os.umask(old)
+    return find(where)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m e2b_provider.emulator.interpreter.environment [--dir DIR] [--check]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m e2b_provider.emulator.interpreter.environment",
+        description="Build the Python environment of the emulator's code-interpreter-v1 "
+        "template (Jupyter kernels for Python and Bash, matplotlib, pandas, numpy, e2b-charts).",
+    )
+    parser.add_argument("--dir", default=None, help=f"where (default ${ENV_VAR} or .venv-code)")
+    parser.add_argument("--check", action="store_true", help="only say whether it is built")
+    args = parser.parse_args(argv)
+    try:
+        found = find(args.dir) if args.check else build(args.dir or default_dir())
+    except CodeEnvMissing as exc:
+        print(f"code-env: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:
+        print(f"code-env: {exc}", file=sys.stderr)
+        return 1
+    print(f"code-env: ready at {found.directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
