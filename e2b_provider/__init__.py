@@ -50,6 +50,10 @@ if TYPE_CHECKING:
     from .errors import TransportTimeout as TransportTimeout
     from .errors import UnsafePath as UnsafePath
     from .files.watch import Watch as Watch
+    from .interpreter.results import CodeContext as CodeContext
+    from .interpreter.results import Execution as Execution
+    from .interpreter.results import ExecutionError as ExecutionError
+    from .interpreter.results import Result as Result
     from .models import DirEntry as DirEntry
     from .models import ExecResult as ExecResult
     from .models import FileContent as FileContent
@@ -72,6 +76,7 @@ _HOMES: "Dict[str, str]" = {
     "CommandFailed": ".errors",
     "CommandInfo": ".commands.command",
     "CommandNotFound": ".errors",
+    "CodeContext": ".interpreter.results",
     "CommandOutput": ".commands.command",
     "ConfigError": ".errors",
     "Conflict": ".errors",
@@ -82,6 +87,8 @@ _HOMES: "Dict[str, str]" = {
     "E2BProviderError": ".errors",
     "E2BSandboxProvider": ".provider",
     "ExecResult": ".models",
+    "Execution": ".interpreter.results",
+    "ExecutionError": ".interpreter.results",
     "FileContent": ".models",
     "FileEvent": ".models",
     "FileStat": ".models",
@@ -96,6 +103,7 @@ _HOMES: "Dict[str, str]" = {
     "ProtocolError": ".errors",
     "ProviderClosed": ".errors",
     "RemoteError": ".errors",
+    "Result": ".interpreter.results",
     "SandboxGoneError": ".errors",
     "SandboxHandle": ".models",
     "SandboxLimits": ".models",

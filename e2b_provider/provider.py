@@ -58,6 +58,9 @@ from .files.files import Files
 from .files.tar_codec import Progress
 from .files.trees import Trees
 from .files.watch import Watch, Watches
+from .interpreter.code import CodeInterpreter, check_context, check_language
+from .interpreter.collect import ResultCallback
+from .interpreter.results import CodeContext, Execution
 from .models import (
     DirEntry,
     ExecResult,
@@ -71,6 +74,7 @@ from .models import (
 )
 from .ports.relay import Ports, check_port, forward_limits
 from .protocol import validate as v
+from .protocol.code_output import check_env_vars
 from .protocol.escalation import KILL_GRACE_SECONDS
 from .sandboxes.lifecycle import Lifecycle, ResumeOutcome
 
@@ -79,6 +83,8 @@ __all__ = ["E2BSandboxProvider"]
 #: Default exec timeout (seconds) and output budget (bytes).
 DEFAULT_EXEC_TIMEOUT_SECONDS = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
+#: The largest cell ``run_code`` sends, in UTF-8 bytes.
+MAX_CODE_BYTES = 16 << 20
 DEFAULT_MAX_READ_BYTES = 1 << 20
 #: Content a download accepts by default (at most
 #: :data:`~e2b_provider.files.arguments.MAX_DOWNLOAD_BYTES`).
@@ -164,6 +170,7 @@ class E2BSandboxProvider:
         self._terminals = Terminals(ctx, reboots)
         self._ports = Ports(ctx)
         self._watches = Watches(ctx, self._files)
+        self._code = CodeInterpreter(ctx)
         self._calls = Calls(ctx, self._files.forget, self._named)
         ctx.on_fork(self._lifecycle.after_fork)
 
@@ -1375,3 +1382,176 @@ class E2BSandboxProvider:
         finally:
             opened.close()
 
+    # -- the code interpreter -------------------------------------------------------------
+
+    def run_code(
+        self,
+        sandbox: SandboxRef,
+        code: str,
+        *,
+        language: str = "python",
+        context: Union[CodeContext, str, None] = None,
+        timeout: float = DEFAULT_EXEC_TIMEOUT_SECONDS,
+        env: Optional[Mapping[str, str]] = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        cancel: Optional[CancelToken] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        on_result: Optional[ResultCallback] = None,
+    ) -> Execution:
+        """Run a cell of code in the sandbox's code interpreter (a Jupyter kernel that keeps
+        its state between calls), as E2B's Code Interpreter does.
+
+        The sandbox must come from a template with E2B's code-interpreter server on port
+        49999: ``create(name, template="code-interpreter-v1")``, on E2B or on the emulator.
+        One round trip: ``POST /execute``, its lines read as they come. ::
+
+            ex = provider.run_code(sandbox, "x = 41\nx + 1")
+            ex.text                  # '42'
+            provider.run_code(sandbox, "x").text   # '41': variables stay
+
+        Stopping: when ``timeout`` passes (counted from the moment the server took the code)
+        or ``cancel`` fires, the kernel is interrupted (its variables are kept) and the call
+        returns an :class:`~e2b_provider.Execution` with ``timed_out`` or ``cancelled`` set
+        and what came before. Before it returns, the context answers an empty execution
+        within 2 s, or its kernel is restarted (``restarted=True``, its state lost): the next
+        call in that context never waits on a stuck kernel. Ctrl-C (a notebook's interrupt
+        button) does the same, then raises ``KeyboardInterrupt``.
+
+        Bounds: opening the stream takes at most 30 s (plus connecting a cold sandbox, at
+        most 120 s); then the call ends within ``timeout`` + 2 s, plus a kernel's restart
+        (at most 60 s) when it had to be restarted. A server silent for 20 s (it sends a
+        keepalive every 5 s) ends it with ``TransportTimeout``.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            code: the code (Python, or the language's).
+            language: the kernel's language: ``"python"`` (default) or ``"bash"`` on the
+                emulator; E2B's template also has ``"javascript"``, ``"r"``, ``"java"``.
+                Runs in that language's default context. Ignored when ``context`` is given.
+            context: a :class:`~e2b_provider.CodeContext` (or its id) from
+                :meth:`create_code_context`: runs there instead.
+            timeout: seconds the code may run (default 60; at most 86400).
+            env: environment variables for this run only (names are identifiers; values
+                without quotes, backslashes or line breaks, which E2B's server cannot carry).
+            max_output_bytes: the budget stdout and stderr share (default 1 MiB, in UTF-8);
+                output past it is read and dropped, and ``truncated`` is set. Results are
+                kept whole.
+            cancel: stops the run from any thread (``cancelled=True``).
+            on_stdout: called on this thread with standard output as it comes (only output
+                inside ``max_output_bytes``).
+            on_stderr: the same for standard error.
+            on_result: called with each :class:`~e2b_provider.Result` as it comes
+                (``IPython.display.display`` shows them live in a notebook).
+
+        Returns:
+            The :class:`~e2b_provider.Execution`. An exception in the code is its ``error``,
+            not a raise.
+
+        Raises:
+            InvalidArgument: a bad argument (before any I/O).
+            E2BHttpError: the server refused (404: no such context; 502: nothing listens on
+                port 49999: the sandbox is not a code-interpreter one).
+            SandboxGoneError, TransportError, ProtocolError, ProviderClosed, Cancelled
+            (``cancel`` fired before the code was sent).
+            KeyboardInterrupt: re-raised once the kernel was interrupted (bounded).
+            Exception: whatever a callback raised, once the kernel was interrupted.
+        """
+        sid = self._calls.open_sandbox(sandbox)
+        lang = check_language(language)
+        cid = check_context(context) if context is not None else None
+        v.check_text(code, "code", max_bytes=MAX_CODE_BYTES)
+        run_timeout = v.check_timeout(timeout)
+        ca.check_callbacks(on_stdout=on_stdout, on_stderr=on_stderr)
+        if on_result is not None and not callable(on_result):
+            raise InvalidArgument("on_result must be a callable taking a Result, or None")
+        v.check_max_bytes(max_output_bytes, "max_output_bytes")
+        check_env_vars(env)
+        v.check_cancel(cancel)
+        run = functools.partial(
+            self._code.run_code, sid, code, language=lang, context_id=cid, timeout=run_timeout,
+            env=env, max_output_bytes=max_output_bytes, cancel=cancel, on_stdout=on_stdout,
+            on_stderr=on_stderr, on_result=on_result,
+        )
+        lost = "the code may or may not have run (its result was lost)"
+        with self._calls.doing(f"running code in sandbox {sid}", lost, sid=sid):
+            return run()
+
+    def create_code_context(
+        self,
+        sandbox: SandboxRef,
+        *,
+        language: str = "python",
+        cwd: Optional[str] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> CodeContext:
+        """Start a new code context: a kernel of its own (its own variables), in ``cwd``.
+
+        Args:
+            sandbox: the handle or sandbox id.
+            language: the kernel's language (``"python"``, ``"bash"``, ...).
+            cwd: its working directory (default ``/home/user``).
+            cancel: cancels the call.
+
+        Raises:
+            InvalidArgument: a bad argument (before any I/O).
+            E2BHttpError: the server could not start the kernel (500), or it is not there.
+            SandboxGoneError, TransportError, ProtocolError, ProviderClosed, Cancelled.
+        """
+        sid = self._calls.begin(sandbox, cancel)
+        lang = check_language(language)
+        if cwd is not None:
+            v.check_path(cwd)
+        with self._calls.doing(f"creating a code context in sandbox {sid}", sid=sid):
+            return self._code.create_context(sid, lang, cwd, cancel)
+
+    def code_contexts(
+        self, sandbox: SandboxRef, *, cancel: Optional[CancelToken] = None
+    ) -> List[CodeContext]:
+        """Every code context of the sandbox (the default ones too), oldest first.
+
+        Raises:
+            SandboxGoneError, E2BHttpError, TransportError, ProtocolError, ProviderClosed,
+            Cancelled.
+        """
+        sid = self._calls.begin(sandbox, cancel)
+        with self._calls.doing(f"listing the code contexts of sandbox {sid}", sid=sid):
+            return self._code.contexts(sid, cancel)
+
+    def restart_code_context(
+        self,
+        sandbox: SandboxRef,
+        context: Union[CodeContext, str],
+        *,
+        cancel: Optional[CancelToken] = None,
+    ) -> None:
+        """Restart a context's kernel: its variables are lost, its id stays.
+
+        Raises:
+            InvalidArgument: ``context`` is neither a CodeContext nor an id (before any I/O).
+            NotFound: no such context.
+            SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
+        """
+        sid = self._calls.begin(sandbox, cancel)
+        cid = check_context(context)
+        with self._calls.doing(f"restarting code context {cid} of sandbox {sid}", sid=sid):
+            self._code.restart_context(sid, cid, cancel)
+
+    def remove_code_context(
+        self,
+        sandbox: SandboxRef,
+        context: Union[CodeContext, str],
+        *,
+        cancel: Optional[CancelToken] = None,
+    ) -> None:
+        """Stop a context's kernel for good.
+
+        Raises:
+            InvalidArgument: ``context`` is neither a CodeContext nor an id (before any I/O).
+            NotFound: no such context.
+            SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
+        """
+        sid = self._calls.begin(sandbox, cancel)
+        cid = check_context(context)
+        with self._calls.doing(f"removing code context {cid} of sandbox {sid}", sid=sid):
+            self._code.remove_context(sid, cid, cancel)

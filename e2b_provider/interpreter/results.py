@@ -176,6 +176,8 @@ class Execution:
         cancelled: True when the cancel token fired (likewise).
         restarted: True when the kernel did not stop when interrupted and was restarted: the
             context's state (its variables) is lost.
+        truncated: True when stdout and stderr together passed the call's
+            ``max_output_bytes`` and the rest was dropped (as ``exec`` does).
     """
 
     results: Tuple[Result, ...] = ()
@@ -186,6 +188,7 @@ class Execution:
     timed_out: bool = False
     cancelled: bool = False
     restarted: bool = False
+    truncated: bool = False
 
     @property
     def text(self) -> Optional[str]:
@@ -212,7 +215,7 @@ class Execution:
                 parts.append(f"{name}={_short(value)!r}")
         if self.error is not None:
             parts.append(f"error={str(self.error)!r}")
-        for flag in ("timed_out", "cancelled", "restarted"):
+        for flag in ("timed_out", "cancelled", "restarted", "truncated"):
             if getattr(self, flag):
                 parts.append(f"{flag}=True")
         return f"Execution({', '.join(parts)})"
@@ -220,8 +223,13 @@ class Execution:
     def _repr_mimebundle_(
         self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None
     ) -> Dict[str, Any]:
-        """The whole cell as HTML (streams, every result's richest form, the error), with
-        plain text beside it."""
+        """A cell whose only output is one result: that result's own bundle (a notebook
+        shows Markdown, LaTeX or a figure as it is). Otherwise the whole cell as HTML
+        (streams, every result's richest form, the error), with plain text beside it."""
+        alone = not (self.stdout or self.stderr or self.error is not None or self.timed_out
+                     or self.cancelled or self.restarted)
+        if alone and len(self.results) == 1:
+            return self.results[0]._repr_mimebundle_(include, exclude)
         blocks: List[str] = []
         plain: List[str] = []
         for name in ("stdout", "stderr"):

@@ -35,7 +35,7 @@ from ..cancel import CancelToken
 from ..errors import E2BProviderError, InvalidArgument
 from ..models import Target
 from ..protocol import validate as v
-from ..protocol.e2b_facts import ENVD_PORT
+from ..protocol.e2b_facts import ENVD_PORT, TRAFFIC_TOKEN_HEADER
 from ..protocol.http1 import HEAD, REFUSED, SWITCHED, Event, Framer, FramingError, Head
 
 if TYPE_CHECKING:
@@ -55,8 +55,6 @@ __all__ = [
 
 log = logging.getLogger("e2b_provider")
 
-#: The header E2B's edge wants on a port of a sandbox whose traffic is private.
-TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 _READ = 64 * 1024
 #: Request headers a forward replaces (lowercase): routing is the forward's to say.
 _REPLACED = (b"host", b"e2b-sandbox-id", b"e2b-sandbox-port", TRAFFIC_TOKEN_HEADER.encode())

@@ -30,6 +30,7 @@ __all__ = [
     "CodeResult",
     "CodeStream",
     "OutputDecoder",
+    "check_env_vars",
     "context_body",
     "execute_body",
     "parse_context",
@@ -239,7 +240,7 @@ class OutputDecoder:
 _UNQUOTABLE = ("'", '"', "\\", "\n", "\r", "\0")
 
 
-def _env_vars(env: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
+def check_env_vars(env: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
     if env is None:
         return None
     if not isinstance(env, Mapping):
@@ -281,7 +282,7 @@ def execute_body(
         "code": code,
         "context_id": context_id,
         "language": language,
-        "env_vars": _env_vars(env),
+        "env_vars": check_env_vars(env),
     }
     return json.dumps(body, ensure_ascii=True).encode("ascii")
 

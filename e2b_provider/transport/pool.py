@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
+import struct
 import threading
 import time
 from typing import Any, Dict, Iterator, Optional
@@ -48,6 +49,7 @@ __all__ = [
     "answer_sock",
     "publishing",
     "quickack",
+    "reset_on_abort",
 ]
 
 _QUICKACK: Optional[int] = getattr(socket, "TCP_QUICKACK", None)  # Linux only
@@ -66,6 +68,7 @@ _DEAD = "_e2b_dead"  # set once the connection was shut down by an abort: never 
 _IDLE = "_e2b_idle"  # monotonic time the connection went back to the pool
 _SOCK = "_e2b_sock"  # the socket published with the connection (see AbortSlot.attach)
 _SETUP = "_e2b_setup"  # a duplicate of a new connection's socket while it is set up
+_RESET = "_e2b_reset"  # an abort of this connection sends a reset (RST), never a FIN
 
 
 class AbortSlot:
@@ -146,14 +149,29 @@ class AbortSlot:
             conn.__dict__.pop(_SLOT, None)
 
 
+def reset_on_abort(conn: Any) -> None:
+    """Make an abort of ``conn`` a reset: its socket closes with ``SO_LINGER`` 0 (an RST) and
+    the abort shuts down only its reading side, which wakes a blocked reader without sending
+    the FIN a peer could take for a half-close."""
+    sock = getattr(conn, "sock", None)
+    if conn is None or sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        return
+    conn.__dict__[_RESET] = True
+
+
 def _shutdown_conn(conn: urllib3.connection.HTTPConnection) -> None:
     conn.__dict__[_DEAD] = True
+    how = socket.SHUT_RD if conn.__dict__.get(_RESET) else socket.SHUT_RDWR
     for sock in (getattr(conn, "sock", None) or conn.__dict__.get(_SOCK),
                  conn.__dict__.get(_SETUP)):
         if sock is None:
             continue
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(how)
         except (OSError, ValueError, AttributeError):
             pass
 

@@ -20,7 +20,7 @@ from .._watchdog import TimerHandle
 from ..errors import E2BProviderError, ProtocolError, TransportError, TransportTimeout
 from .direct_send import Response
 from .error_mapping import map_transport_errors
-from .pool import AbortSlot, answer_sock, quickack
+from .pool import AbortSlot, answer_sock, quickack, reset_on_abort
 from .response import lower_headers
 
 __all__ = ["END_WAIT_SECONDS", "READ_CHUNK", "OneReaderStream", "Stream"]
@@ -293,6 +293,16 @@ class Stream(OneReaderStream):
             reading = self._reading
         if not reading:
             self._release()
+
+    def reset_if_stopped(self) -> None:
+        """From now on, a stream stopped before its end (an abort, a close, an exception in
+        a read such as Ctrl-C) closes its connection with a reset (RST) instead of a FIN:
+        a peer, or a proxy between, that keeps answering a half-closed connection learns
+        at once that nobody reads the answer any more (a server that stops work when its
+        client goes away then stops it now, not at its next write)."""
+        with self._lock:
+            if not self._aborted and not self._closed:
+                reset_on_abort(getattr(self._raw, "connection", None))
 
     def _shut(self) -> None:
         # shutdown() first: close() from another thread would block behind a read. Through
