@@ -35,6 +35,7 @@ from e2b_provider.emulator.runtime import (
     SandboxRuntime,
     SandboxRuntimeError,
     SandboxSpec,
+    Service,
     cgroups,
     check_isolation,
     linux,
@@ -1012,6 +1013,56 @@ def test_real_agent_boots(make: Callable[..., SandboxRuntime], base_dir: str) ->
     finally:
         asyncio.run(rt.destroy())
     assert rt.host_pids() == []
+
+
+# --- a template's services ------------------------------------------------------------------
+
+
+def _listens(rt: SandboxRuntime, port: int) -> bool:
+    try:
+        asyncio.run(rt.connect_port(port, 2.0)).close()
+        return True
+    except runtime.PortClosed:
+        return False
+
+
+def _web(port: int) -> Service:
+    """A service: Python's HTTP server on ``port`` of the sandbox's loopback."""
+    return Service(
+        name="web",
+        argv=[sys.executable, "-E", "-s", "-m", "http.server", str(port), "--bind",
+              "127.0.0.1", "--directory", "/"],
+        ready_port=port,
+    )
+
+
+def test_a_service_is_waited_for_and_started_again_when_killed(base_dir: str) -> None:
+    sid = "t" + uuid.uuid4().hex[:12]
+    rt = SandboxRuntime(SandboxSpec(sid, sid, services=[_web(8123)]), os.path.join(base_dir, sid))
+    try:
+        asyncio.run(rt.boot(timeout=30))
+        # the boot returned once the service listened: no wait for it here
+        assert _listens(rt, 8123)
+        assert "web started" in rt.log_tail()
+        _agent_run(rt, "pkill -KILL -f 'http[.]server'", "root")
+        assert wait_for(lambda: "web killed by signal 9" in rt.log_tail())
+        assert wait_for(lambda: _listens(rt, 8123), limit=20)
+    finally:
+        asyncio.run(rt.destroy())
+    assert rt.host_pids() == []
+
+
+def test_a_service_that_never_listens_fails_the_boot_by_name(base_dir: str) -> None:
+    sid = "t" + uuid.uuid4().hex[:12]
+    quiet = Service(name="quiet", argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+                    ready_port=8124)
+    rt = SandboxRuntime(SandboxSpec(sid, sid, services=[quiet]), os.path.join(base_dir, sid))
+    try:
+        with pytest.raises(SandboxRuntimeError, match="template's services to listen"):
+            asyncio.run(rt.boot(timeout=2))
+        assert rt.host_pids() == []  # the failed boot left nothing running
+    finally:
+        asyncio.run(rt.destroy())
 
 
 # --- boots measured by progress ------------------------------------------------------------

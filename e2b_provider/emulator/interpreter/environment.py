@@ -82,17 +82,10 @@ def default_dir() -> str:
     return os.path.join(os.path.dirname(package), ".venv-code")
 
 
-def _base_home(directory: str) -> Optional[str]:
-    """The prefix of the interpreter the virtual environment was made from."""
-    try:
-        with open(os.path.join(directory, "pyvenv.cfg"), encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition("=")
-                if key.strip() == "home" and value.strip():
-                    return os.path.dirname(os.path.realpath(value.strip()))
-    except OSError:
-        return None
-    return None
+def _base_prefix(python: str) -> str:
+    """The prefix of the interpreter a virtual environment's ``python`` runs (its links
+    followed): its standard library is below it."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(python)))
 
 
 def find(directory: Optional[str] = None) -> CodeEnv:
@@ -119,11 +112,8 @@ def find(directory: Optional[str] = None) -> CodeEnv:
             f"build it again with {BUILD_COMMAND}"
         )
     real = os.path.realpath(where)
-    binds = [real]
-    home = _base_home(real)
-    if home is not None:
-        binds.append(home)
-    return CodeEnv(directory=real, python=os.path.join(real, "bin", "python"), binds=binds)
+    return CodeEnv(directory=real, python=os.path.join(real, "bin", "python"),
+                   binds=[real, _base_prefix(python)])
 
 
 def build(directory: str, python: str = sys.executable, quiet: bool = True) -> CodeEnv:

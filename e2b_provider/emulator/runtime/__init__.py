@@ -33,7 +33,7 @@ from .namespaces import (
 )
 from .output import SandboxOutput
 from .ports import PortClosed, connect_port
-from .spec import SandboxSpec
+from .spec import SandboxSpec, Service
 from .usage import ResourceUsage
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "SandboxRuntime",
     "SandboxRuntimeError",
     "SandboxSpec",
+    "Service",
     "check_isolation",
     "connect_port",
     "copy_sandbox_files",
