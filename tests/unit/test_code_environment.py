@@ -64,4 +64,5 @@ def test_the_default_place_follows_the_variable(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv(environment.ENV_VAR, str(tmp_path / "x"))
     assert environment.default_dir() == str(tmp_path / "x")
     monkeypatch.delenv(environment.ENV_VAR)
-    assert environment.default_dir().endswith(os.sep + ".venv-code")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert environment.default_dir() == str(tmp_path / "cache" / "e2b-provider" / "code-interpreter")

@@ -4,9 +4,11 @@ whether it is complete, and how it is built.
 E2B's template installs Jupyter, ``ipykernel``, ``bash_kernel`` and the data packages into
 its image; the emulator's sandboxes share the host's files, so the template's kernels run
 from one virtual environment on the host, bound read-only into each such sandbox at the same
-path. It lives at ``$E2B_EMULATOR_CODE_ENV``, or ``.venv-code`` beside the package's source
-tree. ``./dev`` builds it (``python -m e2b_provider.emulator.interpreter.environment``);
-building again with the same requirements does nothing. Other templates never need it.
+path. It lives at ``$E2B_EMULATOR_CODE_ENV``, else in the user's cache
+(``$XDG_CACHE_HOME/e2b-provider/code-interpreter``, by default under ``~/.cache``), shared by
+every checkout and install of this user. ``./dev code-env`` builds it (``python -m
+e2b_provider.emulator.interpreter.environment``); building again with the same requirements
+does nothing. Other templates never need it.
 Standard library only: the emulator's control plane imports this.
 """
 
@@ -74,12 +76,13 @@ class CodeEnv:
 
 
 def default_dir() -> str:
-    """``$E2B_EMULATOR_CODE_ENV``, else ``.venv-code`` beside the package's directory."""
+    """``$E2B_EMULATOR_CODE_ENV``, else ``e2b-provider/code-interpreter`` in the user's cache
+    directory (``$XDG_CACHE_HOME``, default ``~/.cache``)."""
     named = os.environ.get(ENV_VAR)
     if named:
         return os.path.abspath(named)
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.join(os.path.dirname(package), ".venv-code")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(cache), "e2b-provider", "code-interpreter")
 
 
 def _base_prefix(python: str) -> str:
@@ -160,7 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Build the Python environment of the emulator's code-interpreter-v1 "
         "template (Jupyter kernels for Python and Bash, matplotlib, pandas, numpy, e2b-charts).",
     )
-    parser.add_argument("--dir", default=None, help=f"where (default ${ENV_VAR} or .venv-code)")
+    parser.add_argument("--dir", default=None,
+                        help=f"where (default ${ENV_VAR}, else ~/.cache/e2b-provider/"
+                        "code-interpreter)")
     parser.add_argument("--check", action="store_true", help="only say whether it is built")
     args = parser.parse_args(argv)
     try:
