@@ -45,6 +45,13 @@ _MIME: Tuple[Tuple[str, str], ...] = (
     ("chart", "e2b/chart"),
 )
 _BINARY = ("png", "jpeg", "pdf")
+#: E2B's data types under the names a notebook can save them by: a notebook keeps an object
+#: (not text) only for a JSON MIME type (``application/...+json``).
+_SHOWN_AS = {
+    "e2b/data": "application/vnd.e2b.data+json",
+    "e2b/chart": "application/vnd.e2b.chart+json",
+}
+_JSON_MIME = re.compile(r"application/(.+\+)?json")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 #: How much of a text a ``repr`` shows.
 _REPR_TEXT = 60
@@ -119,7 +126,9 @@ class Result:
     def _repr_mimebundle_(
         self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None
     ) -> Dict[str, Any]:
-        """The result by MIME type, as IPython displays it (images base64 again)."""
+        """The result by MIME type, as IPython displays it (images base64 again; E2B's data
+        and chart as ``application/vnd.e2b.data+json`` and ``...chart+json``, which a
+        notebook can save; an extra type whose value a notebook cannot save is left out)."""
         bundle: Dict[str, Any] = {}
         for name, mime in _MIME:
             value = getattr(self, name)
@@ -127,9 +136,10 @@ class Result:
                 continue
             if name in _BINARY:
                 value = base64.b64encode(value).decode("ascii")
-            bundle[mime] = value
+            bundle[_SHOWN_AS.get(mime, mime)] = value
         for mime, value in self.extra.items():
-            bundle.setdefault(mime, value)
+            if isinstance(value, str) or _JSON_MIME.fullmatch(mime):
+                bundle.setdefault(mime, value)
         if "text/plain" not in bundle:
             bundle["text/plain"] = repr(self)
         return _filtered(bundle, include, exclude)

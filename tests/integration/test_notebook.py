@@ -9,6 +9,7 @@ output shows in its cell as it comes.
 
 from __future__ import annotations
 
+import base64
 import os
 import pathlib
 import re
@@ -41,13 +42,14 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
 ) -> None:
     nb = nbformat.read(str(NOTEBOOK), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert len(code) == 9
+    assert len(code) == 11
     monkeypatch.delenv("E2B_API_KEY", raising=False)  # the kernel inherits it: the emulator
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     with client.setup_kernel():
-        setup, live, long_cell, check, term_live, term_long, term_check, shown, cleanup = code
+        (setup, live, long_cell, check, term_live, term_long, term_check, shown, load, plot,
+         cleanup) = code
         client.execute_cell(setup, nb.cells.index(setup))
         assert _text(setup).startswith("sandbox i"), setup.outputs
 
@@ -67,6 +69,14 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
 
         client.execute_cell(shown, nb.cells.index(shown))
         _check_result_display(shown)
+
+        client.execute_cell(load, nb.cells.index(load))
+        assert _text(load) == "30 days loaded\n", load.outputs
+        (table,) = [o for o in load.outputs if o.get("output_type") == "execute_result"]
+        assert "<table" in table["data"]["text/html"]  # the DataFrame, as a table
+        client.execute_cell(plot, nb.cells.index(plot))
+        (figure,) = [o for o in plot.outputs if o.get("output_type") == "execute_result"]
+        assert base64.b64decode(figure["data"]["image/png"]).startswith(b"\x89PNG")
 
         client.execute_cell(cleanup, nb.cells.index(cleanup))
         assert _error(cleanup) == []

@@ -105,3 +105,22 @@ def test_execution_repr_is_one_short_line() -> None:
 def test_strip_ansi() -> None:
     assert strip_ansi("\x1b[0;31mKeyError\x1b[0m: 'k'") == "KeyError: 'k'"
     assert ExecutionError("A", "b", "").traceback == ""
+
+
+def test_a_bundle_a_notebook_can_save() -> None:
+    """nbformat keeps an object only under a JSON MIME type: E2B's data and chart go under
+    ``application/vnd.e2b.*+json``, an extra type whose value is no text is left out."""
+    import nbformat
+
+    result = Result(text="t", data={"a": [1, 2]}, chart={"type": "line"}, is_main_result=True,
+                    extra={"application/x-thing": {"k": 1}, "text/x-note": "n",
+                           "application/vnd.x+json": {"j": 2}})
+    bundle = result._repr_mimebundle_()
+    assert bundle["application/vnd.e2b.data+json"] == {"a": [1, 2]}
+    assert bundle["application/vnd.e2b.chart+json"] == {"type": "line"}
+    assert "application/x-thing" not in bundle
+    assert bundle["text/x-note"] == "n" and bundle["application/vnd.x+json"] == {"j": 2}
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("execute_result", data=bundle, execution_count=1)]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nbformat.validate(nb)  # raises for a bundle a notebook cannot save
