@@ -17,7 +17,10 @@ from .exits import EXIT_USAGE, PROG
 
 #: ``exec``'s timeout unless ``--timeout`` says otherwise (``exec -t``: none).
 CLI_EXEC_TIMEOUT_SECONDS = 600.0
-#: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise.
+#: ``code``'s timeout unless ``--timeout`` says otherwise.
+CLI_CODE_TIMEOUT_SECONDS = 600.0
+#: Output kept (and shown) per ``exec`` unless ``--max-output-bytes`` says otherwise (and
+#: per ``code``).
 DEFAULT_EXEC_OUTPUT = 64 << 20
 #: Output the sandbox keeps per stream of a ``start``-ed command unless told otherwise.
 DEFAULT_START_OUTPUT = 1 << 20
@@ -159,6 +162,9 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "then the older sandboxes of that name are destroyed first, files and all.",
     )
     c.add_argument("name", metavar="NAME")
+    c.add_argument("--template", default=None, metavar="NAME",
+                   help="the template to create it from (default: E2B_TEMPLATE's); "
+                   "code-interpreter-v1 for a sandbox the code command runs code in")
     c.add_argument("--replace", action="store_true",
                    help="destroy the sandboxes of that name (and everything in them) first")
     c.add_argument("--cpu", type=int, default=None,
@@ -292,6 +298,41 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "--no-trunc). logs takes a command's id, kill either.",
     )
     ps.add_argument("--no-trunc", action="store_true", help="show whole command lines")
+
+    cd = _command(
+        sub, "code", "code.cmd_code", sandbox=True,
+        usage=f"{PROG} code [OPTIONS] SANDBOX (-c CODE | FILE | -)",
+        help="run code in a sandbox's code interpreter (a Jupyter kernel that keeps its state)",
+        description="Run a cell of code in the sandbox's code interpreter, a Jupyter kernel "
+        "whose variables stay from one run to the next (the sandbox must come from the "
+        "template code-interpreter-v1: 'create NAME --template code-interpreter-v1'). The "
+        "code is -c CODE, the local file FILE, or standard input (-). Its stdout and stderr "
+        "are shown as they come, then its text results in order: the cell's value and each "
+        "displayed result that is no image. Image results (PNG, JPEG, SVG, PDF: a "
+        "matplotlib figure, say) are written to --out DIR as result-<count>-<n>.<ext>, one "
+        "line on stderr each; without --out they are not written. Exits 1 when the code "
+        "raised (its traceback on stderr), 124 if it timed out and 130 on Ctrl-C, both once "
+        "the kernel was interrupted (its variables are kept, unless it did not stop and had "
+        "to be restarted).",
+    )
+    cd.add_argument("-c", "--code", default=None, metavar="CODE", help="the code to run")
+    cd.add_argument("file", nargs="?", default=None, metavar="FILE",
+                    help="a local file of code to run; - reads it from standard input")
+    cd.add_argument("--context", default=None, metavar="ID",
+                    help="the id of a code context (a kernel of its own) to run it in "
+                    "(default: the language's default context)")
+    cd.add_argument("--language", default=None, metavar="L",
+                    help="the kernel's language: python (default), bash, ... (the default "
+                    "context of that language; not with --context)")
+    cd.add_argument("--out", default=None, metavar="DIR",
+                    help="write the image results to DIR (created if missing)")
+    cd.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help=f"seconds before the kernel is interrupted (default "
+        f"{CLI_CODE_TIMEOUT_SECONDS:g})",
+    )
 
     cp = _command(
         sub, "cp", "files.cmd_cp", sandbox=False,

@@ -3,14 +3,17 @@
 This module is its entry point: it shows the library's warnings as lines of ours, parses the
 words (:mod:`.arguments`), runs the command's handler, and turns an error into one line and an
 exit status. The handlers sit beside it by what they act on (:mod:`.sandboxes`,
-:mod:`.commands`, :mod:`.files`, :mod:`.ports`, :mod:`.local_emulator`; the terminal of ``exec
--it`` and ``shell`` in :mod:`.terminal_session`) and are imported only when their command runs:
+:mod:`.commands`, :mod:`.code`, :mod:`.files`, :mod:`.ports`, :mod:`.local_emulator`; the
+terminal of ``exec -it`` and ``shell`` in :mod:`.terminal_session`) and are imported only
+when their command runs:
 ``--help`` and ``--version`` load none of the library, and a Ctrl-C while the command line
 starts stays one line. The exit statuses:
 
 * ``exec`` exits with the command's own status, 124 when it timed out, 130 after Ctrl-C
   (once the remote process tree was killed); so does ``logs -f`` once the background
   command ended (130 after Ctrl-C, which leaves the command running);
+* ``code`` exits 1 when the code raised (its traceback on stderr), 124 when it timed out,
+  130 after Ctrl-C (both once the kernel was interrupted), 0 otherwise;
 * 2 for a usage error (a bad option, a word that can be no sandbox name or id, a missing or
   invalid setting);
 * 1 for any other error (no such sandbox, an API or connection error, a local file error),
@@ -24,8 +27,8 @@ starts stays one line. The exit statuses:
 
 Commands::
 
-    e2b-provider create NAME [--replace] [--cpu N] [--memory-mb N] [--disk-mb N] [--egress MODE]
-                             [--allow-host HOST]...
+    e2b-provider create NAME [--template NAME] [--replace] [--cpu N] [--memory-mb N]
+                             [--disk-mb N] [--egress MODE] [--allow-host HOST]...
     e2b-provider exec [-i] [-t] [--timeout S] [-w DIR] [-e K=V]... [-u USER] SANDBOX [CMD [ARG...]]
                              (as docker exec: every word after SANDBOX is the command;
                              our stdin goes to CMD unless it is a terminal, or with -i)
@@ -35,6 +38,8 @@ Commands::
     e2b-provider logs [-f] [--tail N] SANDBOX ID
     e2b-provider kill SANDBOX ID
     e2b-provider ps [--no-trunc] SANDBOX
+    e2b-provider code [--context ID] [--language L] [--out DIR] [--timeout S]
+                      SANDBOX (-c CODE | FILE | -)   (in a code-interpreter-v1 sandbox)
     e2b-provider cp [-r] [--exclude PATTERN]... SRC DST   (one side is SANDBOX:/path;
                                                            - is a tar stream, as docker cp)
     e2b-provider ls [--name NAME]

@@ -1,5 +1,6 @@
-"""The commands on sandboxes themselves: ``create``, ``ls`` (the table of sandboxes, or the
-files of one), ``rm``, ``suspend`` and ``resume``.
+"""The commands on sandboxes themselves: ``create`` (from the configured template, or
+``--template``'s), ``ls`` (the table of sandboxes, or the files of one), ``rm``, ``suspend``
+and ``resume``.
 
 ``create NAME`` refuses when a running or paused sandbox of that name exists (as ``docker
 create --name`` refuses a name in use), naming it and ``--replace``; with ``--replace`` it
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List
+from typing import List, Optional
 
 from ..errors import E2BProviderError
 from ..models import SandboxLimits, SandboxSummary
 from ..protocol import validate as v
+from ..provider import E2BSandboxProvider
 from .exits import EXIT_ERROR, PROG, UsageError
 from .files import list_files
 from .inputs import split_remote
@@ -31,7 +33,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     )
     v.check_name(args.name)
     v.check_limits(limits)
-    with connect() as p:
+    with _provider(args.template) as p:
         if not args.replace:
             _refuse_a_name_in_use(p.list_sandboxes(args.name), args.name)
         h = p.create(args.name, limits)
@@ -42,6 +44,19 @@ def cmd_create(args: argparse.Namespace) -> int:
                  f"{h.disk_mb if h.disk_mb is not None else '?'} MiB disk")
         print(f"{PROG}: sandbox {h.id} has {sizes} (its template's sizes)", file=sys.stderr)
     return 0
+
+
+def _provider(template: Optional[str]) -> E2BSandboxProvider:
+    """The provider the environment configures (:func:`~.lookup.connect`); with
+    ``template``, one that creates its sandboxes from that template instead."""
+    p = connect()
+    if template is None:
+        return p
+    try:
+        config = p.config.replace(template=template)
+    finally:
+        p.close()
+    return E2BSandboxProvider(config)
 
 
 def _refuse_a_name_in_use(there: List[SandboxSummary], name: str) -> None:

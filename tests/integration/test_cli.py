@@ -326,8 +326,8 @@ def test_usage_and_config_errors_are_one_line(env: Dict[str, str]) -> None:
 def test_every_command_has_help() -> None:
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     names: List[str] = list(sub.choices)  # type: ignore[union-attr]
-    assert set(names) == {"create", "exec", "start", "logs", "kill", "ps", "cp", "ls", "rm",
-                          "suspend", "resume", "emulator", "forward", "port-forward", "url",
+    assert set(names) == {"create", "exec", "start", "logs", "kill", "ps", "code", "cp", "ls",
+                          "rm", "suspend", "resume", "emulator", "forward", "port-forward", "url",
                           "watch", "shell"}
     for name in [*names, None]:
         args = [name, "--help"] if name else ["--help"]
