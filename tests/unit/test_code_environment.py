@@ -65,4 +65,5 @@ def test_the_default_place_follows_the_variable(monkeypatch: pytest.MonkeyPatch,
     assert environment.default_dir() == str(tmp_path / "x")
     monkeypatch.delenv(environment.ENV_VAR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert environment.default_dir() == str(tmp_path / "cache" / "e2b-provider" / "code-interpreter")
+    want = tmp_path / "cache" / "e2b-provider" / "code-interpreter"
+    assert environment.default_dir() == str(want)
