@@ -14,11 +14,13 @@ reads a context's description (:func:`parse_context`). Pure: no I/O, no threads.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import attrs
 
 from ..errors import InvalidArgument, ProtocolError
+from .json_text import JsonTextPieces
 
 __all__ = [
     "CODE_INTERPRETER_PORT",
@@ -41,6 +43,13 @@ CODE_INTERPRETER_PORT = 49999
 #: The longest line the decoder keeps (a result carries its images base64-encoded: a large
 #: figure is a few MiB; a line longer than this is refused, not buffered).
 MAX_LINE_BYTES = 64 << 20
+#: A ``stdout`` or ``stderr`` line longer than this is decoded piece by piece as it arrives
+#: (a cell that prints 100 MB at once may come as one line): never kept whole.
+SPILL_BYTES = 256 << 10
+#: The longest rest of a spilled line after its text (``, "timestamp": "..."}``).
+_SPILL_REST_BYTES = 4096
+#: How a stream line starts, as E2B's server and the emulator's write it (type, then text).
+_STREAM_START = re.compile(rb'\s*\{\s*"type"\s*:\s*"(stdout|stderr)"\s*,\s*"text"\s*:\s*"')
 
 #: The display fields a ``result`` line may carry, as the server names them.
 RESULT_FIELDS = (
@@ -164,12 +173,20 @@ class OutputDecoder:
         max_line_bytes: the longest line kept; a longer one raises ``ProtocolError``.
     """
 
-    __slots__ = ("_buf", "_ended", "_max")
+    __slots__ = ("_buf", "_ended", "_max", "_spill", "_spill_name")
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._buf = bytearray()
         self._max = max_line_bytes
         self._ended = False
+        # a long stream line being decoded as it comes: its text, then the rest of the line
+        self._spill: Optional[JsonTextPieces] = None
+        self._spill_name = ""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a line not complete yet."""
+        return len(self._buf)
 
     @property
     def ended(self) -> bool:
@@ -193,8 +210,21 @@ class OutputDecoder:
         self._buf += data
         start = 0
         while True:
+            if self._spill is not None:
+                del self._buf[:start]
+                start = 0
+                if not self._spilled(events):
+                    break
+                continue
             cut = self._buf.find(b"\n", start)
             if cut < 0:
+                if len(self._buf) - start > SPILL_BYTES:
+                    m = _STREAM_START.match(self._buf, start)
+                    if m is not None:
+                        self._spill = JsonTextPieces()
+                        self._spill_name = m.group(1).decode("ascii")
+                        start = m.end()
+                        continue
                 break
             line = bytes(self._buf[start:cut]).strip()
             start = cut + 1
@@ -218,12 +248,37 @@ class OutputDecoder:
             )
         return events
 
+    def _spilled(self, events: List[CodeEvent]) -> bool:
+        """Decode what arrived of a long stream line (its text as pieces); True once its
+        end (the newline) was consumed.
+
+        Raises:
+            ProtocolError: a bad escape, or a rest of the line that is not short.
+        """
+        assert self._spill is not None
+        if not self._spill.closed:
+            text, _closed = self._spill.feed(self._buf)
+            if text:
+                events.append(CodeStream(self._spill_name, text))
+            if not self._spill.closed:
+                return False
+        cut = self._buf.find(b"\n")
+        if cut < 0:
+            if len(self._buf) > _SPILL_REST_BYTES:
+                raise ProtocolError("code interpreter: a malformed long output line")
+            return False
+        del self._buf[:cut + 1]
+        self._spill = None
+        return True
+
     def finish(self) -> List[CodeEvent]:
         """The body ended: decode a last line that had no newline.
 
         Raises:
             ProtocolError: that line is malformed.
         """
+        if self._spill is not None:
+            raise ProtocolError("code interpreter: the answer ended in an output line")
         if self._ended or not self._buf.strip():
             del self._buf[:]
             return []

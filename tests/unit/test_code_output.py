@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
+from typing import Any, List
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from e2b_provider.errors import InvalidArgument, ProtocolError
 from e2b_provider.protocol.code_output import (
+    SPILL_BYTES,
     CodeCount,
     CodeEnd,
     CodeError,
@@ -156,3 +161,63 @@ def test_context_body_and_parse_context() -> None:
     )
     with pytest.raises(ProtocolError):
         parse_context({"id": "k1", "language": "python"})
+
+
+# -- long stream lines: decoded as they come -------------------------------------------------
+
+_TRICKY = "a\"b\\c\nd\té€😀\u2028\x01'/"
+
+
+def _long_line(name: str, text: str, ascii_only: bool) -> bytes:
+    line = {"type": name, "text": text, "timestamp": "2026-12-07T00:00:00Z"}
+    return (json.dumps(line, ensure_ascii=ascii_only) + "\n").encode("utf-8")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    unit=st.text(alphabet=st.sampled_from(list(_TRICKY)), min_size=1, max_size=40),
+    ascii_only=st.booleans(),
+    chunk=st.integers(min_value=512, max_value=70000),
+    seed=st.integers(min_value=0, max_value=10**6),
+)
+def test_a_long_stream_line_comes_in_pieces_equal_to_its_text(
+    unit: str, ascii_only: bool, chunk: int, seed: int
+) -> None:
+    # three times the spill size: pieces cut anywhere, inside escapes and characters too
+    text = unit * (3 * SPILL_BYTES // len(unit) + 7)
+    body = (_long_line("stdout", text, ascii_only)
+            + b'{"type": "result", "is_main_result": true, "text": "1"}\n'
+            + b'{"type": "end_of_execution"}\n')
+    rng = random.Random(seed)
+    decoder = OutputDecoder()
+    events: List[Any] = []
+    pos = 0
+    while pos < len(body):
+        size = rng.randint(chunk // 2, chunk)
+        events += decoder.feed(body[pos:pos + size])
+        pos += size
+        # never the whole line: at most the spill size, one piece and an escape held back
+        assert decoder.buffered <= SPILL_BYTES + size + 16
+    streams = [e for e in events if isinstance(e, CodeStream)]
+    assert len(streams) > 1  # it came in pieces, not as one line kept whole
+    assert {e.name for e in streams} == {"stdout"}
+    assert "".join(e.text for e in streams) == text
+    assert isinstance(events[-2], CodeResult) and isinstance(events[-1], CodeEnd)
+    assert decoder.ended
+
+
+def test_a_long_line_of_another_type_is_kept_whole_up_to_the_cap() -> None:
+    big = "x" * (SPILL_BYTES * 2)
+    body = (json.dumps({"type": "result", "text": big, "is_main_result": True}) + "\n").encode()
+    decoder = OutputDecoder()
+    events: List[Any] = []
+    for i in range(0, len(body), 4096):
+        events += decoder.feed(body[i:i + 4096])
+    assert len(events) == 1 and events[0].fields["text"] == big
+
+
+def test_an_answer_that_ends_inside_a_long_line_is_an_error() -> None:
+    decoder = OutputDecoder()
+    decoder.feed(_long_line("stderr", "y" * (SPILL_BYTES * 2), True)[:-100])
+    with pytest.raises(ProtocolError):
+        decoder.finish()
