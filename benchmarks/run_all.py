@@ -40,6 +40,7 @@ SCRIPTS: Dict[str, List[str]] = {
     "forward": ["--rounds", "5"],
     "watch": ["--rounds", "2", "--writes", "20", "--flood", "100000"],
     "terminal": ["--keys", "100"],
+    "code_interpreter": ["--runs", "30"],
 }
 
 
