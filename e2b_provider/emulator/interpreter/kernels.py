@@ -6,7 +6,8 @@ with :mod:`jupyter_client`, turns the kernel's messages for one execution into t
 ``POST /execute`` streams (``stdout``/``stderr``, ``result``, ``error``,
 ``number_of_executions``), sets and restores per-execution environment variables the way
 E2B's server does (code run silently before and after), and interrupts, restarts and shuts
-the kernel down. Runs inside a sandbox, in the code interpreter's own Python environment.
+the kernel down; a kernel that dies is restarted, as Jupyter's restarter restarts those of
+E2B's server. Runs inside a sandbox, in the code interpreter's own Python environment.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class ContextError(Exception):
 
 
 def result_line(data: Mapping[str, Any], is_main: bool) -> Dict[str, Any]:
-    """A kernel's display data as E2B's ``result`` line (None fields left out)."""
+    """A kernel's display data as E2B's ``result`` line: None fields left out, the MIME types
+    it has no field for in ``extra`` (always there, ``{}`` when none, as E2B's server sends)."""
     line: Dict[str, Any] = {"type": "result", "is_main_result": is_main}
     extra: Dict[str, Any] = {}
     for mime, value in data.items():
@@ -67,18 +69,22 @@ def result_line(data: Mapping[str, Any], is_main: bool) -> Dict[str, Any]:
         if name is None:
             extra[mime] = value
             continue
-        if name == "text" and isinstance(value, str) and len(value) >= 2:
+        if name == "text" and isinstance(value, str) and value:
             if value[0] == value[-1] and value[0] in "'\"":
                 value = value[1:-1]  # as E2B's server: a string's quotes are dropped
         line[name] = value
-    if extra:
-        line["extra"] = extra
+    line["extra"] = extra
     return line
 
 
-def _restarting(why: str) -> Dict[str, Any]:
-    """The error line of an execution whose kernel went away (E2B's ``ContextRestarting``)."""
-    return {"type": "error", "name": "ContextRestarting", "value": why, "traceback": ""}
+#: The error line of an execution whose kernel was restarted under it (by a client, or after
+#: it died), in E2B's words.
+_RESTARTING: Dict[str, Any] = {
+    "type": "error",
+    "name": "ContextRestarting",
+    "value": "Context was restarted",
+    "traceback": "",
+}
 
 
 def _env_code(language: str, values: Mapping[str, Optional[str]]) -> str:
@@ -126,6 +132,11 @@ class Context:
         #: Set while the kernel answers (cleared during a restart).
         self._ready = asyncio.Event()
         self._ready.set()
+        #: Restarts begun and not finished (the kernel answers again when none is left).
+        self._restarts = 0
+        self._restart_lock = asyncio.Lock()
+        #: The restart of a kernel that died, running in the background.
+        self._revival: Optional[asyncio.Future[None]] = None
 
     def describe(self) -> Dict[str, str]:
         """The context as the server lists it."""
@@ -165,16 +176,38 @@ class Context:
 
     async def restart(self) -> None:
         """Restart the kernel (its state is lost) and wait until it answers."""
+        self._begin_restart()
+        await self._finish_restart()
+
+    def _begin_restart(self) -> None:
+        """From now on, executions of the current kernel are over and new ones wait."""
         self.generation += 1
+        self._restarts += 1
         self._ready.clear()
+
+    async def _finish_restart(self) -> None:
         try:
-            await self._km.restart_kernel(now=True)
-            await self._connect()
+            async with self._restart_lock:
+                await self._km.restart_kernel(now=True)
+                await self._connect()
         finally:
-            self._ready.set()
+            self._restarts -= 1
+            if not self._restarts:
+                self._ready.set()
+
+    def _revive(self) -> None:
+        """Restart a kernel that died, in the background, as Jupyter's restarter restarts
+        the kernels of E2B's server (a restart that fails is tried again by the next
+        execution, which finds the kernel dead)."""
+        self._begin_restart()
+        self._revival = asyncio.ensure_future(self._finish_restart())
+        self._revival.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     async def shutdown(self) -> None:
         """Stop the kernel for good."""
+        if self._revival is not None:
+            # a kernel that did not come back is stopped all the same
+            await asyncio.wait([self._revival])
         if self._kc is not None:
             self._kc.stop_channels()
         await self._km.shutdown_kernel(now=True)
@@ -194,11 +227,22 @@ class Context:
         client went away), the kernel is interrupted and the execution drained before this
         returns, so the next one starts on an idle kernel; a kernel that does not stop
         within ``SETTLE_SECONDS`` is restarted.
+
+        A kernel that dies is restarted (its state is lost), as Jupyter restarts E2B's: an
+        execution it ran ends with E2B's ``ContextRestarting`` error, and one that finds it
+        dead runs on the restarted kernel.
         """
         await self._ready.wait()  # not on a kernel being restarted
+        if not await self.alive():
+            self._revive()
+            await self._ready.wait()
         generation = self.generation
         if env:
             await self._silent(_env_code(self.language, dict(env)))
+        if self.generation != generation:  # it died while the variables were set
+            await emit(dict(_RESTARTING))
+            await emit({"type": "end_of_execution"})
+            return
         msg_id = self._kc.execute(code, store_history=True, allow_stdin=False)
         try:
             async for line in self._lines(msg_id):
@@ -207,7 +251,8 @@ class Context:
             if self.generation == generation:  # this kernel still runs it: stop it
                 await asyncio.shield(self._settle(msg_id, env))
             raise
-        await self._restore_env(env)
+        if self.generation == generation:  # else a new kernel, with the variables it had
+            await self._restore_env(env)
         await emit({"type": "end_of_execution"})
 
     async def _settle(self, msg_id: str, env: Optional[Mapping[str, str]]) -> None:
@@ -241,13 +286,14 @@ class Context:
         quiet_since = loop.time()
         while True:
             if self.generation != generation:  # restarted under it: this execution is over
-                yield _restarting("the context was restarted")
+                yield dict(_RESTARTING)
                 return
             try:
                 msg = await self._kc.get_iopub_msg(timeout=POLL_SECONDS)
             except queue.Empty:
                 if not await self.alive():
-                    yield _restarting("the kernel died")
+                    self._revive()
+                    yield dict(_RESTARTING)
                     return
                 if loop.time() - quiet_since >= KEEPALIVE_SECONDS:
                     quiet_since = loop.time()
