@@ -24,7 +24,6 @@ from .._watchdog import Watchdog
 from ..cancel import CancelToken, Deadline
 from ..clients.code_interpreter import CodeInterpreterClient
 from ..core.context import ProviderContext
-from ..core.interrupts import calls_user_code
 from ..core.messages import mark_worded
 from ..errors import E2BHttpError, E2BProviderError, InvalidArgument, ProtocolError, TransportError
 from ..models import Target
@@ -276,7 +275,6 @@ class CodeInterpreter:
         )
 
 
-@calls_user_code
 def _read(stream: Stream, collector: ExecutionCollector, stop: _Stop) -> bool:
     """Read the run's lines into ``collector`` until the end line (True), the body's end
     without it (False), or a stop (False). The callbacks run here."""

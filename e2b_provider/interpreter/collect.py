@@ -12,14 +12,16 @@ thread feeds it.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, TypeVar
 
+from ..core.interrupts import calls_user_code
 from ..protocol.code_output import CodeCount, CodeEnd, CodeError, CodeEvent, CodeResult, CodeStream
 from ..protocol.process_events import LiveText, OutputBudget
 from .results import Execution, ExecutionError, Result, error_from_event, result_from_event
 
 __all__ = ["ExecutionCollector"]
 
+_A = TypeVar("_A")
 TextCallback = Callable[[str], None]
 ResultCallback = Callable[[Result], None]
 
@@ -62,7 +64,7 @@ class ExecutionCollector:
             result = result_from_event(event)
             self._results.append(result)
             if self._on_result is not None:
-                self._on_result(result)
+                _call(self._on_result, result)
         elif isinstance(event, CodeError):
             if self._error is None:  # the first is the code's; later ones are the server's
                 self._error = error_from_event(event)
@@ -82,7 +84,7 @@ class ExecutionCollector:
         if piece:
             kept.append(piece)
             if callback is not None:
-                callback(piece)
+                _call(callback, piece)
 
     @property
     def truncated(self) -> bool:
@@ -109,3 +111,9 @@ class ExecutionCollector:
             restarted=restarted,
             truncated=truncated,
         )
+
+
+@calls_user_code
+def _call(callback: Callable[[_A], None], value: _A) -> None:
+    """Call the caller's ``callback`` (a Ctrl-C's traceback keeps the frames below here)."""
+    callback(value)

@@ -42,14 +42,14 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
 ) -> None:
     nb = nbformat.read(str(NOTEBOOK), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert len(code) == 11
+    assert len(code) == 13
     monkeypatch.delenv("E2B_API_KEY", raising=False)  # the kernel inherits it: the emulator
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     with client.setup_kernel():
         (setup, live, long_cell, check, term_live, term_long, term_check, shown, load, plot,
-         cleanup) = code
+         long_code, code_check, cleanup) = code
         client.execute_cell(setup, nb.cells.index(setup))
         assert _text(setup).startswith("sandbox i"), setup.outputs
 
@@ -77,6 +77,14 @@ def test_notebook_runs_and_survives_a_kernel_interrupt(
         client.execute_cell(plot, nb.cells.index(plot))
         (figure,) = [o for o in plot.outputs if o.get("output_type") == "execute_result"]
         assert base64.b64decode(figure["data"]["image/png"]).startswith(b"\x89PNG")
+
+        # the kernel's interrupt reaches the remote kernel: the loop stops, its state stays
+        _interrupt_once_started(client, nb, long_code)
+        client.execute_cell(code_check, nb.cells.index(code_check))
+        first = _text(code_check)
+        assert re.fullmatch(r"the loop stopped at step \d+\n", first), code_check.outputs
+        client.execute_cell(code_check, nb.cells.index(code_check))
+        assert _text(code_check) == first  # it stopped: the step did not move on
 
         client.execute_cell(cleanup, nb.cells.index(cleanup))
         assert _error(cleanup) == []
@@ -161,3 +169,4 @@ def test_the_notebook_runs_unattended_as_shipped(tool: List[str], tmp_path: path
         assert shown[2].endswith("timed out: True\n"), shown
         assert shown[5].endswith("exit status 137 timed out: True\n"), shown
         assert shown[3] == shown[6] == "nothing left\n", shown
+        assert shown[10].endswith("timed out: True\n"), shown  # run_code's own timeout
