@@ -1532,10 +1532,7 @@ class E2BSandboxProvider:
             NotFound: no such context.
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
-        sid = self._calls.begin(sandbox, cancel)
-        cid = check_context(context)
-        with self._calls.doing(f"restarting code context {cid} of sandbox {sid}", sid=sid):
-            self._code.restart_context(sid, cid, cancel)
+        self._on_context(sandbox, context, cancel, "restarting", self._code.restart_context)
 
     def remove_code_context(
         self,
@@ -1551,7 +1548,18 @@ class E2BSandboxProvider:
             NotFound: no such context.
             SandboxGoneError, E2BHttpError, TransportError, ProviderClosed, Cancelled.
         """
+        self._on_context(sandbox, context, cancel, "removing", self._code.remove_context)
+
+    def _on_context(
+        self,
+        sandbox: SandboxRef,
+        context: Union[CodeContext, str],
+        cancel: Optional[CancelToken],
+        doing: str,
+        call: Callable[[str, str, Optional[CancelToken]], None],
+    ) -> None:
+        """One call on one code context (its arguments checked before any I/O)."""
         sid = self._calls.begin(sandbox, cancel)
         cid = check_context(context)
-        with self._calls.doing(f"removing code context {cid} of sandbox {sid}", sid=sid):
-            self._code.remove_context(sid, cid, cancel)
+        with self._calls.doing(f"{doing} code context {cid} of sandbox {sid}", sid=sid):
+            call(sid, cid, cancel)
