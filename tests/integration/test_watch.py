@@ -513,16 +513,28 @@ def test_writes_through_the_library_name_only_their_targets(
         p.write_file(h, f"{d}/old.txt", b"x" * (3 << 20))  # large: streamed
         p.upload(h, str(tree), f"{d}/tree")
         sh(p, h, f"touch {d}/last")
-        got = until(events, ("create", f"{d}/last"))
+        got: List[FileEvent] = []
+        for event in events:
+            got.append(event)
+            if event.type == "overflow":
+                # a watcher error: the upload's staging directory was renamed away before a
+                # loaded host's watcher got to it. The watch started again; what happened
+                # in between is lost (as documented), the sentinel too: make it again
+                sh(p, h, f"touch {d}/last")
+            if (event.type, event.path) == ("create", f"{d}/last"):
+                break
+        else:
+            raise AssertionError(f"the watch ended without creating last: {pairs(got)}")
     assert [e for e in got if ".capybara" in e.path] == []
     seen = pairs(got)
     assert seen[:2] == [("create", f"{d}/new.txt"), ("write", f"{d}/new.txt")]
     at = seen.index(("create", f"{d}/old.txt"))
     assert seen[at + 1] == ("write", f"{d}/old.txt")
-    assert ("create", f"{d}/tree") in seen
+    restarted = ("overflow", d) in seen
+    assert restarted or ("create", f"{d}/tree") in seen
     assert {path for _, path in seen} <= {f"{d}/new.txt", f"{d}/old.txt", f"{d}/last",
                                           f"{d}/tree", f"{d}/tree/sub",
-                                          f"{d}/tree/sub/f.txt"}
+                                          f"{d}/tree/sub/f.txt"} | ({d} if restarted else set())
 
 
 def test_a_watch_of_tmp_does_not_show_the_commands_control_files(
