@@ -12,7 +12,7 @@ import requests
 
 from e2b_provider import E2BSandboxProvider, ExecResult, SandboxGoneError, SandboxHandle
 
-from .conftest import own_sandbox, unique_name
+from .conftest import own_sandbox, unique_name, warm_file_agent
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +57,9 @@ def test_concurrent_first_calls_share_one_connect(emu, provider, fresh, run_in_t
 
 def test_sandbox_paused_by_another_client_is_resumed_by_the_next_call(emu, provider, fresh) -> None:  # type: ignore[no-untyped-def]
     provider.write_file(fresh, "/workspace/keep.txt", b"kept")
+    # the first file call starts the file agent in the background: let that be done, or it
+    # may find the sandbox paused and resume it before the call under test
+    warm_file_agent(provider, fresh)
     with E2BSandboxProvider(emu.config(template="base")) as other:
         other.suspend(fresh)
     assert emu.get_sandbox(fresh.id)["state"] == "paused"
