@@ -530,9 +530,8 @@ class E2BSandboxProvider:
                 ``apt-get install``, say; envd's ``Start`` as that user, as E2B's
                 ``commands.run(user=...)``). Files a root command writes are root's; the
                 file calls of this provider stay the sandbox user's. Its timeout, cancel
-                and Ctrl-C stop its tree as for any command (its kill runs as root);
-                :meth:`kill_all` and :meth:`kill_tagged` do not reach it (they run as the
-                sandbox user), its in-sandbox timeout and a reboot do.
+                and Ctrl-C stop its tree as for any command (its kill runs as root), and
+                so do :meth:`kill_all` and :meth:`kill_tagged` (they sweep as root too).
 
         Returns:
             The :class:`~e2b_provider.ExecResult`. A non-zero exit is a result, not an error.

@@ -138,9 +138,16 @@ class Commands:
         )
 
     def _sweep(self, sid: str, args: List[str], what: str, cancel: Optional[CancelToken]) -> None:
-        r = self._ctx.script_on(sid, args, cancel)
-        if r.exit_code != 0:
-            raise script_failed(what, r)
+        """Run a kill sweep as the sandbox user, then as root. The first reaches every
+        process of the sandbox user's commands, also those found by their marker alone
+        (root may not read another user's environment here: it has no capabilities); the
+        second reaches root's commands. The scripts only kill, and only wrappers found by
+        their command line and processes carrying an exec's marker: nothing the sandbox
+        user names makes root write."""
+        for user in (scripts.SANDBOX_USER, scripts.ROOT_USER):
+            r = self._ctx.script_on(sid, args, cancel, user=user)
+            if r.exit_code != 0:
+                raise script_failed(what, r)
 
     def kill_all(self, sid: str, cancel: Optional[CancelToken]) -> None:
         self._sweep(sid, scripts.kill_all_args(), "cannot stop leftover commands", cancel)

@@ -21,9 +21,8 @@ have made:
   line is still the exec's wrapper, as for the sandbox user's kills.
 
 The kills of a root command (its timeout, cancel, Ctrl-C, a terminal's kill) run as root:
-the sandbox user may not signal its processes. ``kill_all`` and ``kill_tagged`` still run as
-the sandbox user, so they do not reach a root command (its own in-sandbox timeout and a
-reboot do).
+the sandbox user may not signal its processes. ``kill_all`` and ``kill_tagged`` sweep as the
+sandbox user and then as root, so they reach root commands too.
 """
 
 from __future__ import annotations

@@ -474,10 +474,12 @@ class ProviderContext:
         cancel: Optional[CancelToken],
         *,
         max_output_bytes: int = STDERR_ROOM,
+        user: str = scripts.SANDBOX_USER,
     ) -> RunOutcome:
-        """Run one of the reference's scripts as ``sandbox`` (attach, retry once if paused)."""
+        """Run one of the reference's scripts as ``sandbox`` (or ``user``; attach, retry once
+        if paused)."""
         return self.on_target(
             sid,
             cancel,
-            lambda t: self.run_script(t, scripts.SANDBOX_USER, args, max_output_bytes, cancel),
+            lambda t: self.run_script(t, user, args, max_output_bytes, cancel),
         )

@@ -74,6 +74,35 @@ def test_a_root_command_is_killed_on_timeout_and_cancel(
     assert _root_sleepers(p, sandbox, marker) == ""
 
 
+@pytest.mark.parametrize("sweep", ["kill_all", "kill_tagged"])
+def test_kill_all_and_kill_tagged_reach_root_commands(
+    shared_provider: E2BSandboxProvider, sandbox: SandboxHandle, sweep: str
+) -> None:
+    p = shared_provider
+    marker = f"8{time.monotonic_ns() % 10**6}"
+    outcome = {}
+
+    def run() -> None:
+        outcome["r"] = p.exec(sandbox, f"setsid sleep {marker} & sleep {marker}",
+                              timeout=120.0, user="root", tag="rooted")
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while len(_root_sleepers(p, sandbox, marker).split()) < 2:
+        assert time.monotonic() < deadline, "the root command never started"
+        time.sleep(0.1)
+    if sweep == "kill_all":
+        p.kill_all(sandbox)
+    else:
+        p.kill_tagged(sandbox, ["rooted"])
+    worker.join(30)
+    assert not worker.is_alive(), "kill_all did not reach the root command"
+    assert outcome["r"].exit_code == 137, outcome  # killed, long before its timeout
+    assert _root_sleepers(p, sandbox, marker) == ""  # its whole tree, the escapee too
+    assert p.exec(sandbox, "echo still here").stdout == "still here\n"
+
+
 def test_a_root_terminal_runs_as_root_and_is_killed(
     shared_provider: E2BSandboxProvider, sandbox: SandboxHandle
 ) -> None:
