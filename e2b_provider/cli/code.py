@@ -15,6 +15,7 @@ import sys
 from typing import List, Optional, Tuple, Union
 
 from ..errors import E2BHttpError, E2BProviderError
+from ..interpreter.code import no_server
 from ..interpreter.results import Execution, Result, strip_ansi
 from .arguments import CLI_CODE_TIMEOUT_SECONDS, DEFAULT_EXEC_OUTPUT
 from .exits import EXIT_ERROR, EXIT_TIMED_OUT, PROG, UsageError
@@ -49,7 +50,7 @@ def cmd_code(args: argparse.Namespace) -> int:
                 on_stderr=writer(sys.stderr),
             )
         except E2BHttpError as exc:
-            if exc.status == 502 and "port is not open" in exc.message:
+            if no_server(exc):
                 raise E2BProviderError(
                     f"sandbox {args.sandbox} has no code interpreter (nothing listens on its "
                     f"port 49999): create one from the template {CODE_TEMPLATE!r}: "

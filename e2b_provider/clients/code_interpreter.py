@@ -17,7 +17,7 @@ import json
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..cancel import CancelToken, Deadline
-from ..errors import E2BHttpError, ProtocolError
+from ..errors import ProtocolError
 from ..models import Target
 from ..protocol.code_output import CODE_INTERPRETER_PORT, parse_context
 from ..protocol.e2b_facts import TRAFFIC_TOKEN_HEADER
@@ -99,8 +99,6 @@ class CodeInterpreterClient:
             return stream
         try:
             text = stream.read_all(_ERROR_BODY_BYTES, truncate=True)
-        except E2BHttpError:
-            raise
         except Exception:  # the error's body is a courtesy: the status says enough
             text = b""
         finally:

@@ -29,7 +29,6 @@ from ..errors import E2BHttpError, E2BProviderError, InvalidArgument, ProtocolEr
 from ..models import Target
 from ..protocol.code_output import (
     CODE_INTERPRETER_PORT,
-    CodeEnd,
     OutputDecoder,
     context_body,
     execute_body,
@@ -44,6 +43,7 @@ __all__ = [
     "CodeInterpreter",
     "check_context",
     "check_language",
+    "no_server",
 ]
 
 #: The longest the opening of ``/execute`` may take (until the server's answer headers).
@@ -63,6 +63,12 @@ _CONTEXT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 ContextRef = Union[CodeContext, str]
 _T = TypeVar("_T")
+
+
+def no_server(exc: E2BHttpError) -> bool:
+    """Whether ``exc`` is E2B's answer for a sandbox port nobody listens on: the sandbox has
+    no code interpreter."""
+    return exc.status == 502 and "port is not open" in exc.message
 
 
 def check_language(language: object) -> str:
@@ -138,7 +144,7 @@ class CodeInterpreter:
         try:
             return self._ctx.on_target(sid, cancel, fn, need=need)
         except E2BHttpError as exc:
-            if exc.status == 502 and "port is not open" in exc.message:
+            if no_server(exc):
                 exc.args = (
                     f"sandbox {sid} has no code interpreter: nothing listens on its port "
                     f"{CODE_INTERPRETER_PORT} (E2B answered HTTP 502: {exc.message}); create "
@@ -199,7 +205,6 @@ class CodeInterpreter:
             ended = _read(stream, collector, stop)
         except BaseException:  # Ctrl-C, a callback's exception, a broken stream
             stream.abort()
-            timer.cancel()
             if stop.reason is None:
                 self.settle(client, context_id, language, quiet=True)
             raise
@@ -304,16 +309,9 @@ def _answers(client: CodeInterpreterClient, probe: bytes, watchdog: Watchdog) ->
     except (TransportError, E2BHttpError):
         return False
     stream.reset_if_stopped()
-    decoder = OutputDecoder()
     timer = watchdog.call_later(max(0.0, deadline.remaining()), stream.abort)
-    try:
-        while not decoder.ended:
-            chunk = stream.read1()
-            if not chunk:
-                break
-            if any(isinstance(e, CodeEnd) for e in decoder.feed(chunk)):
-                return True
-        return decoder.ended
+    try:  # its output is dropped (a budget of 0); the timer's abort is a TransportError
+        return _read(stream, ExecutionCollector(0), _Stop())
     except (TransportError, ProtocolError):
         return False
     finally:

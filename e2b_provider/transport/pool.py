@@ -154,13 +154,19 @@ def reset_on_abort(conn: Any) -> None:
     the abort shuts down only its reading side, which wakes a blocked reader without sending
     the FIN a peer could take for a half-close."""
     sock = getattr(conn, "sock", None)
-    if conn is None or sock is None:
-        return
+    if conn is not None and _linger(sock, struct.pack("ii", 1, 0)):
+        conn.__dict__[_RESET] = True
+
+
+def _linger(sock: Optional[socket.socket], value: bytes) -> bool:
+    """Set ``SO_LINGER`` of ``sock``; False when there is no socket or it cannot be set."""
+    if sock is None:
+        return False
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, value)
     except OSError:
-        return
-    conn.__dict__[_RESET] = True
+        return False
+    return True
 
 
 def _shutdown_conn(conn: urllib3.connection.HTTPConnection) -> None:
@@ -276,6 +282,8 @@ def _returning(conn: Any) -> bool:
     if d.pop(_DEAD, False):
         conn.close()
         return False
+    if d.pop(_RESET, False):  # the stream ended whole: the next request aborts as usual
+        _linger(getattr(conn, "sock", None), struct.pack("ii", 0, 0))
     if getattr(conn, "sock", None) is not None:
         d[_IDLE] = time.monotonic()
     return True
