@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -75,21 +76,27 @@ def _cancel_later(token: CancelToken, delay: float) -> None:
 def _trials(write: Write, read: Read, rng: random.Random) -> Dict[str, int]:
     """Run :data:`TRIALS` cancelled writes; assert each one's outcome; count them.
 
-    The cancels are spread over 1.5 times the time an uncancelled write takes here, so
-    they land before, during and after it."""
-    spans = []
-    for _ in range(3):
+    The cancels are spread over 1.5 times the median time an uncancelled write takes here
+    (a warm-up write first, which may start things, then every uncancelled write of the
+    run counts), so they land before, during and after it: one slow write does not push
+    every cancel past the end."""
+    write(os.urandom(1000), None)
+    spans: List[float] = []
+
+    def timed(data: bytes) -> None:
         began = time.monotonic()
-        write(os.urandom(1000), None)
+        write(data, None)
         spans.append(time.monotonic() - began)
-    span = 1.5 * max(spans)
+
+    for _ in range(3):
+        timed(os.urandom(1000))
     counts = {"cancelled": 0, "done": 0}
     for trial in range(TRIALS):
         old, new = _contents(rng)
-        write(old, None)
+        timed(old)
         assert read() == old
         token = CancelToken()
-        _cancel_later(token, rng.uniform(0.0, span))
+        _cancel_later(token, rng.uniform(0.0, 1.5 * statistics.median(spans)))
         try:
             write(new, token)
             outcome = "done"
