@@ -6,7 +6,12 @@ file call made on each right after its create returned:
 - one file: ``provider.write_file`` vs the SDK's ``files.write`` (as ``sandbox``);
 - 50 files: ``provider.write_files`` vs the SDK's ``files.write_files`` (one multipart
   request), 1 KiB each, in 5 directories;
-- 50 files as a tree: ``provider.upload`` of a local directory of the same 50 files.
+- 50 files as a tree: ``provider.upload`` of a local directory of the same 50 files;
+- the floor of any write that runs a program in the sandbox: the SDK's
+  ``commands.run("true")`` (as ``sandbox``) on a fresh sandbox. envd's ``POST /files``, which
+  the SDK's writes use, writes as root and follows links (``O_TRUNC`` in place, then
+  ``chown``), so the provider never writes a user's path through it: its first write runs
+  a program (a script; later calls, the file agent), and this row says what that costs.
 
 Contenders are interleaved round by round (the order rotated). For every first call the
 emulator's request log gives the number of requests the sandbox received during it
@@ -79,6 +84,8 @@ def main() -> None:
                     "sdk files.write_files": sdk(lambda s: s.files.write_files(
                         [{"path": k, "data": v} for k, v in batch.items()], user="sandbox")),
                     "provider upload": ours(lambda h: provider.upload(h, tmp, "/workspace/t")),
+                    "sdk commands.run true": sdk(
+                        lambda s: s.commands.run("true", user="sandbox")),
                 }
                 # each sandbox is destroyed after its call (the emulator's end takes any
                 # left by a failure)
@@ -110,6 +117,7 @@ def main() -> None:
         ("provider write_file", "sdk files.write", GOAL),
         ("provider write_files", "sdk files.write_files", GOAL),
         ("provider upload", "sdk files.write_files", None),
+        ("provider write_file", "sdk commands.run true", None),
     ):
         x = med[ours_name] / med[theirs]
         said = "" if goal is None else f" (goal <= {goal}: {'met' if x <= goal else 'NOT met'})"

@@ -63,6 +63,7 @@ __all__ = [
     "AgentAnswer",
     "AgentLost",
     "AgentSession",
+    "retire_agent",
 ]
 
 log = logging.getLogger("e2b_provider")
@@ -463,20 +464,7 @@ class AgentSession:
         """End the session, kill the agent and remove the temporary files it registered
         (bounded by the kill bound; best effort)."""
         self.end(why)
-        ctx = self._ctx
-        try:
-            lease = ctx.leases.lease(self.sid)
-            if lease is None:
-                return
-            run_process(
-                ctx.envd(lease.target), user=scripts.SANDBOX_USER, cmd="/bin/sh",
-                args=scripts.agent_retire_args(self.pid, self.tag), cwd="/", max_output_bytes=4096,
-                timeout=ctx.bounds.kill, cancel=None, watchdog=ctx.watchdog,
-                keepalive_seconds=ctx.bounds.keepalive,
-            )
-        except E2BProviderError as exc:
-            log.warning("e2b_provider: could not retire the file agent in sandbox %s: %s",
-                        self.sid, exc)
+        retire_agent(self._ctx, self.sid, self.pid, self.tag)
 
     def _retire_later(self, why: str) -> None:
         self.end(why)
@@ -500,6 +488,23 @@ class AgentSession:
                 envd.close_stdin(self.pid, timeout=timeout)
         except E2BProviderError as exc:
             log.debug("e2b_provider: could not retire a file agent: %s", exc)
+
+
+def retire_agent(ctx: ProviderContext, sid: str, pid: int, tag: str) -> None:
+    """Kill the file agent ``pid`` (0: not known, found by its ``tag``) and remove the
+    temporary files it registered (bounded by the kill bound; best effort)."""
+    try:
+        lease = ctx.leases.lease(sid)
+        if lease is None:
+            return
+        run_process(
+            ctx.envd(lease.target), user=scripts.SANDBOX_USER, cmd="/bin/sh",
+            args=scripts.agent_retire_args(pid, tag), cwd="/", max_output_bytes=4096,
+            timeout=ctx.bounds.kill, cancel=None, watchdog=ctx.watchdog,
+            keepalive_seconds=ctx.bounds.keepalive,
+        )
+    except E2BProviderError as exc:
+        log.warning("e2b_provider: could not retire the file agent in sandbox %s: %s", sid, exc)
 
 
 def _stop_of(

@@ -38,7 +38,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import ProcessStream
@@ -62,6 +62,7 @@ from .agent_session import (
     AgentAnswer,
     AgentLost,
     AgentSession,
+    retire_agent,
 )
 from .context import MAX_REMEMBERED_SANDBOXES, ProviderContext
 
@@ -150,6 +151,8 @@ class FileAgents:
         self._lock = threading.Lock()
         self._sessions: collections.OrderedDict[str, AgentSession] = collections.OrderedDict()
         self._starting: Dict[str, concurrent.futures.Future[AgentSession]] = {}
+        #: retirements of agents whose start was given up (close() waits for them)
+        self._retiring: Set[concurrent.futures.Future[None]] = set()
         self._unavailable: collections.OrderedDict[str, Tuple[float, str]] = (
             collections.OrderedDict()
         )
@@ -167,6 +170,7 @@ class FileAgents:
             self._pid = os.getpid()
             self._sessions.clear()
             self._starting.clear()
+            self._retiring.clear()
 
     def unavailable(self, sid: str) -> Optional[str]:
         """Why the sandbox cannot run the agent, if it was found so lately."""
@@ -265,6 +269,8 @@ class FileAgents:
                 pending.append(self._ctx.watchdog.submit(s.goodbye))
             except RuntimeError:  # no pool: said inline, briefly
                 s.goodbye(timeout=1.0)
+        with self._lock:
+            pending.extend(self._retiring)
         if pending:
             concurrent.futures.wait(pending, timeout=max(0.0, bound.remaining()))
 
@@ -397,6 +403,9 @@ class FileAgents:
 
         timer = ctx.watchdog.call_later(AGENT_READY_SECONDS, expire)
         stream: Optional[ProcessStream] = None
+        pid: Optional[int] = None
+        started = False  # envd answered the start with the agent's stream
+        ended = False  # the agent's end event came: nothing of it is left to retire
         try:
             stream = ctx.envd(target).start(
                 user=scripts.SANDBOX_USER,
@@ -410,11 +419,11 @@ class FileAgents:
                 tag=tag,
                 stdin=True,
             )
+            started = True
             opened = stream
             guard.on_cancel(lambda _r: opened.abort())
             events = iter(stream)
             decoder = FrameDecoder()
-            pid: Optional[int] = None
             stderr = bytearray()
             for ev in events:
                 if isinstance(ev, StartEvent):
@@ -439,6 +448,7 @@ class FileAgents:
                         stream = None  # the session owns it now
                         return session
                 elif isinstance(ev, EndEvent):
+                    ended = True
                     code = exit_code_of(ev)
                     text = stderr.decode("utf-8", "replace").strip()[-300:]
                     if code in NO_PYTHON_STATUSES:
@@ -447,8 +457,13 @@ class FileAgents:
                         f"the file agent exited at once (status {code}): {text or 'no message'}"
                     )
             raise ProtocolError("the file agent's stream ended before it was ready")
-        except E2BProviderError:
-            if guard.cancelled:
+        except BaseException as exc:
+            # Given up once envd may have started it (interrupted, too slow, not as
+            # expected): the agent may run on, so it is retired from the worker pool
+            # (close() waits for that within its bound).
+            if not ended and (started or not isinstance(exc, Exception)):
+                self._retire_later(sid, pid or 0, tag)
+            if isinstance(exc, E2BProviderError) and guard.cancelled:
                 raise OperationTimeout(
                     f"the file agent did not start within {AGENT_READY_SECONDS:.0f} s"
                 ) from None
@@ -458,3 +473,17 @@ class FileAgents:
             if stream is not None:
                 stream.abort()
                 stream.close()
+
+    def _retire_later(self, sid: str, pid: int, tag: str) -> None:
+        """Retire the agent ``pid`` (0: not known) named ``tag`` from the worker pool."""
+        try:
+            fut = self._ctx.watchdog.submit(retire_agent, self._ctx, sid, pid, tag)
+        except RuntimeError:  # no pool: it exits once idle
+            return
+        with self._lock:
+            self._retiring.add(fut)
+        fut.add_done_callback(self._retired)
+
+    def _retired(self, fut: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._retiring.discard(fut)

@@ -833,13 +833,19 @@ FILEOP_CLEANUP_SCRIPT = (
 )
 
 
-#: As the sandbox user: retires a file agent that did not answer (stopped, hung): kills
-#: process ``$1`` if its command line still carries the agent's name ``$2`` (so a reused
-#: pid is never hit), waits (about a second at most) until it is gone, then removes the
-#: temporary files it registered (each entry ``$1-<hex>`` of the user's registry and the
-#: file it names, only if that file's name is exactly ``.capybara-part-<entry>``). Exit 0.
+#: As the sandbox user: retires a file agent that did not answer (stopped, hung) or whose
+#: start was given up: kills process ``$1`` if its command line still carries the agent's
+#: name ``$2`` (so a reused pid is never hit; ``$1`` 0: the pid is not known, and the
+#: process whose command line carries the name is found, retirements aside), waits (about a
+#: second at most) until it is gone, then removes the temporary files it registered (each
+#: entry ``<pid>-<hex>`` of the user's registry and the file it names, only if that file's
+#: name is exactly ``.capybara-part-<entry>``). Exit 0.
 AGENT_RETIRE_SCRIPT = (
-    'p=$1; if grep -qF -- "$2" "/proc/$p/cmdline" 2>/dev/null; then kill -9 "$p" 2>/dev/null; '
+    'p=$1; if [ "$p" = 0 ]; then for d in /proc/[0-9]*; do [ "${d#/proc/}" != $$ ] || continue; '
+    'if grep -qF -- "$2" "$d/cmdline" 2>/dev/null && ! grep -qF capybara-retire "$d/cmdline"; '
+    'then p=${d#/proc/}; break; fi; done; '
+    '[ "$p" != 0 ] || exit 0; fi; '
+    'if grep -qF -- "$2" "/proc/$p/cmdline" 2>/dev/null; then kill -9 "$p" 2>/dev/null; '
     'i=0; while [ -e "/proc/$p" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done; fi; '
     'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
     "r=" + USER_PARTS_PREFIX + '$u; [ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] || exit 0; '
@@ -851,9 +857,10 @@ AGENT_RETIRE_SCRIPT = (
 
 def agent_retire_args(pid: int, name: str) -> List[str]:
     """The args for cmd ``/bin/sh`` (as the sandbox user) that retire the file agent
-    ``pid`` named ``name`` (see :data:`AGENT_RETIRE_SCRIPT`)."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
-        raise InvalidArgument("pid must be an int above 1")
+    ``pid`` named ``name`` (see :data:`AGENT_RETIRE_SCRIPT`); ``pid`` 0: the agent's pid is
+    not known (its start was given up before envd said it), it is found by its name."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0 or pid == 1:
+        raise InvalidArgument("pid must be 0 or an int above 1")
     if re.fullmatch(r"[A-Za-z0-9_-]{8,80}", name) is None:
         raise InvalidArgument("not a file agent's name")
     return ["-c", AGENT_RETIRE_SCRIPT, "capybara-retire", str(pid), name]

@@ -57,6 +57,16 @@ STAGED = (
 LARGE = 3 << 20  # written through a FIFO and envd's /files (more than MAX_INLINE_FILE)
 
 
+#: Every process's pid, state, kernel wait channel, descriptors and command line (for a
+#: failure's message).
+STATES = (
+    "for d in /proc/[0-9]*; do echo \"${d#/proc/} $(sed -n 's/^State:[[:space:]]*//p' "
+    "$d/status 2>/dev/null) $(cat $d/wchan 2>/dev/null) $(ls -l $d/fd 2>/dev/null | "
+    "awk 'NR>1{printf \"%s>%s \", $9, $11}') $(tr '\\0' ' ' < $d/cmdline 2>/dev/null "
+    "| cut -c1-120)\"; done"
+)
+
+
 def processes(p: E2BSandboxProvider, h: SandboxHandle) -> List[str]:
     return [line.strip() for line in root(p, h, PROCESSES).splitlines() if line.strip()]
 
@@ -167,8 +177,10 @@ def test_a_file_call_past_its_deadline_leaves_nothing(
 #: says "ready", then runs the file call argv[3] in a loop until Ctrl-C or a kill.
 CLIENT = textwrap.dedent(
     """
-    import json, os, signal, sys
+    import json, logging, os, signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.basicConfig(stream=sys.stderr, format="%(relativeCreated)d %(threadName)s %(message)s")
+    logging.getLogger("e2b_provider").setLevel(logging.DEBUG)
     from e2b_provider import DeploymentConfig, E2BSandboxProvider
     from e2b_provider.core import file_agents as _agent
     cfg, sid, what, idle = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -196,6 +208,8 @@ CLIENT = textwrap.dedent(
                     p.read_file(sid, "/workspace/c/big", max_bytes=8 << 20)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
+        began = time.monotonic()
+    print("closed in %.2f s" % (time.monotonic() - began), flush=True)
     """
 )
 
@@ -246,8 +260,82 @@ def test_ctrl_c_during_a_file_call_leaves_nothing_once_it_returns(
                 _kill(child)
         assert "interrupted" in out, err
         # the child closed its provider when it left: its agent was told to leave
-        wait_until(lambda: agents(processes(p, h)) == [], 15, "the child's agent to leave")
+        try:
+            wait_until(lambda: agents(processes(p, h)) == [], 15, "the child's agent to leave")
+        except AssertionError as exc:  # say what the agent was doing, and the child's log
+            raise AssertionError(f"{exc}\nchild: {out}\n{err[-6000:]}\nsandbox:\n"
+                                 f"{root(p, h, STATES)}") from None
         nothing_but_agents(p, h, most=0)
+
+
+#: A client whose first call starts its agent: says "ready", waits for a line on its
+#: standard input, then writes a small batch (which starts the agent carrying it) and
+#: reports a Ctrl-C.
+STARTING_CLIENT = textwrap.dedent(
+    """
+    import json, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from e2b_provider import DeploymentConfig, E2BSandboxProvider
+    cfg, sid = json.loads(sys.argv[1]), sys.argv[2]
+    with E2BSandboxProvider(DeploymentConfig(**cfg)) as p:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        try:
+            p.write_files(sid, {"/workspace/s/a": b"a", "/workspace/s/b": b"b"})
+            print("written", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """
+)
+
+
+def _agent_pids(emu, sid: str) -> List[int]:  # type: ignore[no-untyped-def]
+    """Host pids of the sandbox's file agents (read from the host: no request to envd)."""
+    found = []
+    for pid in emu.sandbox_pids(sid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if AGENT_TAG_PREFIX.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_ctrl_c_while_the_agent_starts_leaves_no_agent_behind(
+    emu, provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C while the first call waits for its agent to say it is ready (envd's stream of
+    it stalls, so the client never learns its pid): the agent, which envd started, is
+    retired by its name before the client's close() returns, not left to its idle timeout
+    (60 s)."""
+    p, h = provider, fresh
+    assert _agent_pids(emu, h.id) == []
+    cfg = {"api_key": emu.api_key, "template": "base", "api_url": emu.api_url,
+           "sandbox_url": emu.sandbox_url, "domain": "e2b.localhost"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", STARTING_CLIENT, json.dumps(cfg), h.id],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        emu.stream_stall(sandbox_id=h.id)  # the next Start stream: the child's agent
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        wait_until(lambda: _agent_pids(emu, h.id), 15, "the child's agent to start")
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            _kill(child)
+        emu.clear_faults()
+    assert "interrupted" in out, err
+    # close() waited for the retirement (within its 5 s bound): the agent is gone by now,
+    # or within a moment of it
+    wait_until(lambda: _agent_pids(emu, h.id) == [], 3, "the started agent to be retired")
+    nothing_but_agents(p, h, most=0)
 
 
 def test_a_killed_clients_agent_leaves_on_its_own_and_kill_all_ends_the_rest(

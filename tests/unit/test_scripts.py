@@ -760,3 +760,26 @@ def test_user_write_script(tmp_path: Path) -> None:
         assert r.returncode == 1
         assert not dest.exists()
     assert not staging.exists()
+
+
+def test_agent_retire_finds_an_agent_by_its_name_when_its_pid_is_unknown() -> None:
+    """``agent_retire_args(0, name)``: the agent whose start was given up before envd said
+    its pid is found by its name and killed; a process without the name is left alone."""
+    name = "capybara-files-" + uuid.uuid4().hex
+    sleep = "import time; time.sleep(60)"
+    agent = subprocess.Popen([sys.executable, "-c", sleep, "serve", "60", name])
+    other = subprocess.Popen([sys.executable, "-c", sleep, "serve", "60", name[:-1] + "x"])
+    try:
+        r = subprocess.run(["/bin/sh", *S.agent_retire_args(0, name)], timeout=30)
+        assert r.returncode == 0
+        assert agent.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+        # nothing carries the name any more: the retirement finds nothing and says so by 0
+        assert subprocess.run(["/bin/sh", *S.agent_retire_args(0, name)],
+                              timeout=30).returncode == 0
+    finally:
+        for proc in (agent, other):
+            proc.kill()
+            proc.wait()
+    with pytest.raises(InvalidArgument):
+        S.agent_retire_args(1, name)
