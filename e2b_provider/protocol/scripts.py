@@ -841,10 +841,8 @@ FILEOP_CLEANUP_SCRIPT = (
 #: entry ``<pid>-<hex>`` of the user's registry and the file it names, only if that file's
 #: name is exactly ``.capybara-part-<entry>``). Exit 0.
 AGENT_RETIRE_SCRIPT = (
-    'p=$1; if [ "$p" = 0 ]; then for d in /proc/[0-9]*; do [ "${d#/proc/}" != $$ ] || continue; '
-    'if grep -qF -- "$2" "$d/cmdline" 2>/dev/null && ! grep -qF capybara-retire "$d/cmdline"; '
-    'then p=${d#/proc/}; break; fi; done; '
-    '[ "$p" != 0 ] || exit 0; fi; '
+    'p=$1; [ "$p" != 0 ] || for d in /proc/[0-9]*; do q=${d#/proc/}; [ "$q" != $$ ] && grep -qF '
+    '-- "$2" "$d/cmdline" 2>/dev/null && ! grep -qF capybara-retire "$d/cmdline" && p=$q; done; '
     'if grep -qF -- "$2" "/proc/$p/cmdline" 2>/dev/null; then kill -9 "$p" 2>/dev/null; '
     'i=0; while [ -e "/proc/$p" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done; fi; '
     'u=$USER; case $u in ""|[.-]*|*[!A-Za-z0-9._-]*) u=$(id -u);; esac; '
