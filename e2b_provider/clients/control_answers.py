@@ -8,7 +8,7 @@ id and domain, sizes, the tokens kept as secrets), for
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, TypedDict
 
 import attrs
 
@@ -109,6 +109,19 @@ def sizes(data: Mapping[str, Any]) -> Tuple[Optional[int], Optional[int], Option
     return size("cpuCount"), size("memoryMB"), size("diskSizeMB")
 
 
+class _SizeFields(TypedDict):
+    """:func:`sizes` as the fields of :class:`SandboxInfo` and :class:`ListedSandbox`."""
+
+    cpu_count: Optional[int]
+    memory_mb: Optional[int]
+    disk_mb: Optional[int]
+
+
+def _size_fields(data: Mapping[str, Any]) -> _SizeFields:
+    cpu_count, memory_mb, disk_mb = sizes(data)
+    return {"cpu_count": cpu_count, "memory_mb": memory_mb, "disk_mb": disk_mb}
+
+
 def show(value: object, limit: int = 100) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -141,7 +154,6 @@ def sandbox_info(resp: HttpResponse, operation: str, fallback_id: Optional[str],
     traffic = data.get("trafficAccessToken")
     if not isinstance(traffic, str) or traffic == "":
         traffic = None
-    cpu_count, memory_mb, disk_mb = sizes(data)
     return SandboxInfo(
         sandbox_id=sid,
         domain=domain,
@@ -152,9 +164,7 @@ def sandbox_info(resp: HttpResponse, operation: str, fallback_id: Optional[str],
         traffic_access_token=traffic,
         raw_status=resp.status,
         resumed=resumed,
-        cpu_count=cpu_count,
-        memory_mb=memory_mb,
-        disk_mb=disk_mb,
+        **_size_fields(data),
     )
 
 
@@ -202,7 +212,6 @@ def listed_sandbox(item: object, op: str, wanted: Mapping[str, str]) -> Optional
     )
     if any(metadata.get(k) != v for k, v in wanted.items()):
         return None
-    cpu_count, memory_mb, disk_mb = sizes(item)
     sid = item.get("sandboxID")
     if not isinstance(sid, str) or _validate.SANDBOX_ID_RE.fullmatch(sid) is None:
         raise ProtocolError(f"E2B {op} returned an invalid sandbox id: {show(sid)}")
@@ -213,7 +222,5 @@ def listed_sandbox(item: object, op: str, wanted: Mapping[str, str]) -> Optional
         envd_unresponsive_at_pause=item.get("envdUnresponsiveAtPause") is True,
         started_at=_str(item.get("startedAt")),
         template_id=_str(item.get("templateID")),
-        cpu_count=cpu_count,
-        memory_mb=memory_mb,
-        disk_mb=disk_mb,
+        **_size_fields(item),
     )

@@ -126,9 +126,9 @@ class EnvdClient(EnvdFiles):
             if not isinstance(tag, str) or not tag:
                 raise InvalidArgument("tag must be a non-empty string")
             request["tag"] = tag
-        opening = self._stream_opening("/process.Process/Start", request, user,
-                                       keepalive_seconds, cancel, START_OPERATION)
-        return ProcessStream(self._open_stream(*opening), operation=START_OPERATION)
+        return self._process_stream(*self._stream_opening(
+            "/process.Process/Start", request, user, keepalive_seconds, cancel, START_OPERATION
+        ))
 
     def connect(
         self,
@@ -151,9 +151,9 @@ class EnvdClient(EnvdFiles):
             ProtocolError, Cancelled, TransportError, TransportTimeout.
         """
         request = connect_request(pid, user, keepalive_seconds)
-        opening = self._stream_opening("/process.Process/Connect", request, user,
-                                       keepalive_seconds, cancel, _CONNECT_OP)
-        return ProcessStream(self._open_stream(*opening), operation=_CONNECT_OP)
+        return self._process_stream(*self._stream_opening(
+            "/process.Process/Connect", request, user, keepalive_seconds, cancel, _CONNECT_OP
+        ))
 
     def watch_dir(
         self,
@@ -233,10 +233,8 @@ class EnvdClient(EnvdFiles):
         Closing the stream does not stop the process.
 
         Raises:
-            InvalidArgument: bad arguments (before any I/O).
-            E2BHttpError: envd (or the edge) answered with a non-200 status.
-            ProtocolError: a 200 answer that is not a Connect stream.
-            Cancelled, TransportError, TransportTimeout.
+            InvalidArgument, E2BHttpError, ProtocolError, Cancelled, TransportError,
+            TransportTimeout: as :meth:`start`.
         """
         request = start_request(user, cmd, args, envs, cwd, keepalive_seconds)
         # As the SDK's pty.create: no stdin field (envd ignores it for a terminal).
@@ -332,6 +330,11 @@ class EnvdClient(EnvdFiles):
         if not isinstance(found, list):
             raise ProtocolError("E2B process list: 'processes' is not a list")
         return [p for p in found if isinstance(p, dict)]
+
+    def _process_stream(self, url: str, opening: Dict[str, Any]) -> ProcessStream:
+        """A process's events (``Start`` or ``Connect``), as :meth:`_open_stream` opens
+        them."""
+        return ProcessStream(self._open_stream(url, opening), operation=opening["operation"])
 
     def _open_stream(self, url: str, opening: Dict[str, Any]) -> Stream:
         """Open one Connect server stream of envd (``opening``: see :meth:`_stream_opening`);

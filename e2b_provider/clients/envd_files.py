@@ -43,6 +43,13 @@ class _Sized:
             raise ProtocolError("an upload body ended before its announced length")
 
 
+def _check_count(value: object, name: str, *, least: int) -> int:
+    """``value``, an int of at least ``least`` (0 or 1); otherwise InvalidArgument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InvalidArgument(f"{name} must be a {'positive' if least else 'non-negative'} int")
+    return value
+
+
 class EnvdFiles(EnvdBase):
     """The ``/files`` calls of the envd client
     (:class:`~e2b_provider.clients.envd.EnvdClient`)."""
@@ -159,8 +166,7 @@ class EnvdFiles(EnvdBase):
         """
         check_path(path)
         check_user(user)
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise InvalidArgument("max_bytes must be a non-negative int")
+        _check_count(max_bytes, "max_bytes", least=0)
         op = "file download"
         resp = self._files("GET", path, user, op, cancel, timeout,
                            max_body=max(max_bytes, ERROR_BODY_BYTES),
@@ -187,8 +193,8 @@ class EnvdFiles(EnvdBase):
         so the bytes are sent as they are).
 
         Raises:
-            E2BHttpError: a non-2xx answer (e.g. 507 disk full, 401 unknown user).
-            InvalidArgument, Cancelled, TransportError, TransportTimeout.
+            E2BHttpError, InvalidArgument, Cancelled, TransportError, TransportTimeout:
+                as :meth:`upload`.
         """
         self._post_file(path, user, data, cancel, timeout, raw=True)
 
@@ -256,8 +262,7 @@ class EnvdFiles(EnvdBase):
         """
         check_path(path)
         check_user(user)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise InvalidArgument("length must be a positive int")
+        _check_count(length, "length", least=1)
         op = "file download"
         query = urllib.parse.urlencode({"path": path, "username": user})
         stream = self._transport.open_stream(

@@ -333,15 +333,14 @@ class Transport:
         The connect and read timeouts are clamped to the time ``limit`` leaves. A stream's
         request (``stream``) that :meth:`_known_for` allows is sent by
         :meth:`_send_known`; one sent through ``requests`` is remembered for that."""
+        timeouts = self._timeouts(operation, read_timeout, connect_timeout, limit)
         if stream and not params and json is None and files is None:
             known = self._known_for(url, method, data)
             if known is not None:
                 return self._send_known(
-                    known, method, url, cancel=cancel, operation=operation,
-                    read_timeout=read_timeout, connect_timeout=connect_timeout, limit=limit,
+                    known, method, url, cancel=cancel, operation=operation, timeouts=timeouts,
                     headers=headers, data=data,
                 )
-        timeouts = self._timeouts(operation, read_timeout, connect_timeout, limit)
         proxies: Dict[str, str] = {}  # filled in before anything can fail to connect
         with map_transport_errors(cancel, operation, url, proxies):
             proxies.update(self._proxies_for(url))
@@ -390,14 +389,13 @@ class Transport:
         *,
         cancel: Optional[CancelToken],
         operation: str,
-        read_timeout: float,
-        connect_timeout: Optional[float],
-        limit: Deadline,
+        timeouts: Tuple[float, float],
         headers: Optional[Mapping[str, str]],
         data: bytes,
     ) -> Answer:
         """:meth:`_send` for a request :meth:`_known_for` allows: the same request, on the
-        same pool, with the same timeouts, errors and messages, sent with urllib3 directly
+        same pool, with the same timeouts (``timeouts``: connect and read, as
+        :meth:`_timeouts` clamped them), errors and messages, sent with urllib3 directly
         instead of through ``requests``' preparation, adapter and response (most of the
         client's work per exec on a warm sandbox).
 
@@ -405,7 +403,7 @@ class Transport:
         ``headers`` (later names win whatever their case, as in ``requests``), each checked
         as ``requests`` checks it, ``Content-Length``, and the path ``requests`` prepared
         for ``url``; no retries, no redirects followed."""
-        connect, read = self._timeouts(operation, read_timeout, connect_timeout, limit)
+        connect, read = timeouts
         pool, path = known
         with map_transport_errors(cancel, operation, url):
             send = self._checked_headers(headers)
