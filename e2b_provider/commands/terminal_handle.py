@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
 
 from ..cancel import WAIT_SLICE_SECONDS, CancelReason, CancelToken, Deadline
 from ..clients.envd_streams import PtyStream, StreamEnd
-from ..core.interrupts import caller_handling, calls_user_code, shorten, shorten_in_generator
+from ..core.interrupts import caller_handling, calls_user_code, shorten_in_generator
 from ..core.leases import LEASE_LOOK_SECONDS
 from ..core.messages import describe, mark_worded
 from ..core.run_engine import wait_verdict
@@ -309,9 +309,23 @@ class Terminal:
             except E2BProviderError:
                 pass
 
-    def _reading(self) -> None:
+    @contextlib.contextmanager
+    def _read_turn(self) -> Iterator[None]:
+        """Around one reading of the output (:meth:`read`, :meth:`wait`): the handle open and
+        this thread its only reader until the end; a Ctrl-C meanwhile kills the terminal's
+        tree."""
+        self._check_open()
         if not self._reader.acquire(blocking=False):
             raise RuntimeError(f"terminal {self.id} is already being read by another thread")
+        outer = caller_handling()
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            self._interrupted()
+            shorten_in_generator(exc, sys._getframe(), outer)
+            raise
+        finally:
+            self._reader.release()
 
     def read(self, timeout: Optional[float] = None, *, cancel: Optional[CancelToken] = None
              ) -> bytes:
@@ -339,17 +353,8 @@ class Terminal:
         """
         check_wait_timeout(timeout)
         v.check_cancel(cancel)
-        self._check_open()
-        self._reading()
-        outer = caller_handling()
-        try:
+        with self._read_turn():
             return self._pull(None if timeout is None else Deadline.after(timeout), cancel)
-        except KeyboardInterrupt as exc:
-            self._interrupted()
-            shorten(exc, exc.__traceback__, outer)
-            raise
-        finally:
-            self._reader.release()
 
     def wait(
         self,
@@ -383,12 +388,9 @@ class Terminal:
         if on_output is not None and not callable(on_output):
             raise InvalidArgument("on_output must be a callable taking a str, or None")
         v.check_cancel(cancel)
-        self._check_open()
-        self._reading()
-        outer = caller_handling()
-        live = LiveText() if on_output is not None else None
-        deadline = None if timeout is None else Deadline.after(timeout)
-        try:
+        with self._read_turn():
+            live = LiveText() if on_output is not None else None
+            deadline = None if timeout is None else Deadline.after(timeout)
             while True:
                 try:
                     data = self._pull(deadline, cancel)
@@ -407,12 +409,6 @@ class Terminal:
                 rest = live.finish(False)
                 if rest:
                     self._call(on_output, rest)
-        except KeyboardInterrupt as exc:
-            self._interrupted()
-            shorten(exc, exc.__traceback__, outer)
-            raise
-        finally:
-            self._reader.release()
         if self._no_status or self._exit_code is None:
             raise ProtocolError(f"the stream of terminal {self.id} ended without its exit "
                                 "status")

@@ -190,6 +190,14 @@ def absent(path: str) -> "Answer":
     return {"missing": True}
 
 
+def unexamined(exc: OSError, path: str) -> "Answer":
+    """For a path whose ``stat`` failed with ``exc``: :func:`absent` when it is not there
+    for this user (missing, or behind a directory it may not enter), else the error."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):
+        return absent(path)
+    return error_of(exc, path)
+
+
 def kind_of(mode: int) -> str:
     if stat.S_ISREG(mode):
         return "file"
@@ -302,9 +310,7 @@ def do_stat(path: str) -> "Answer":
     try:
         st = os.stat(path)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):
-            return absent(path)
-        return error_of(exc, path)
+        return unexamined(exc, path)
     out = {
         "kind": kind_of(st.st_mode),
         "size": st.st_size,
@@ -485,9 +491,7 @@ def do_list(path: str, depth: int, emit: "Callable[[List[Answer]], None]") -> "A
     try:
         st = os.stat(path)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):
-            return absent(path)
-        return error_of(exc, path)
+        return unexamined(exc, path)
     if not stat.S_ISDIR(st.st_mode):
         return {"notdir": True, "type": kind_of(st.st_mode)}
     try:
@@ -1149,8 +1153,7 @@ def pack(src: str, patterns: "List[str]") -> int:
     try:
         top = os.lstat(src)
     except OSError as exc:
-        gone = exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES)
-        head(absent=absent(src) if gone else error_of(exc, src))
+        head(absent=unexamined(exc, src))
         return 4
     if stat.S_ISDIR(top.st_mode):
         items = list(walk(src, patterns, errors))

@@ -22,7 +22,7 @@ import os
 import posixpath
 import stat
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import attrs
 
@@ -148,14 +148,16 @@ def _iso(ns: int) -> str:
     return moment.replace(microsecond=rest // 1000).isoformat().replace("+00:00", "Z")
 
 
+#: The volume API's word for each kind of file, by its ``stat`` test; any other is "unknown".
+_KINDS: Tuple[Tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISLNK, "symlink"),
+)
+
+
 def _kind(mode: int) -> str:
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "unknown"
+    return next((word for test, word in _KINDS if test(mode)), "unknown")
 
 
 class _Resolved:

@@ -11,11 +11,10 @@ nothing. Never imported by the library or the emulator's server.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from IPython import get_ipython
 from IPython.core.formatters import BaseFormatter, JSONFormatter
-from traitlets import ObjectName, Unicode
 
 
 def _plain(value: Any) -> Any:
@@ -23,38 +22,55 @@ def _plain(value: Any) -> Any:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
-class DataFrameFormatter(BaseFormatter):  # type: ignore[misc]
+def _data_frame_columns(frame: Any) -> Dict[str, Any]:
     """``e2b/data``: a DataFrame as ``{column: [values]}``."""
-
-    format_type = Unicode("e2b/data")
-    print_method = ObjectName("_repr_e2b_data_")
-    _return_type = (dict, str)
-
-    def __call__(self, obj: Any) -> Any:
-        pandas = sys.modules.get("pandas")
-        if pandas is None or not isinstance(obj, pandas.DataFrame):
-            return super().__call__(obj)
-        columns = obj.to_dict(orient="list")
-        return {str(k): [_plain(v) for v in values] for k, values in columns.items()}
+    columns = frame.to_dict(orient="list")
+    return {str(k): [_plain(v) for v in values] for k, values in columns.items()}
 
 
-class ChartFormatter(BaseFormatter):  # type: ignore[misc]
+def _chart_data(figure: Any) -> Dict[str, Any]:
     """``e2b/chart``: a matplotlib figure as E2B's chart data (``e2b_charts``)."""
+    try:
+        from e2b_charts import chart_figure_to_dict
 
-    format_type = Unicode("e2b/chart")
-    print_method = ObjectName("_repr_e2b_chart_")
+        result: Dict[str, Any] = chart_figure_to_dict(figure)
+        return result
+    except Exception:  # a figure the extractor cannot read is still shown as an image
+        return {}
+
+
+class LibraryObjectFormatter(BaseFormatter):  # type: ignore[misc]
+    """A display format for the objects of one class of a library, looked for only once the
+    code imported that library; any other object gets Jupyter's own handling of the format
+    (an object's ``print_method``)."""
+
     _return_type = (dict, str)
 
-    def __call__(self, obj: Any) -> Any:
-        figure_module = sys.modules.get("matplotlib.figure")
-        if figure_module is None or not isinstance(obj, figure_module.Figure):
-            return super().__call__(obj)
-        try:
-            from e2b_charts import chart_figure_to_dict
+    def __init__(
+        self,
+        module_name: str,
+        class_name: str,
+        convert: Callable[[Any], Dict[str, Any]],
+        **traits: Any,
+    ) -> None:
+        super().__init__(**traits)
+        self._module_name = module_name
+        self._class_name = class_name
+        self._convert = convert
 
-            return chart_figure_to_dict(obj)
-        except Exception:  # a figure the extractor cannot read is still shown as an image
-            return {}
+    def __call__(self, obj: Any) -> Any:
+        module = sys.modules.get(self._module_name)
+        if module is None or not isinstance(obj, getattr(module, self._class_name)):
+            return super().__call__(obj)
+        return self._convert(obj)
+
+
+#: The formats beyond Jupyter's own: the MIME type, the method an object may give it by, the
+#: module and class whose objects are converted to it, and the conversion.
+_LIBRARY_FORMATS: Tuple[Tuple[str, str, str, str, Callable[[Any], Dict[str, Any]]], ...] = (
+    ("e2b/data", "_repr_e2b_data_", "pandas", "DataFrame", _data_frame_columns),
+    ("e2b/chart", "_repr_e2b_chart_", "matplotlib.figure", "Figure", _chart_data),
+)
 
 
 class PlainJSONFormatter(JSONFormatter):  # type: ignore[misc]
@@ -77,8 +93,15 @@ def install(shell: Any) -> None:
     """Register the formatters with the kernel's shell."""
     formatters = shell.display_formatter.formatters
     parent = shell.display_formatter
-    formatters["e2b/data"] = DataFrameFormatter(parent=parent)
-    formatters["e2b/chart"] = ChartFormatter(parent=parent)
+    for mime, print_method, module_name, class_name, convert in _LIBRARY_FORMATS:
+        formatters[mime] = LibraryObjectFormatter(
+            module_name,
+            class_name,
+            convert,
+            parent=parent,
+            format_type=mime,
+            print_method=print_method,
+        )
     formatters["application/json"] = PlainJSONFormatter(parent=parent)
 
 
