@@ -185,6 +185,63 @@ def _meta(camel: str, zh: str, en: str, description: str, **extra: Any) -> Dict[
     return {"camel": camel, "label": {"zh": zh, "en": en}, "description": description, **extra}
 
 
+#: Each field's checker, used by its validator and by the all-at-once check of
+#: :meth:`DeploymentConfig.from_mapping` and :meth:`DeploymentConfig.from_env`.
+_CHECKS: Dict[str, Checker] = {
+    "api_key": _api_key_problem,
+    "template": _template_problem,
+    "api_url": _url_problem,
+    "domain": _domain_problem,
+    "timeout_seconds": _timeout_problem,
+    "domain_allowlist": _bool_problem,
+    "allow_open_egress": _bool_problem,
+    "sandbox_url": _url_problem,
+}
+
+#: What the platform's extension registry shows of each field (its camelCase key, labels and
+#: description: see :func:`config_schema`), kept as the field's metadata.
+_TEXTS: Dict[str, Dict[str, Any]] = {
+    "api_key": _meta("apiKey", "API 密钥", "API key", "The E2B API key (e2b_...).", secret=True),
+    "template": _meta(
+        "template", "模板", "Template",
+        "Template name or id, built from the platform's sandbox Dockerfile.",
+    ),
+    "api_url": _meta(
+        "apiUrl", "接口地址", "API URL",
+        "Control-plane API URL; defaults to https://api.<domain>. Set it for self-hosted E2B.",
+    ),
+    "domain": _meta(
+        "domain", "沙箱域名", "Sandbox domain",
+        "Sandbox domain (envd at https://49983-<sandbox id>.<domain>); a domain returned "
+        "by the API wins.",
+    ),
+    "timeout_seconds": _meta(
+        "timeoutSeconds", "沙箱超时", "Sandbox timeout",
+        "Sandbox lifetime in seconds: at the end E2B pauses the sandbox (files are kept). "
+        "Each use pushes it forward; long commands push it by their timeout plus a margin.",
+    ),
+    "domain_allowlist": _meta(
+        "domainAllowlist", "按域名出站白名单", "Domain egress allowlist",
+        "Whether the E2B deployment supports per-domain egress allowlists (E2B cloud "
+        "does). When false, egress 'allowlist' degrades to 'none' with a warning.",
+    ),
+    "allow_open_egress": _meta(
+        "allowOpenEgress", "允许开放出站", "Allow open egress",
+        "Allow sandbox egress 'open' (default false: create refuses it).",
+    ),
+    "sandbox_url": _meta(
+        "sandboxUrl", "沙箱地址", "Sandbox URL",
+        "One base URL for all envd traffic, routed by the E2b-Sandbox-Id header "
+        "(like the SDK's E2B_SANDBOX_URL); unset: https://49983-<id>.<domain>.",
+    ),
+}
+
+
+def _checked(name: str) -> Dict[str, Any]:
+    """The ``validator`` and ``metadata`` of field ``name``: its checker and its texts."""
+    return {"validator": _validator(_CHECKS[name]), "metadata": _TEXTS[name]}
+
+
 @attrs.frozen(repr=False)
 class DeploymentConfig:
     """Settings of one E2B deployment (the reference's ``DeploymentConfig`` zod schema).
@@ -211,91 +268,21 @@ class DeploymentConfig:
             header (as the official SDK's ``E2B_SANDBOX_URL``); None for per-sandbox hosts.
     """
 
-    api_key: str = attrs.field(
-        repr=False,
-        validator=_validate_api_key,
-        metadata=_meta("apiKey", "API 密钥", "API key", "The E2B API key (e2b_...).", secret=True),
-    )
-    template: str = attrs.field(
-        validator=_validator(_template_problem),
-        metadata=_meta(
-            "template",
-            "模板",
-            "Template",
-            "Template name or id, built from the platform's sandbox Dockerfile.",
-        ),
-    )
+    api_key: str = attrs.field(repr=False, validator=_validate_api_key, metadata=_TEXTS["api_key"])
+    template: str = attrs.field(**_checked("template"))
     api_url: Optional[str] = attrs.field(
-        default=None,
-        kw_only=True,
-        converter=_strip_slashes,
-        validator=_validator(_url_problem),
-        metadata=_meta(
-            "apiUrl",
-            "接口地址",
-            "API URL",
-            "Control-plane API URL; defaults to https://api.<domain>. Set it for self-hosted E2B.",
-        ),
+        default=None, kw_only=True, converter=_strip_slashes, **_checked("api_url")
     )
-    domain: str = attrs.field(
-        default=DEFAULT_DOMAIN,
-        kw_only=True,
-        validator=_validator(_domain_problem),
-        metadata=_meta(
-            "domain",
-            "沙箱域名",
-            "Sandbox domain",
-            "Sandbox domain (envd at https://49983-<sandbox id>.<domain>); a domain returned "
-            "by the API wins.",
-        ),
-    )
+    domain: str = attrs.field(default=DEFAULT_DOMAIN, kw_only=True, **_checked("domain"))
     timeout_seconds: int = attrs.field(
-        default=DEFAULT_TIMEOUT_SECONDS,
-        kw_only=True,
-        validator=_validator(_timeout_problem),
-        metadata=_meta(
-            "timeoutSeconds",
-            "沙箱超时",
-            "Sandbox timeout",
-            "Sandbox lifetime in seconds: at the end E2B pauses the sandbox (files are kept). "
-            "Each use pushes it forward; long commands push it by their timeout plus a margin.",
-        ),
+        default=DEFAULT_TIMEOUT_SECONDS, kw_only=True, **_checked("timeout_seconds")
     )
-    domain_allowlist: bool = attrs.field(
-        default=True,
-        kw_only=True,
-        validator=_validator(_bool_problem),
-        metadata=_meta(
-            "domainAllowlist",
-            "按域名出站白名单",
-            "Domain egress allowlist",
-            "Whether the E2B deployment supports per-domain egress allowlists (E2B cloud "
-            "does). When false, egress 'allowlist' degrades to 'none' with a warning.",
-        ),
-    )
+    domain_allowlist: bool = attrs.field(default=True, kw_only=True, **_checked("domain_allowlist"))
     allow_open_egress: bool = attrs.field(
-        default=False,
-        kw_only=True,
-        validator=_validator(_bool_problem),
-        metadata=_meta(
-            "allowOpenEgress",
-            "允许开放出站",
-            "Allow open egress",
-            "Allow sandbox egress 'open' (default false: create refuses it).",
-        ),
+        default=False, kw_only=True, **_checked("allow_open_egress")
     )
     sandbox_url: Optional[str] = attrs.field(
-        default=None,
-        kw_only=True,
-        converter=_strip_slashes,
-        validator=_validator(_url_problem),
-        metadata=_meta(
-            "sandboxUrl",
-            "沙箱地址",
-            "Sandbox URL",
-            "One base URL for all envd traffic, routed by the E2b-Sandbox-Id header "
-            "(like the SDK's E2B_SANDBOX_URL); unset: https://49983-<id>.<domain>.",
-        ),
+        default=None, kw_only=True, converter=_strip_slashes, **_checked("sandbox_url")
     )
 
     @property
@@ -416,16 +403,6 @@ def _summary(problems: List[str]) -> str:
 _FIELDS: Tuple[str, ...] = tuple(a.name for a in attrs.fields(DeploymentConfig))
 _CAMEL: Dict[str, str] = {a.name: a.metadata["camel"] for a in attrs.fields(DeploymentConfig)}
 _ALIASES: Dict[str, str] = {**{c: n for n, c in _CAMEL.items()}, **{n: n for n in _FIELDS}}
-_CHECKS: Dict[str, Checker] = {
-    "api_key": _api_key_problem,
-    "template": _template_problem,
-    "api_url": _url_problem,
-    "domain": _domain_problem,
-    "timeout_seconds": _timeout_problem,
-    "domain_allowlist": _bool_problem,
-    "allow_open_egress": _bool_problem,
-    "sandbox_url": _url_problem,
-}
 _ENV_VARS: Tuple[Tuple[str, str], ...] = (
     ("E2B_API_KEY", "api_key"),
     ("E2B_API_URL", "api_url"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from .._version import __version__
 from .exits import EXIT_USAGE, PROG
@@ -25,8 +25,16 @@ DEFAULT_EXEC_OUTPUT = 64 << 20
 #: Output the sandbox keeps per stream of a ``start``-ed command unless told otherwise.
 DEFAULT_START_OUTPUT = 1 << 20
 
+#: What ``forward`` and ``port-forward`` do with each connection, to the sandbox port ``{}``.
+_RELAY = (
+    "relay every connection (HTTP/1.1, streaming, Server-Sent Events, WebSockets) to {} inside "
+    "the sandbox, through E2B's edge or the emulator, adding the sandbox's traffic token when "
+    "its traffic is private."
+)
+
 #: A command's handler: the parsed arguments in, the exit status out.
 Handler = Callable[[argparse.Namespace], int]
+_N = TypeVar("_N", int, float)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,11 +43,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str, parse: Callable[[str], _N], problem: str) -> _N:
+    """``parse(text)`` (``int`` or ``float``), or ``problem`` as argparse's error."""
     try:
-        value = float(text)
+        return parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(problem) from None
+
+
+def _positive_float(text: str) -> float:
+    value = _number(text, float, f"not a number: {text!r}")
     if not value > 0:
         raise argparse.ArgumentTypeError("must be more than 0")
     return value
@@ -96,11 +109,18 @@ def _add_cwd_and_env(cmd: argparse.ArgumentParser, *, user: bool = True) -> None
                          "install, say)")
 
 
+def _add_timeout(cmd: argparse.ArgumentParser, text: str) -> None:
+    """``--timeout``: seconds, more than 0; None when not given (``text``: its help)."""
+    cmd.add_argument("--timeout", type=_positive_float, default=None, help=text)
+
+
+def _add_max_output(cmd: argparse.ArgumentParser, default: int, text: str) -> None:
+    """``--max-output-bytes`` of ``exec`` and ``start`` (``text``: its help)."""
+    cmd.add_argument("--max-output-bytes", type=int, default=default, help=text)
+
+
 def _port_type(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    value = _number(text, int, f"{text!r} is not a port number")
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError("ports are from 1 to 65535")
     return value
@@ -128,10 +148,7 @@ def _tail_type(text: str) -> Optional[int]:
     ``kubectl logs --tail=-1``); None for all."""
     if text in ("all", "-1"):
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines") from None
+    value = _number(text, int, f"{text!r} is not a number of lines")
     if value < 0:
         raise argparse.ArgumentTypeError("give 0 or more lines, or all")
     return value
@@ -211,20 +228,10 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     e.add_argument("-t", "--tty", action="store_true",
                    help="run the command on a terminal (pty) in the sandbox; our standard "
                    "input must be a terminal")
-    e.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=None,
-        help=f"seconds before the command is killed (default {CLI_EXEC_TIMEOUT_SECONDS:g}; "
-        "with -t: none)",
-    )
+    _add_timeout(e, f"seconds before the command is killed (default {CLI_EXEC_TIMEOUT_SECONDS:g}; "
+                 "with -t: none)")
     _add_cwd_and_env(e)
-    e.add_argument(
-        "--max-output-bytes",
-        type=int,
-        default=DEFAULT_EXEC_OUTPUT,
-        help=f"output shown at most (default {DEFAULT_EXEC_OUTPUT})",
-    )
+    _add_max_output(e, DEFAULT_EXEC_OUTPUT, f"output shown at most (default {DEFAULT_EXEC_OUTPUT})")
     _add_command_words(e)
 
     sh = _command(
@@ -248,21 +255,11 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         "stdout and of its stderr, and its exit status: see logs, ps and kill. It reads "
         "nothing on its standard input.",
     )
-    st.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=None,
-        help="seconds before the command is killed (default: none, it runs until it ends)",
-    )
+    _add_timeout(st, "seconds before the command is killed (default: none, it runs until it ends)")
     _add_cwd_and_env(st, user=False)
     st.add_argument("--tag", default=None, help="a tag, shown by ps")
-    st.add_argument(
-        "--max-output-bytes",
-        type=int,
-        default=DEFAULT_START_OUTPUT,
-        help=f"output kept per stream, the latest (default {DEFAULT_START_OUTPUT}, "
-        "at least 1024)",
-    )
+    _add_max_output(st, DEFAULT_START_OUTPUT, f"output kept per stream, the latest (default "
+                    f"{DEFAULT_START_OUTPUT}, at least 1024)")
     _add_command_words(st)
 
     lg = _command(
@@ -326,13 +323,8 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
                     "context of that language; not with --context)")
     cd.add_argument("--out", default=None, metavar="DIR",
                     help="write the image results to DIR (created if missing)")
-    cd.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=None,
-        help=f"seconds before the kernel is interrupted (default "
-        f"{CLI_CODE_TIMEOUT_SECONDS:g})",
-    )
+    _add_timeout(cd, f"seconds before the kernel is interrupted (default "
+                 f"{CLI_CODE_TIMEOUT_SECONDS:g})")
 
     cp = _command(
         sub, "cp", "files.cmd_cp", sandbox=False,
@@ -373,11 +365,8 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     fw = _command(
         sub, "forward", "ports.cmd_forward", sandbox=True,
         help="serve a sandbox port on this machine (like kubectl port-forward)",
-        description="Listen on 127.0.0.1 and relay every connection (HTTP/1.1, streaming, "
-        "Server-Sent Events, WebSockets) to PORT inside the sandbox, through E2B's edge or "
-        "the emulator, adding the sandbox's traffic token when its traffic is private. "
-        "Prints 'Forwarding from 127.0.0.1:LOCAL -> PORT', then runs until Ctrl-C "
-        "(exit 0).",
+        description=f"Listen on 127.0.0.1 and {_RELAY.format('PORT')} Prints 'Forwarding from "
+        "127.0.0.1:LOCAL -> PORT', then runs until Ctrl-C (exit 0).",
     )
     fw.add_argument("port", type=_ports_type, metavar="[LOCAL:]PORT",
                     help="the port inside the sandbox, optionally after the local port")
@@ -387,13 +376,10 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
     pf = _command(
         sub, "port-forward", "ports.cmd_port_forward", sandbox=True,
         help="serve sandbox ports on this machine, as kubectl port-forward",
-        description="As kubectl port-forward: listen on 127.0.0.1 and relay every "
-        "connection (HTTP/1.1, streaming, Server-Sent Events, WebSockets) to REMOTE inside "
-        "the sandbox, through E2B's edge or the emulator, adding the sandbox's traffic "
-        "token when its traffic is private. REMOTE alone listens on the same port here; "
-        "LOCAL:REMOTE on LOCAL; :REMOTE or 0:REMOTE on a free port. Prints "
-        "'Forwarding from 127.0.0.1:LOCAL -> REMOTE' for each, then runs until Ctrl-C "
-        "(exit 0). A local port that is taken is an error (exit 1).",
+        description=f"As kubectl port-forward: listen on 127.0.0.1 and {_RELAY.format('REMOTE')} "
+        "REMOTE alone listens on the same port here; LOCAL:REMOTE on LOCAL; :REMOTE or 0:REMOTE "
+        "on a free port. Prints 'Forwarding from 127.0.0.1:LOCAL -> REMOTE' for each, then runs "
+        "until Ctrl-C (exit 0). A local port that is taken is an error (exit 1).",
     )
     pf.add_argument("ports", type=_forward_type, nargs="+", metavar="[LOCAL:]REMOTE",
                     help="a port inside the sandbox, optionally after the local port")
@@ -423,8 +409,7 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
                     help="watch every directory below PATH too")
     wt.add_argument("--json", action="store_true",
                     help='one JSON object per line: {"type": ..., "path": ...}')
-    wt.add_argument("--timeout", type=_positive_float, default=None,
-                    help="stop after this many seconds (exit 0)")
+    _add_timeout(wt, "stop after this many seconds (exit 0)")
 
     rm = _command(sub, "rm", "sandboxes.cmd_rm", sandbox=False, help="destroy sandboxes",
                   description="Destroy sandboxes.")
