@@ -197,6 +197,18 @@ def test_a_matplotlib_figure_is_a_png_and_a_chart(sandbox: Sandbox, ctx: Context
     assert [(float(x), float(y)) for x, y in line.points] == [(1, 1), (2, 4), (3, 9)]
 
 
+def test_pillow_images_shown_or_saved_are_pngs(sandbox: Sandbox, ctx: Context) -> None:
+    """As E2B's kernels show Pillow's images: ``show()`` and a save to a path name each give
+    one PNG of the image's size, and no viewer program complains later."""
+    make = "from PIL import Image\nimage = Image.new('RGBA', (16, 12), (0, 0, 255, 255))\n"
+    for code in (make + "image.show()", "image.save('blue.png')"):
+        ex = sandbox.run_code(code, context=ctx)
+        assert ex.error is None and len(ex.results) == 1, ex
+        assert png_size(ex.results[0].png or "") == (16, 12)
+    later = sandbox.run_code("import time; time.sleep(0.5)", context=ctx)
+    assert later.logs.stderr == [], later.logs
+
+
 def test_a_dataframe_has_html_and_data(sandbox: Sandbox, ctx: Context) -> None:
     execution = sandbox.run_code(
         "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})", context=ctx

@@ -101,6 +101,33 @@ def test_rich_results_figure_dataframe_json(cp: E2BSandboxProvider, box: Sandbox
     assert "image/png" in fig._repr_mimebundle_()  # a cell with only the figure shows it
 
 
+def test_pillow_images_shown_and_saved_are_results(cp: E2BSandboxProvider, box: SandboxHandle,
+                                                   ctx: CodeContext) -> None:
+    """As in E2B's kernels: ``Image.show()`` and saving an image to a path name give a PNG
+    result, and no viewer program runs (a sandbox has no display: one would fail, and its
+    complaint would reach a later run's stderr); the file is still saved."""
+    make = ("from PIL import Image\n"
+            "image = Image.new('RGB', (8, 8), (255, 0, 0))\n")
+    shown = cp.run_code(box, make + "image.show()\nprint('shown')", context=ctx)
+    saved = cp.run_code(box, "image.save('red.png')\nprint('saved')", context=ctx)
+    for ex, said in ((shown, "shown"), (saved, "saved")):
+        assert ex.error is None and ex.stdout == said + "\n", ex
+        assert len(ex.results) == 1 and ex.results[0].png is not None, ex.results
+        assert ex.results[0].png.startswith(PNG_MAGIC)
+    after = cp.run_code(box, "import os, time; time.sleep(0.5); print(os.path.getsize('red.png'))",
+                        context=ctx)
+    assert after.stderr == "" and int(after.stdout) > 0, after
+    # a path object, as in E2B, is only saved; 1 + 1 still loads no Pillow in a new context
+    quiet = cp.run_code(box, "import pathlib; image.save(pathlib.Path('p.png'))", context=ctx)
+    assert not quiet.results and quiet.error is None
+    fresh = cp.create_code_context(box)
+    try:
+        loaded = cp.run_code(box, "import sys; 1 + 1; 'PIL' in sys.modules", context=fresh)
+        assert loaded.text == "False"
+    finally:
+        cp.remove_code_context(box, fresh)
+
+
 def test_callbacks_stream_as_the_code_runs(cp: E2BSandboxProvider, box: SandboxHandle,
                                            ctx: CodeContext) -> None:
     seen: List[str] = []

@@ -5,13 +5,19 @@ each Python kernel before any code: it adds the display formats E2B's results ca
 Jupyter's own: ``e2b/data`` (a pandas DataFrame as columns of values), ``e2b/chart`` (a
 matplotlib figure as chart data, by ``e2b_charts``) and JSON for lists and dicts. Each
 formatter looks only at objects of a library the code already imported, so ``1 + 1`` loads
-nothing. Never imported by the library or the emulator's server.
+nothing. Pillow's images are shown as E2B's kernels show them: once the code imports
+``PIL.Image``, saving an image to a path name displays it first (a PNG result), and
+``Image.show()`` displays it through Pillow's IPython viewer, starting no viewer program (a
+sandbox has no display). Never imported by the library or the emulator's server.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+import types
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from IPython import get_ipython
 from IPython.core.formatters import BaseFormatter, JSONFormatter
@@ -89,8 +95,91 @@ class PlainJSONFormatter(JSONFormatter):  # type: ignore[misc]
         return result
 
 
+def _show_on_save(image_module: types.ModuleType) -> None:
+    """An image saved to a path name is displayed first (``Image.show()`` saves one too)."""
+    from IPython.display import display
+
+    image_class = image_module.Image
+    save = image_class.save
+
+    def save_shown(  # Pillow names its argument "format"
+        image: Any, fp: Any, format: Optional[str] = None, **options: Any  # noqa: A002
+    ) -> Any:
+        if isinstance(fp, str):
+            display(image)
+        return save(image, fp, format, **options)
+
+    image_class.save = save_shown
+
+
+def _no_viewer(show_module: types.ModuleType) -> None:
+    """Pillow's viewer programs are not used: as in E2B's image, which has none of them (the
+    emulator's sandboxes see the host's ``xdg-open``, which would fail without a display and
+    complain in a later run's stderr), ``Image.show()`` falls to Pillow's IPython viewer,
+    which displays the image (a PNG result)."""
+    programs = show_module.UnixViewer
+    viewers = getattr(show_module, "_viewers", None)
+    if isinstance(viewers, list):
+        viewers[:] = [v for v in viewers if not isinstance(v, programs)]
+        return
+
+    def show_file(self: Any, path: str, **options: Any) -> int:
+        return 0  # not shown: the next viewer is asked
+
+    for viewer in [programs, *programs.__subclasses__()]:
+        viewer.show_file = show_file
+
+
+#: What is changed in a module of Pillow as the code first imports it.
+_ON_IMPORT: Dict[str, Callable[[types.ModuleType], None]] = {
+    "PIL.Image": _show_on_save,
+    "PIL.ImageShow": _no_viewer,
+}
+
+
+class _Changed(importlib.abc.Loader):
+    """A module's loader, and the change made to the module once it has run."""
+
+    def __init__(self, loader: Any, change: Callable[[types.ModuleType], None]) -> None:
+        self._loader = loader
+        self._change = change
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._change(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _ChangeOnImport(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`_ON_IMPORT` with the other finders, then has their
+    loader make the change once the module ran."""
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]], target: Any = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        change = _ON_IMPORT.get(fullname)
+        if change is None:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: Optional[importlib.machinery.ModuleSpec] = find(fullname, path, target)
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _Changed(spec.loader, change)
+            return spec
+        return None
+
+
 def install(shell: Any) -> None:
-    """Register the formatters with the kernel's shell."""
+    """Register the formatters with the kernel's shell; change Pillow as it is imported."""
     formatters = shell.display_formatter.formatters
     parent = shell.display_formatter
     for mime, print_method, module_name, class_name, convert in _LIBRARY_FORMATS:
@@ -103,6 +192,10 @@ def install(shell: Any) -> None:
             print_method=print_method,
         )
     formatters["application/json"] = PlainJSONFormatter(parent=parent)
+    for name, change in _ON_IMPORT.items():
+        if name in sys.modules:
+            change(sys.modules[name])
+    sys.meta_path.insert(0, _ChangeOnImport())
 
 
 _shell = get_ipython()
