@@ -37,16 +37,19 @@ __all__ = [
 #: The variable naming the environment's directory.
 ENV_VAR = "E2B_EMULATOR_CODE_ENV"
 #: What the template's kernels and server need (E2B's template pins more; these are the
-#: packages its protocol and its rich results rely on).
+#: packages its protocol and its rich results rely on). The libraries users' code calls stay
+#: on the release lines E2B's template pins (matplotlib 3.10, pandas 2.2, Pillow 12, NumPy
+#: 2.3): a later line changes what the same code does (matplotlib 3.11 refuses
+#: ``boxplot(labels=...)``, pandas 3 infers other dtypes).
 REQUIREMENTS = (
     "ipykernel>=6.29",
     "jupyter_client>=8.6",
     "bash_kernel>=0.9",
     "aiohttp>=3.9,<4",
-    "matplotlib>=3.8",
-    "pandas>=2.1",
-    "numpy>=1.26",
-    "pillow>=10",
+    "matplotlib>=3.10,<3.11",
+    "pandas>=2.2,<2.3",
+    "numpy>=2.3,<2.4",
+    "pillow>=12,<13",
     "orjson>=3.9",
     "e2b-charts>=0.1",
 )
