@@ -65,7 +65,8 @@ class Contexts:
 
 def _normalize(language: Optional[str]) -> str:
     name = (language or "python").strip().lower()
-    return {"py": "python", "python3": "python", "sh": "bash"}.get(name, name)
+    return {"py": "python", "python3": "python", "sh": "bash", "js": "javascript",
+            "ts": "typescript"}.get(name, name)
 
 
 async def _json_body(request: web.Request) -> Dict[str, Any]:
