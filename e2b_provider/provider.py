@@ -72,7 +72,7 @@ from .models import (
     SandboxSummary,
     TransferSummary,
 )
-from .ports.relay import Ports, check_port, forward_limits
+from .ports.relay import Ports, check_port, forward_limits, listen_address
 from .protocol import validate as v
 from .protocol.code_output import check_env_vars
 from .protocol.escalation import KILL_GRACE_SECONDS
@@ -1341,6 +1341,7 @@ class E2BSandboxProvider:
         max_connections: int = 256,
         idle_timeout: float = 300.0,
         cancel: Optional[CancelToken] = None,
+        address: str = "127.0.0.1",
     ) -> Iterator[str]:
         """Serve ``port`` of the sandbox on this machine's loopback, for the ``with`` block.
 
@@ -1366,6 +1367,11 @@ class E2BSandboxProvider:
             idle_timeout: seconds after which a connection with no traffic either way is
                 closed.
             cancel: cancels the set-up (not the forward once it is open).
+            address: the local address to listen on, an IP address or ``localhost``, as
+                ``kubectl port-forward --address`` takes it. ``0.0.0.0`` (or ``::``) serves
+                the port to every machine that reaches this one, with the sandbox's
+                traffic token added when its traffic is private: choose it knowingly. The
+                URL yielded is then the loopback's.
 
         Raises:
             InvalidArgument: a bad argument (before any I/O), or ``local_port`` taken.
@@ -1373,9 +1379,10 @@ class E2BSandboxProvider:
         """
         sid = self._calls.open_sandbox(sandbox)
         limits = forward_limits(port, local_port, max_connections, idle_timeout)
+        listen = listen_address(address)
         v.check_cancel(cancel)
         with self._calls.doing(f"forwarding port {port} of sandbox {sid}", sid=sid):
-            opened = self._ports.forward(sid, port, local_port, limits, cancel)
+            opened = self._ports.forward(sid, port, local_port, limits, cancel, listen)
         try:
             yield opened.url
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Callable, Optional, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from .._version import __version__
 from .exits import EXIT_USAGE, PROG
@@ -141,6 +141,19 @@ def _forward_type(text: str) -> Tuple[int, int]:
     if not sep:
         return port, port
     return (0 if local in ("", "0") else _port_type(local)), port
+
+
+def _addresses_type(text: str) -> List[str]:
+    """``port-forward --address``: IP addresses or ``localhost``, comma separated (as
+    ``kubectl port-forward`` takes them), each once."""
+    from ..errors import InvalidArgument
+    from ..ports.relay import listen_address  # only when given: the relay loads asyncio
+
+    try:
+        found = [listen_address(part.strip()) for part in text.split(",")]
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return list(dict.fromkeys(found))
 
 
 def _tail_type(text: str) -> Optional[int]:
@@ -378,11 +391,16 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         help="serve sandbox ports on this machine, as kubectl port-forward",
         description=f"As kubectl port-forward: listen on 127.0.0.1 and {_RELAY.format('REMOTE')} "
         "REMOTE alone listens on the same port here; LOCAL:REMOTE on LOCAL; :REMOTE or 0:REMOTE "
-        "on a free port. Prints 'Forwarding from 127.0.0.1:LOCAL -> REMOTE' for each, then runs "
+        "on a free port. Prints 'Forwarding from ADDRESS:LOCAL -> REMOTE' for each, then runs "
         "until Ctrl-C (exit 0). A local port that is taken is an error (exit 1).",
     )
     pf.add_argument("ports", type=_forward_type, nargs="+", metavar="[LOCAL:]REMOTE",
                     help="a port inside the sandbox, optionally after the local port")
+    pf.add_argument("--address", type=_addresses_type, default=["127.0.0.1"],
+                    metavar="ADDRESS[,ADDRESS...]",
+                    help="the local addresses to listen on: IP addresses or localhost "
+                    "(127.0.0.1, the default); 0.0.0.0 serves the ports, with the "
+                    "sandbox's traffic token added, to every machine that reaches this one")
 
     ur = _command(
         sub, "url", "ports.cmd_url", sandbox=True,

@@ -44,7 +44,7 @@ Commands::
                                                            - is a tar stream, as docker cp)
     e2b-provider ls [--name NAME]
     e2b-provider ls [-l] [--depth N] SANDBOX:/path
-    e2b-provider port-forward SANDBOX [LOCAL:]REMOTE...   (until Ctrl-C)
+    e2b-provider port-forward [--address A] SANDBOX [LOCAL:]REMOTE...   (until Ctrl-C)
     e2b-provider forward SANDBOX [LOCAL:]PORT [--local-port N]   (until Ctrl-C)
     e2b-provider url SANDBOX PORT
     e2b-provider watch SANDBOX PATH [-r] [--json] [--timeout S]   (until Ctrl-C)

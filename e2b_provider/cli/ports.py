@@ -27,18 +27,24 @@ def _until_ctrl_c() -> None:
 
 
 def cmd_port_forward(args: argparse.Namespace) -> int:
-    """``port-forward``: serve sandbox ports on 127.0.0.1 until Ctrl-C, as ``kubectl
-    port-forward`` (``REMOTE`` alone: the same port here; ``:REMOTE``: a free one)."""
+    """``port-forward``: serve sandbox ports on 127.0.0.1 (or ``--address``) until Ctrl-C,
+    as ``kubectl port-forward`` (``REMOTE`` alone: the same port here; ``:REMOTE``: a free
+    one, the same on every address)."""
     pairs: List[Tuple[int, int]] = args.ports
+    addresses: List[str] = args.address
     with connect() as p:
         h = resolve(p, args.sandbox)
         with contextlib.ExitStack() as forwards:
             for local_port, port in pairs:
-                try:
-                    url = forwards.enter_context(p.forward(h, port, local_port=local_port))
-                except InvalidArgument as exc:  # the local port is taken: not a usage error
-                    raise E2BProviderError(str(exc)) from None
-                print(f"Forwarding from {url[len('http://'):]} -> {port}", flush=True)
+                for address in addresses:
+                    try:
+                        url = forwards.enter_context(
+                            p.forward(h, port, local_port=local_port, address=address))
+                    except InvalidArgument as exc:  # the port is taken: not a usage error
+                        raise E2BProviderError(str(exc)) from None
+                    local_port = int(url.rsplit(":", 1)[1])
+                    shown = f"[{address}]" if ":" in address else address
+                    print(f"Forwarding from {shown}:{local_port} -> {port}", flush=True)
             print(f"{PROG}: forwarding to sandbox {h.id}; Ctrl-C stops", file=sys.stderr,
                   flush=True)
             _until_ctrl_c()

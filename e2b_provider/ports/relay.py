@@ -3,7 +3,8 @@
 This module owns :func:`port_address` (E2B's ``{port}-{sandbox id}.{domain}`` name for a
 sandbox port, with the scheme and port of the configured sandbox URL when there is one, as
 on the emulator), and :class:`PortRelay`: one event loop on its own thread that serves
-every forward of one provider. Each forward is a listener on the host's loopback; each
+every forward of one provider. Each forward is a listener on the host's loopback (or on
+the address the caller names: :func:`listen_address`); each
 connection it accepts gets its own upstream connection to E2B's edge (or the emulator), its
 requests' heads rewritten (``Host`` and the routing headers, plus the traffic token when
 the sandbox's traffic is private), and everything else — bodies, responses, and after a
@@ -22,6 +23,7 @@ provider, closes its listener and connections. The event loop never runs user co
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import ssl
@@ -50,6 +52,7 @@ __all__ = [
     "Upstream",
     "check_port",
     "forward_limits",
+    "listen_address",
     "port_address",
 ]
 
@@ -190,14 +193,49 @@ def forward_limits(
     return ForwardLimits(max_connections=max_connections, idle_timeout=float(idle_timeout))
 
 
+#: What a forward listens on unless told: this machine's loopback alone.
+LOOPBACK = "127.0.0.1"
+
+
+def listen_address(address: str) -> str:
+    """The IP address a forward listens on, from ``address``: an IPv4 or IPv6 address
+    (``0.0.0.0`` or ``::``: every interface), or ``localhost`` (:data:`LOOPBACK`), as
+    ``kubectl port-forward --address`` takes them.
+
+    Raises:
+        InvalidArgument: anything else (a host name, say), before any I/O.
+    """
+    if not isinstance(address, str):
+        raise InvalidArgument(f"address must be a str, not {type(address).__name__}")
+    if address == "localhost":
+        return LOOPBACK
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        raise InvalidArgument(
+            f"address must be an IP address or localhost (as kubectl port-forward takes "
+            f"it), not {address[:100]!r}"
+        ) from None
+
+
+def _local_url(address: str, port: int) -> str:
+    """A URL this machine reaches a listener on ``address`` by (every interface: its
+    loopback)."""
+    ip = ipaddress.ip_address(address)
+    if ip.is_unspecified:
+        ip = ipaddress.ip_address("::1" if ip.version == 6 else LOOPBACK)
+    host = f"[{ip}]" if ip.version == 6 else str(ip)
+    return f"http://{host}:{port}"
+
+
 class Forward:
     """One listening forward; :meth:`close` it (idempotent)."""
 
-    def __init__(self, relay: PortRelay, listener: _Listener) -> None:
+    def __init__(self, relay: PortRelay, listener: _Listener, address: str) -> None:
         self._relay = relay
         self._listener = listener
         self.local_port: int = listener.port
-        self.url = f"http://127.0.0.1:{listener.port}"
+        self.url = _local_url(address, listener.port)
 
     @property
     def connections(self) -> int:
@@ -240,25 +278,28 @@ class PortRelay:
         *,
         local_port: int = 0,
         limits: ForwardLimits = ForwardLimits(),
+        address: str = LOOPBACK,
     ) -> Forward:
-        """Listen on ``127.0.0.1:local_port`` (0: any free port) and relay to ``upstream``.
+        """Listen on ``address:local_port`` (0: any free port; ``address`` as
+        :func:`listen_address` gives it) and relay to ``upstream``.
 
         Raises:
             E2BProviderError: the relay is closed.
-            InvalidArgument: the local port is taken or not allowed.
+            InvalidArgument: the address or local port is taken or not allowed.
         """
         loop = self._running_loop()
         listener = _Listener(self, upstream, limits)
-        future = asyncio.run_coroutine_threadsafe(listener.start(local_port), loop)
+        future = asyncio.run_coroutine_threadsafe(listener.start(address, local_port), loop)
         try:
             future.result(timeout=_START_TIMEOUT_SECONDS)
         except OSError as exc:
+            shown = f"[{address}]" if ":" in address else address
             raise InvalidArgument(
-                f"cannot listen on 127.0.0.1:{local_port}: {exc.strerror or exc}"
+                f"cannot listen on {shown}:{local_port}: {exc.strerror or exc}"
             ) from None
         with self._lock:
             self._listeners.add(listener)
-        return Forward(self, listener)
+        return Forward(self, listener, address)
 
     def close_listener(self, listener: _Listener) -> None:
         """Close one forward's listener and connections."""
@@ -366,9 +407,9 @@ class _Listener:
             for k, v in ((("Host", upstream.host_header), *upstream.headers))
         )
 
-    async def start(self, local_port: int) -> None:
+    async def start(self, address: str, local_port: int) -> None:
         self._server = await asyncio.start_server(
-            self._accept, "127.0.0.1", local_port, limit=_READ, backlog=256
+            self._accept, address, local_port, limit=_READ, backlog=256
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -613,13 +654,14 @@ class Ports:
         local_port: int,
         limits: ForwardLimits,
         cancel: Optional[CancelToken],
+        address: str = LOOPBACK,
     ) -> Forward:
-        """Open a forward of ``port`` of ``sid`` on ``127.0.0.1:local_port``."""
+        """Open a forward of ``port`` of ``sid`` on ``address:local_port``."""
         target = self._target(sid, cancel)
         upstream = Upstream.for_port(
             sid, target.domain, port, self._ctx.config.sandbox_url, target.traffic_token
         )
-        return self.relay.open(upstream, local_port=local_port, limits=limits)
+        return self.relay.open(upstream, local_port=local_port, limits=limits, address=address)
 
     def close(self) -> None:
         """Close every forward and the relay's thread."""

@@ -243,6 +243,20 @@ def test_port_forward_as_kubectl(
     for bad in ("70000", "x:80", "-1:80", "0"):
         r = run(env, "port-forward", str(sb.name), bad)
         assert r.returncode == 2 and "Traceback" not in r.stderr, (bad, r.stderr)
+    # --address as kubectl's: every address listed, one free port shared by all of them
+    with started(env, "port-forward", "--address", "127.0.0.2,localhost", str(sb.name),
+                 f":{port}") as child:
+        (second, remote), (loop, _) = forwarded(child, 2)
+        local = second.split(":")[1]
+        assert remote == port and second == f"127.0.0.2:{local}" and loop == f"127.0.0.1:{local}"
+        for a in (second, loop):
+            assert requests.get(f"http://{a}/hello", timeout=10).text == "hello\n"
+        with pytest.raises(requests.ConnectionError):  # an address not listed
+            requests.get(f"http://127.0.0.3:{local}/hello", timeout=5)
+        child.send_signal(signal.SIGINT)
+        assert child.wait(30) == 0
+    r = run(env, "port-forward", "--address", "example.com", str(sb.name), str(port))
+    assert r.returncode == 2 and "IP address or localhost" in r.stderr
     # forward keeps its own reading: a port alone is served on a free local port
     with started(env, "forward", str(sb.name), str(port)) as child:
         ((address, remote),) = forwarded(child, 1)

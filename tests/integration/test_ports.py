@@ -83,6 +83,30 @@ def test_forward_serves_http_streams_and_a_closed_port(
         assert r.json()["message"] == "The sandbox is running but port is not open"
 
 
+def test_forward_listens_on_the_address_it_is_given(
+    shared_provider: E2BSandboxProvider, served: SandboxHandle
+) -> None:
+    """``address``: the loopback alone by default (127.0.0.2, on the same loopback net, is
+    refused); ``0.0.0.0`` every interface (127.0.0.2 served), the URL still the loopback's;
+    an address that is not an IP (nor localhost) is refused before any request."""
+    p = shared_provider
+    with p.forward(served, PORT) as url:
+        port = url.rsplit(":", 1)[1]
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.2:{port}/hello", timeout=5)
+    with p.forward(served, PORT, address="0.0.0.0") as url:
+        assert url.startswith("http://127.0.0.1:")
+        port = url.rsplit(":", 1)[1]
+        for host in ("127.0.0.1", "127.0.0.2"):
+            assert requests.get(f"http://{host}:{port}/hello", timeout=10).text == "hello\n"
+    with p.forward(served, PORT, address="localhost") as url:
+        assert requests.get(url + "/hello", timeout=10).text == "hello\n"
+    for bad in ("example.com", "", "127.0.0.1:80", None):
+        with pytest.raises(InvalidArgument):
+            with p.forward("nosuchsandbox1", PORT, address=bad):  # type: ignore[arg-type]
+                pass
+
+
 def test_ten_mib_streams_through_with_constant_client_memory(
     shared_provider: E2BSandboxProvider, served: SandboxHandle
 ) -> None:
