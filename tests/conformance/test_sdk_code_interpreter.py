@@ -233,6 +233,31 @@ def test_bash(sandbox: Sandbox) -> None:
     assert "No such file or directory" in "".join(failed.logs.stdout)
 
 
+def test_javascript_and_typescript(sandbox: Sandbox) -> None:
+    """As E2B's tests of its JavaScript kernel ask: console.log, an import of Node's
+    modules, top-level await (its value the text), TypeScript, process.cwd() and env per
+    run; the default context keeps its variables; an exception is the error."""
+    hello = sandbox.run_code("console.log('Hello, World!')", language="js")
+    assert hello.logs.stdout == ["Hello, World!\n"] and hello.error is None
+    esm = sandbox.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)",
+                           language="javascript")
+    assert esm.logs.stdout == ["function\n"]
+    assert sandbox.run_code("await Promise.resolve('Hello World!')", language="js").text == (
+        "Hello World!")
+    typed = sandbox.run_code("const message: string = 'typed'; console.log(message)",
+                             language="ts")
+    assert typed.logs.stdout == ["typed\n"]
+    assert sandbox.run_code("process.cwd()", language="js").text == "/home/user"
+    assert sandbox.run_code("process.cwd()", language="ts").text == "/home/user"
+    assert sandbox.run_code("process.env.FOO", envs={"FOO": "bar"}, language="js").text == "bar"
+    assert sandbox.run_code("process.env.FOO || 'default'", language="js").text == "default"
+    sandbox.run_code("globalThis.kept = 41", language="js")
+    assert sandbox.run_code("kept + 1", language="js").text == "42"
+    failed = sandbox.run_code("throw new Error('boom')", language="js")
+    assert failed.error is not None and "boom" in failed.error.value
+    assert {c.language for c in sandbox.list_code_contexts()} >= {"python", "javascript"}
+
+
 # -- contexts ---------------------------------------------------------------------------------
 
 

@@ -205,6 +205,22 @@ def test_a_callback_that_raises_stops_the_code(cp: E2BSandboxProvider, box: Sand
     assert int(cp.run_code(box, "i", context=ctx, timeout=10.0).text or "-1") < 100
 
 
+def test_javascript_runs_in_its_own_default_context(cp: E2BSandboxProvider,
+                                                   box: SandboxHandle) -> None:
+    """JavaScript (and TypeScript) through run_code: output, the value as text, env for one
+    run; a JavaScript context of its own keeps its variables and its cwd."""
+    ex = cp.run_code(box, "console.log('hi'); 6 * 7", language="javascript")
+    assert ex.stdout == "hi\n" and ex.text == "42" and ex.error is None
+    assert cp.run_code(box, "process.env.ONE", language="typescript",
+                       env={"ONE": "1"}).text == "1"
+    mine = cp.create_code_context(box, language="javascript", cwd="/tmp")
+    try:
+        cp.run_code(box, "var n = 5", context=mine)
+        assert cp.run_code(box, "[n, process.cwd()].join(' ')", context=mine).text == "5 /tmp"
+    finally:
+        cp.remove_code_context(box, mine)
+
+
 def test_output_cap_shared_by_stdout_and_stderr(cp: E2BSandboxProvider, box: SandboxHandle,
                                                 ctx: CodeContext) -> None:
     code = ("import sys\nprint('é' * 40, flush=True)\nprint('x' * 100, file=sys.stderr, "

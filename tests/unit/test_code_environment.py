@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from e2b_provider.emulator.interpreter import environment
-from e2b_provider.emulator.interpreter.environment import REQUIREMENTS, STAMP, CodeEnvMissing, find
+from e2b_provider.emulator.interpreter.environment import (
+    DENO,
+    REQUIREMENTS,
+    STAMP,
+    CodeEnvMissing,
+    find,
+)
 from e2b_provider.emulator.interpreter.template import code_interpreter_service
 
 
@@ -21,7 +27,7 @@ def _fake_env(where: Path, requirements: object = None) -> Path:
     os.symlink(sys.executable, where / "bin" / "python")
     (where / "pyvenv.cfg").write_text(f"home = {os.path.dirname(sys.executable)}\n")
     if requirements is not None:
-        (where / STAMP).write_text(json.dumps({"requirements": requirements}))
+        (where / STAMP).write_text(json.dumps({"requirements": requirements, "deno": DENO}))
     return where
 
 
@@ -42,6 +48,11 @@ def test_other_requirements_are_out_of_date(tmp_path: Path) -> None:
     where = _fake_env(tmp_path / "env", ["ipykernel"])
     with pytest.raises(CodeEnvMissing, match="out of date"):
         find(str(where))
+    # another Deno (or none: a build from before the JavaScript kernel) too
+    for deno in ("deno@1.0.0", None):
+        (where / STAMP).write_text(json.dumps({"requirements": list(REQUIREMENTS), "deno": deno}))
+        with pytest.raises(CodeEnvMissing, match="out of date"):
+            find(str(where))
 
 
 def test_a_built_environment_and_the_service_it_makes(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import List, Optional, Sequence
@@ -25,7 +26,9 @@ import attrs
 
 __all__ = [
     "BUILD_COMMAND",
+    "DENO",
     "ENV_VAR",
+    "JS_KERNEL",
     "REQUIREMENTS",
     "CodeEnv",
     "CodeEnvMissing",
@@ -53,6 +56,14 @@ REQUIREMENTS = (
     "orjson>=3.9",
     "e2b-charts>=0.1",
 )
+#: The JavaScript and TypeScript kernel: Deno's (``deno jupyter``), from the npm registry
+#: (the package brings the binary for this platform). E2B's template runs a Node kernel
+#: (``ijavascript``) instead; what its tests ask of one (``console.log``, ``import`` of
+#: Node's modules, top-level ``await``, TypeScript, ``process.env`` and ``process.cwd()``),
+#: Deno's does too.
+DENO = "deno@2.9.6"
+#: The name of that kernel's spec (E2B's: both languages run in its ``javascript`` kernel).
+JS_KERNEL = "javascript"
 #: The file written last by a build: its requirements (a build without it is unfinished).
 STAMP = "e2b-provider-code-env.json"
 #: The command that builds it, as error messages name it.
@@ -112,7 +123,7 @@ def find(directory: Optional[str] = None) -> CodeEnv:
             f"the code-interpreter template needs its Python environment at {where}; "
             f"build it with {BUILD_COMMAND}"
         )
-    if built.get("requirements") != list(REQUIREMENTS):
+    if built.get("requirements") != list(REQUIREMENTS) or built.get("deno") != DENO:
         raise CodeEnvMissing(
             f"the code-interpreter template's Python environment at {where} is out of date; "
             f"build it again with {BUILD_COMMAND}"
@@ -125,9 +136,9 @@ def find(directory: Optional[str] = None) -> CodeEnv:
 def build(directory: str, python: str = sys.executable, quiet: bool = True) -> CodeEnv:
     """Build (or finish, or bring up to date) the environment at ``directory``.
 
-    Makes a virtual environment with ``python``, installs :data:`REQUIREMENTS` and the Bash
-    kernel's spec into it, then writes the stamp. Readable by everyone (a root-mode
-    sandbox's root is not host root).
+    Makes a virtual environment with ``python``, installs :data:`REQUIREMENTS`, the Bash
+    kernel's spec and Deno's kernel (:data:`DENO`, with npm) into it, then writes the stamp.
+    Readable by everyone (a root-mode sandbox's root is not host root).
 
     Raises:
         subprocess.CalledProcessError: venv or pip failed (their output went to stderr).
@@ -152,11 +163,43 @@ def build(directory: str, python: str = sys.executable, quiet: bool = True) -> C
         subprocess.run(pip + list(REQUIREMENTS), check=True)
         subprocess.run([env_python, "-m", "bash_kernel.install", "--sys-prefix"], check=True,
                        stdout=subprocess.DEVNULL)
+        _install_deno(where, quiet)
         with open(os.path.join(where, STAMP), "w", encoding="utf-8") as f:
-            json.dump({"requirements": list(REQUIREMENTS)}, f)
+            json.dump({"requirements": list(REQUIREMENTS), "deno": DENO}, f)
     finally:
         os.umask(old)
     return find(where)
+
+
+def _install_deno(where: str, quiet: bool) -> None:
+    """Install :data:`DENO` with npm below ``where`` and write its kernel's spec
+    (:data:`JS_KERNEL`) into the environment: no colors in results, no update check.
+
+    Raises:
+        subprocess.CalledProcessError: npm is missing or failed.
+    """
+    npm = shutil.which("npm")
+    if npm is None:
+        raise subprocess.CalledProcessError(
+            127, "npm", stderr="the JavaScript kernel (Deno) comes from the npm registry: "
+            "install Node.js and npm (Debian: apt-get install npm)"
+        )
+    prefix = os.path.join(where, "deno")
+    command = [npm, "install", "--prefix", prefix, "--no-audit", "--no-fund",
+               "--no-save", DENO]
+    if quiet:
+        command.append("--loglevel=error")
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL if quiet else None)
+    deno = os.path.realpath(os.path.join(prefix, "node_modules", ".bin", "deno"))
+    spec = os.path.join(where, "share", "jupyter", "kernels", JS_KERNEL)
+    os.makedirs(spec, exist_ok=True)
+    with open(os.path.join(spec, "kernel.json"), "w", encoding="utf-8") as f:
+        json.dump({
+            "argv": [deno, "jupyter", "--kernel", "--conn", "{connection_file}"],
+            "display_name": "JavaScript and TypeScript (Deno)",
+            "language": "typescript",
+            "env": {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"},
+        }, f)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -164,7 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m e2b_provider.emulator.interpreter.environment",
         description="Build the Python environment of the emulator's code-interpreter-v1 "
-        "template (Jupyter kernels for Python and Bash, matplotlib, pandas, numpy, e2b-charts).",
+        "template (Jupyter kernels for Python, Bash and JavaScript/TypeScript, matplotlib, "
+        "pandas, numpy, e2b-charts).",
     )
     parser.add_argument("--dir", default=None,
                         help=f"where (default ${ENV_VAR}, else ~/.cache/e2b-provider/"

@@ -1,7 +1,8 @@
 """The emulator's code-interpreter contexts: one Jupyter kernel each, driven over its own
 channels, one execution at a time, answered as E2B's server answers (JSON objects).
 
-A :class:`Context` starts a real kernel (``ipykernel`` for Python, ``bash_kernel`` for Bash)
+A :class:`Context` starts a real kernel (``ipykernel`` for Python, ``bash_kernel`` for Bash,
+Deno's for JavaScript and TypeScript)
 with :mod:`jupyter_client`, turns the kernel's messages for one execution into the lines
 ``POST /execute`` streams (``stdout``/``stderr``, ``result``, ``error``,
 ``number_of_executions``), sets and restores per-execution environment variables the way
@@ -22,8 +23,10 @@ from jupyter_client.manager import AsyncKernelManager
 
 __all__ = ["KERNEL_NAMES", "Context", "ContextError", "result_line"]
 
-#: The Jupyter kernel of each language the template has.
-KERNEL_NAMES = {"python": "python3", "bash": "bash"}
+#: The Jupyter kernel of each language the template has (JavaScript and TypeScript share
+#: Deno's, as they share one kernel on E2B).
+KERNEL_NAMES = {"python": "python3", "bash": "bash", "javascript": "javascript",
+                "typescript": "javascript"}
 #: How long a kernel may take to start and answer.
 READY_SECONDS = 60.0
 #: How often a quiet execution yields a keepalive (so a lost client is noticed).
@@ -34,6 +37,13 @@ POLL_SECONDS = 0.25
 
 #: How long an interrupted execution may take to end before its kernel is restarted.
 SETTLE_SECONDS = 10.0
+
+#: How long a JavaScript execution's messages are still read after its kernel said it is
+#: idle, while its value has not come: Deno's kernel now and then publishes the value
+#: (``execute_result``) after ``idle`` (seen once in 30 runs of one cell), which Jupyter's
+#: protocol puts last.
+LATE_RESULT_SECONDS = 0.1
+_LATE_LANGUAGES = ("javascript", "typescript")
 
 #: Where an execution's lines go (the server writes each to its client).
 Emit = Callable[[Dict[str, Any]], Awaitable[None]]
@@ -89,15 +99,18 @@ _RESTARTING: Dict[str, Any] = {
 
 def _env_code(language: str, values: Mapping[str, Optional[str]]) -> str:
     """Code that sets (a value) or unsets (None) variables in the kernel's process."""
+    sets = {k: v for k, v in values.items() if v is not None}
+    gone = [k for k, v in values.items() if v is None]
     if language == "python":
-        sets = {k: v for k, v in values.items() if v is not None}
-        gone = [k for k, v in values.items() if v is None]
         return (
             "import os as _e2b_os\n"
             f"_e2b_os.environ.update({json.dumps(sets)})\n"
             f"[_e2b_os.environ.pop(_k, None) for _k in {json.dumps(gone)}]\n"
             "del _e2b_os"
         )
+    if language in ("javascript", "typescript"):
+        return (f"Object.assign(process.env, {json.dumps(sets)}); "
+                f"for (const k of {json.dumps(gone)}) delete process.env[k];")
     lines = []
     for key, value in values.items():
         if value is None:
@@ -112,7 +125,7 @@ class Context:
     """One kernel and what the server knows of it.
 
     Args:
-        language: ``"python"`` or ``"bash"``.
+        language: ``"python"``, ``"bash"``, ``"javascript"`` or ``"typescript"``.
         cwd: the kernel's working directory.
         env: the kernel process's environment.
     """
@@ -280,17 +293,25 @@ class Context:
             pass
 
     async def _lines(self, msg_id: str) -> AsyncIterator[Dict[str, Any]]:
-        errored = False
+        errored = valued = False
         generation = self.generation
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
+        idle_at: Optional[float] = None  # the kernel said idle (a value may still come)
         while True:
             if self.generation != generation:  # restarted under it: this execution is over
                 yield dict(_RESTARTING)
                 return
+            wait = POLL_SECONDS
+            if idle_at is not None:
+                wait = idle_at + LATE_RESULT_SECONDS - loop.time()
+                if wait <= 0:
+                    return
             try:
-                msg = await self._kc.get_iopub_msg(timeout=POLL_SECONDS)
+                msg = await self._kc.get_iopub_msg(timeout=wait)
             except queue.Empty:
+                if idle_at is not None:
+                    continue
                 if not await self.alive():
                     self._revive()
                     yield dict(_RESTARTING)
@@ -312,7 +333,10 @@ class Context:
                 count = content["execution_count"]
                 yield {"type": "number_of_executions", "execution_count": count}
             elif kind in ("display_data", "execute_result"):
+                valued = valued or kind == "execute_result"
                 yield result_line(content.get("data", {}), kind == "execute_result")
+                if valued and idle_at is not None:
+                    return
             elif kind == "error" and not errored:
                 errored = True
                 yield {
@@ -322,4 +346,6 @@ class Context:
                     "traceback": "".join(content.get("traceback", [])),  # as E2B joins them
                 }
             elif kind == "status" and content.get("execution_state") == "idle":
-                return
+                if valued or errored or self.language not in _LATE_LANGUAGES:
+                    return
+                idle_at = loop.time()

@@ -5,7 +5,7 @@ answered with one JSON object a line, ``end_of_execution`` last; a client that g
 interrupts the kernel); ``POST /contexts`` (``{"language", "cwd"}``), ``GET /contexts``,
 ``POST /contexts/{id}/restart``, ``DELETE /contexts/{id}``. Errors are plain text with
 E2B's statuses (400 bad request, 404 unknown context, 500 a kernel that failed). A default
-Python context exists from the start, in ``/home/user``.
+Python and a default JavaScript context exist from the start, in ``/home/user``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from aiohttp import web
 
-from .kernels import Context, ContextError
+from .kernels import KERNEL_NAMES, Context, ContextError
 
 __all__ = ["DEFAULT_CWD", "PORT", "Contexts", "make_app"]
 
@@ -47,6 +47,23 @@ class Contexts:
         await context.start()
         self.by_id[context.id] = context
         return context
+
+    async def start_defaults(self, languages: List[str]) -> None:
+        """Start the default context of each language, all at once, listed in that order.
+
+        Raises:
+            ContextError: one did not start (the others are stopped again).
+        """
+        made = [Context(language, self._cwd, self._env) for language in languages]
+        started = await asyncio.gather(*(c.start() for c in made), return_exceptions=True)
+        failed = [e for e in started if isinstance(e, BaseException)]
+        if failed:
+            await asyncio.gather(*(c.shutdown() for c, e in zip(made, started) if e is None),
+                                 return_exceptions=True)
+            raise failed[0]
+        for context in made:
+            self.by_id[context.id] = context
+            self.defaults[context.language] = context.id
 
     async def default(self, language: str) -> Context:
         """The language's default context (made on first use)."""
@@ -177,12 +194,19 @@ async def remove_context(request: web.Request) -> web.Response:
 def make_app(
     default_cwd: str = DEFAULT_CWD, env: Optional[Mapping[str, str]] = None
 ) -> web.Application:
-    """The server's app; the default Python context starts with it."""
+    """The server's app; the default Python and JavaScript contexts start with it."""
     app = web.Application()
     app["contexts"] = Contexts(os.environ if env is None else env, default_cwd)
 
     async def lifespan(app: web.Application) -> Any:
-        await app["contexts"].default("python")
+        # as E2B's server: a Python and a JavaScript context from the start (JavaScript when
+        # the environment has its kernel: a server run outside the template may not)
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        have = KernelSpecManager().find_kernel_specs()
+        await app["contexts"].start_defaults(
+            ["python"] + (["javascript"] if KERNEL_NAMES["javascript"] in have else [])
+        )
         yield
         await app["contexts"].close()
 
