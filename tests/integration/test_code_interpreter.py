@@ -217,6 +217,11 @@ def test_javascript_runs_in_its_own_default_context(cp: E2BSandboxProvider,
     try:
         cp.run_code(box, "var n = 5", context=mine)
         assert cp.run_code(box, "[n, process.cwd()].join(' ')", context=mine).text == "5 /tmp"
+        # Node's require, as in E2B's Node kernel, also after a restart
+        for _ in range(2):
+            assert cp.run_code(box, "typeof require('fs').readFileSync",
+                               context=mine).text == "function"
+            cp.restart_code_context(box, mine)
     finally:
         cp.remove_code_context(box, mine)
 

@@ -44,6 +44,10 @@ SETTLE_SECONDS = 10.0
 #: protocol puts last.
 LATE_RESULT_SECONDS = 0.1
 _LATE_LANGUAGES = ("javascript", "typescript")
+#: Run silently in each JavaScript kernel as it starts: Node's ``require`` (E2B's kernel is
+#: Node's, where code may ``require('fs')``; Deno has only ``import``).
+_JS_PRELUDE = ('import { createRequire as _e2bCreateRequire } from "node:module"; '
+               'globalThis.require = _e2bCreateRequire(process.cwd() + "/");')
 
 #: Where an execution's lines go (the server writes each to its client).
 Emit = Callable[[Dict[str, Any]], Awaitable[None]]
@@ -178,6 +182,8 @@ class Context:
             await self._kc.wait_for_ready(timeout=READY_SECONDS)
         except RuntimeError as exc:
             raise ContextError(f"the {self.language} kernel did not answer: {exc}") from exc
+        if self.language in _LATE_LANGUAGES:
+            await self._silent(_JS_PRELUDE)
 
     async def alive(self) -> bool:
         """True while the kernel process runs."""
