@@ -141,13 +141,21 @@ def build(directory: str, python: str = sys.executable, quiet: bool = True) -> C
     Readable by everyone (a root-mode sandbox's root is not host root).
 
     Raises:
-        subprocess.CalledProcessError: venv or pip failed (their output went to stderr).
+        subprocess.CalledProcessError: venv, pip or npm failed (their output went to stderr).
+        CodeEnvMissing: npm is not there (the message says how to get it).
     """
     where = os.path.abspath(directory)
     try:
         return find(where)
     except CodeEnvMissing:
         pass
+    npm = shutil.which("npm")
+    if npm is None:  # found out before the long part
+        raise CodeEnvMissing(
+            "the code-interpreter template's JavaScript kernel (Deno) comes from the npm "
+            "registry, and npm is not installed: install Node.js and npm (Debian: apt-get "
+            f"install npm), then build again with {BUILD_COMMAND}"
+        )
     try:
         os.unlink(os.path.join(where, STAMP))
     except FileNotFoundError:
@@ -163,7 +171,7 @@ def build(directory: str, python: str = sys.executable, quiet: bool = True) -> C
         subprocess.run(pip + list(REQUIREMENTS), check=True)
         subprocess.run([env_python, "-m", "bash_kernel.install", "--sys-prefix"], check=True,
                        stdout=subprocess.DEVNULL)
-        _install_deno(where, quiet)
+        _install_deno(where, npm, quiet)
         with open(os.path.join(where, STAMP), "w", encoding="utf-8") as f:
             json.dump({"requirements": list(REQUIREMENTS), "deno": DENO}, f)
     finally:
@@ -171,19 +179,13 @@ def build(directory: str, python: str = sys.executable, quiet: bool = True) -> C
     return find(where)
 
 
-def _install_deno(where: str, quiet: bool) -> None:
-    """Install :data:`DENO` with npm below ``where`` and write its kernel's spec
+def _install_deno(where: str, npm: str, quiet: bool) -> None:
+    """Install :data:`DENO` with ``npm`` below ``where`` and write its kernel's spec
     (:data:`JS_KERNEL`) into the environment: no colors in results, no update check.
 
     Raises:
-        subprocess.CalledProcessError: npm is missing or failed.
+        subprocess.CalledProcessError: npm failed.
     """
-    npm = shutil.which("npm")
-    if npm is None:
-        raise subprocess.CalledProcessError(
-            127, "npm", stderr="the JavaScript kernel (Deno) comes from the npm registry: "
-            "install Node.js and npm (Debian: apt-get install npm)"
-        )
     prefix = os.path.join(where, "deno")
     command = [npm, "install", "--prefix", prefix, "--no-audit", "--no-fund",
                "--no-save", DENO]
