@@ -14,6 +14,7 @@ import time
 from typing import List, Tuple
 
 from ..errors import E2BProviderError, InvalidArgument
+from ..ports.relay import address_port
 from .exits import PROG, UsageError
 from .lookup import connect, resolve
 
@@ -43,8 +44,8 @@ def cmd_port_forward(args: argparse.Namespace) -> int:
                     except InvalidArgument as exc:  # the port is taken: not a usage error
                         raise E2BProviderError(str(exc)) from None
                     local_port = int(url.rsplit(":", 1)[1])
-                    shown = f"[{address}]" if ":" in address else address
-                    print(f"Forwarding from {shown}:{local_port} -> {port}", flush=True)
+                    print(f"Forwarding from {address_port(address, local_port)} -> {port}",
+                          flush=True)
             print(f"{PROG}: forwarding to sandbox {h.id}; Ctrl-C stops", file=sys.stderr,
                   flush=True)
             _until_ctrl_c()

@@ -50,6 +50,7 @@ __all__ = [
     "PortRelay",
     "Ports",
     "Upstream",
+    "address_port",
     "check_port",
     "forward_limits",
     "listen_address",
@@ -218,14 +219,18 @@ def listen_address(address: str) -> str:
         ) from None
 
 
+def address_port(address: str, port: int) -> str:
+    """``address:port``, an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 def _local_url(address: str, port: int) -> str:
     """A URL this machine reaches a listener on ``address`` by (every interface: its
     loopback)."""
     ip = ipaddress.ip_address(address)
     if ip.is_unspecified:
         ip = ipaddress.ip_address("::1" if ip.version == 6 else LOOPBACK)
-    host = f"[{ip}]" if ip.version == 6 else str(ip)
-    return f"http://{host}:{port}"
+    return f"http://{address_port(str(ip), port)}"
 
 
 class Forward:
@@ -293,9 +298,8 @@ class PortRelay:
         try:
             future.result(timeout=_START_TIMEOUT_SECONDS)
         except OSError as exc:
-            shown = f"[{address}]" if ":" in address else address
             raise InvalidArgument(
-                f"cannot listen on {shown}:{local_port}: {exc.strerror or exc}"
+                f"cannot listen on {address_port(address, local_port)}: {exc.strerror or exc}"
             ) from None
         with self._lock:
             self._listeners.add(listener)

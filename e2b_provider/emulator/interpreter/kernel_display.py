@@ -117,17 +117,8 @@ def _no_viewer(show_module: types.ModuleType) -> None:
     emulator's sandboxes see the host's ``xdg-open``, which would fail without a display and
     complain in a later run's stderr), ``Image.show()`` falls to Pillow's IPython viewer,
     which displays the image (a PNG result)."""
-    programs = show_module.UnixViewer
-    viewers = getattr(show_module, "_viewers", None)
-    if isinstance(viewers, list):
-        viewers[:] = [v for v in viewers if not isinstance(v, programs)]
-        return
-
-    def show_file(self: Any, path: str, **options: Any) -> int:
-        return 0  # not shown: the next viewer is asked
-
-    for viewer in [programs, *programs.__subclasses__()]:
-        viewer.show_file = show_file
+    viewers = show_module._viewers  # Pillow's registry, in the order they are asked
+    viewers[:] = [v for v in viewers if not isinstance(v, show_module.UnixViewer)]
 
 
 #: What is changed in a module of Pillow as the code first imports it.

@@ -43,7 +43,8 @@ SETTLE_SECONDS = 10.0
 #: (``execute_result``) after ``idle`` (seen once in 30 runs of one cell), which Jupyter's
 #: protocol puts last.
 LATE_RESULT_SECONDS = 0.1
-_LATE_LANGUAGES = ("javascript", "typescript")
+#: The languages Deno's kernel runs.
+_JS_LANGUAGES = ("javascript", "typescript")
 #: Run silently in each JavaScript kernel as it starts: Node's ``require`` (E2B's kernel is
 #: Node's, where code may ``require('fs')``; Deno has only ``import``).
 _JS_PRELUDE = ('import { createRequire as _e2bCreateRequire } from "node:module"; '
@@ -112,7 +113,7 @@ def _env_code(language: str, values: Mapping[str, Optional[str]]) -> str:
             f"[_e2b_os.environ.pop(_k, None) for _k in {json.dumps(gone)}]\n"
             "del _e2b_os"
         )
-    if language in ("javascript", "typescript"):
+    if language in _JS_LANGUAGES:
         return (f"Object.assign(process.env, {json.dumps(sets)}); "
                 f"for (const k of {json.dumps(gone)}) delete process.env[k];")
     lines = []
@@ -182,7 +183,7 @@ class Context:
             await self._kc.wait_for_ready(timeout=READY_SECONDS)
         except RuntimeError as exc:
             raise ContextError(f"the {self.language} kernel did not answer: {exc}") from exc
-        if self.language in _LATE_LANGUAGES:
+        if self.language in _JS_LANGUAGES:
             await self._silent(_JS_PRELUDE)
 
     async def alive(self) -> bool:
@@ -352,6 +353,6 @@ class Context:
                     "traceback": "".join(content.get("traceback", [])),  # as E2B joins them
                 }
             elif kind == "status" and content.get("execution_state") == "idle":
-                if valued or errored or self.language not in _LATE_LANGUAGES:
+                if valued or errored or self.language not in _JS_LANGUAGES:
                     return
                 idle_at = loop.time()
