@@ -622,27 +622,24 @@ class E2BSandboxProvider:
             stdin: give it a standard input to write to (:meth:`Command.send_stdin`);
                 otherwise it reads ``/dev/null``.
             cancel: stops the start (not the command once it runs).
-            user: who the command runs as: only ``"sandbox"`` (default) for now. Its
-                supervisor keeps the record in the sandbox user's own directory, where a
-                root process must not write; run root's work with ``exec(user="root")``.
+            user: who the command runs as: ``"sandbox"`` (default) or ``"root"``. A root
+                command's supervisor runs as root too and keeps its record in root's home
+                (``/root/.capybara-cmd``), which the sandbox user can neither read nor
+                alter; its id says it is root's (``<sandbox id>:root-<32 hex>``), and its
+                record is read and its kill sent as root.
 
         Returns:
             The :class:`~e2b_provider.Command`, once the command runs.
 
         Raises:
-            InvalidArgument: bad arguments (before any I/O), also ``user="root"``.
+            InvalidArgument: bad arguments (before any I/O).
             CommandFailed: the supervisor could not start (the records' directory is not
-                the sandbox user's own, say).
+                its user's own, say).
             Cancelled, SandboxGoneError, E2BHttpError, TransportError, ProviderClosed.
         """
         sid = self._calls.open_sandbox(sandbox)
         run_env = ca.start_env(command, timeout, max_output_bytes, cwd, env, tag, stdin)
-        if check_user(user) != "sandbox":
-            raise InvalidArgument(
-                "background commands run as user 'sandbox' only: their supervisor keeps "
-                "the record in that user's own directory; run root's work with "
-                "exec(user='root')"
-            )
+        check_user(user)
         v.check_cancel(cancel)
         doing = f"starting a background command in sandbox {sid}"
         with self._calls.doing(
@@ -650,7 +647,7 @@ class E2BSandboxProvider:
             sid=sid), self._calls.starting(doing):
             return self._background.start(
                 sid, command, timeout=timeout, cwd=cwd, env=run_env, tag=tag,
-                max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel,
+                max_output_bytes=max_output_bytes, stdin=stdin, cancel=cancel, user=user,
             )
 
     def attach(

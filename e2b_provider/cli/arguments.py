@@ -92,21 +92,20 @@ def _add_command_words(cmd: argparse.ArgumentParser) -> None:
 
 def _add_command_id(cmd: argparse.ArgumentParser) -> None:
     """The background command that ``logs`` and ``kill`` act on."""
-    cmd.add_argument("id", metavar="ID", help="a command id, as start and ps print it (or its "
-                     "32 hex digits after the ':')")
+    cmd.add_argument("id", metavar="ID", help="a command id, as start and ps print it (or "
+                     "what follows its ':': 32 hex digits, after 'root-' for root's)")
 
 
-def _add_cwd_and_env(cmd: argparse.ArgumentParser, *, user: bool = True) -> None:
+def _add_cwd_and_env(cmd: argparse.ArgumentParser) -> None:
     """The options of a command that runs something in the sandbox, with docker's short
-    forms: ``-w/--cwd``, ``-e/--env``, and ``-u/--user`` unless ``user`` is False."""
+    forms: ``-w/--cwd``, ``-e/--env`` and ``-u/--user``."""
     cmd.add_argument("-w", "--cwd", "--workdir", dest="cwd", default=None, metavar="DIR",
                      help="working directory (default /workspace)")
     cmd.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
                      help="an environment variable (repeatable)")
-    if user:
-        cmd.add_argument("-u", "--user", choices=("sandbox", "root"), default="sandbox",
-                         help="run as this user: sandbox (default) or root (apt-get "
-                         "install, say)")
+    cmd.add_argument("-u", "--user", choices=("sandbox", "root"), default="sandbox",
+                     help="run as this user: sandbox (default) or root (apt-get "
+                     "install, say)")
 
 
 def _add_timeout(cmd: argparse.ArgumentParser, text: str) -> None:
@@ -260,16 +259,16 @@ def parser(*, emulator_options: bool = True) -> argparse.ArgumentParser:
         sub, "start", "commands.cmd_start", sandbox=True,
         usage=f"{PROG} start [OPTIONS] SANDBOX CMD [ARG...]",
         help="start a command in the background and print its id",
-        description="Start a command in the sandbox in the background, as user sandbox, "
-        "and print its id. As for exec: the options come before SANDBOX, everything after "
-        "it is the command (a -- there is taken too); one word is a shell command line, run "
-        "by bash -c; several words are the command and its arguments, each passed unchanged. "
-        "It runs on after we exit; the sandbox keeps the last --max-output-bytes of its "
-        "stdout and of its stderr, and its exit status: see logs, ps and kill. It reads "
-        "nothing on its standard input.",
+        description="Start a command in the sandbox in the background, as user sandbox "
+        "(-u root: as root), and print its id. As for exec: the options come before "
+        "SANDBOX, everything after it is the command (a -- there is taken too); one word is "
+        "a shell command line, run by bash -c; several words are the command and its "
+        "arguments, each passed unchanged. It runs on after we exit; the sandbox keeps the "
+        "last --max-output-bytes of its stdout and of its stderr, and its exit status: see "
+        "logs, ps and kill. It reads nothing on its standard input.",
     )
     _add_timeout(st, "seconds before the command is killed (default: none, it runs until it ends)")
-    _add_cwd_and_env(st, user=False)
+    _add_cwd_and_env(st)
     st.add_argument("--tag", default=None, help="a tag, shown by ps")
     _add_max_output(st, DEFAULT_START_OUTPUT, f"output kept per stream, the latest (default "
                     f"{DEFAULT_START_OUTPUT}, at least 1024)")

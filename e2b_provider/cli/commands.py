@@ -70,6 +70,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             env=env or None,
             tag=args.tag,
             max_output_bytes=args.max_output_bytes,
+            user=args.user,
         )
     print(c.id)
     return 0

@@ -17,7 +17,7 @@ from ..provider import E2BSandboxProvider
 from . import emulator_record
 from .exits import UsageError
 
-_CID = re.compile(r"[0-9a-f]{32}")
+_CID = re.compile(r"(?:root-)?[0-9a-f]{32}")
 
 
 def connect() -> E2BSandboxProvider:
@@ -61,7 +61,7 @@ def resolve(p: E2BSandboxProvider, ref: str) -> SandboxHandle:
 
 def found(p: E2BSandboxProvider, h: SandboxHandle, ref: str) -> Union[Command, Terminal]:
     """The background command (or terminal) ``ref`` of the sandbox: its id, or (a command)
-    the 32 hex digits after its ``:``."""
+    what follows its ``:`` (32 hex digits, after ``root-`` for root's)."""
     return p.attach(h, f"{h.id}:{ref}" if _CID.fullmatch(ref) else ref)
 
 

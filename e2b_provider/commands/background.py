@@ -84,13 +84,14 @@ from ..errors import (
 from ..models import ExecResult, Target
 from ..protocol import scripts as scripts
 from ..protocol.command_records import (
-    COMMAND_TAG_PREFIX,
-    RECORDS,
     FrameDecoder,
     command_id,
     parse_command_id,
+    records_of,
     split_pieces,
     supervisor_of,
+    supervisor_tag,
+    supervisor_users,
     tag_of_control_path,
 )
 from ..protocol.process_events import DataEvent, EndEvent
@@ -99,6 +100,7 @@ from ..sandbox_side import source
 from .command import Command, CommandInfo, OnText
 from .following import Follower, StreamGuard
 from .record_scripts import load_json, parse_list, parse_read, say_bad
+from .users import ROOT_KILL_BATCH_SCRIPT, exec_wrapper
 
 # Command, CommandInfo and CommandOutput are commands.command's; named here too, as before.
 __all__ = ["Background", ]
@@ -113,7 +115,7 @@ STDIN_PIECE = 256 * 1024
 _ABSENT_EXIT = 3
 #: Exit status of ``records.sh read`` for a record with a file that is not a regular file.
 _BAD_RECORD_EXIT = 4
-#: Exit status of a supervisor whose records directory is not the sandbox user's own.
+#: Exit status of a supervisor whose records directory is not its user's own.
 _NOT_OWN_EXIT = 90
 #: The longest piece of ``supervisor.sh``'s META in one argument (Linux takes 128 KiB).
 _META_PIECE = 64 * 1024
@@ -134,6 +136,9 @@ _LAUNCH = (
 #: record is the sandbox user's, and may hold a FIFO there), then kill the exec ``$2`` as a
 #: batch kill does.
 _KILL = 'm=$1; touch -- "$m" 2>/dev/null; shift; ' + scripts.KILL_BATCH_SCRIPT
+#: As root, for a root command: the mark goes into root's record (in root's home, where no
+#: other account makes names), the kill is the root batch kill's.
+_ROOT_KILL = 'm=$1; touch -- "$m" 2>/dev/null; shift; ' + ROOT_KILL_BATCH_SCRIPT
 
 
 @attrs.frozen
@@ -194,15 +199,16 @@ class Background:
         max_output_bytes: int,
         stdin: bool,
         cancel: Optional[CancelToken],
+        user: str = scripts.SANDBOX_USER,
     ) -> Command:
         ctl = scripts.control_path(tag)
+        wrapper = exec_wrapper(user)
         seconds = "0" if timeout is None else str(math.ceil(timeout))
         need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def python_args(cid: str) -> List[str]:
             return ["-c", _LAUNCH, "capybara-bg", scripts.PYTHON_BOOT, cid, ctl, seconds,
-                    str(max_output_bytes), "1" if stdin else "0", scripts.LEAN_EXEC_WRAPPER,
-                    command]
+                    str(max_output_bytes), "1" if stdin else "0", wrapper, command]
 
         def shell_args(cid: str) -> List[str]:
             cap = max(1024, max_output_bytes)
@@ -213,7 +219,7 @@ class Background:
             head = known[:-1]
             pieces = [head[i:i + _META_PIECE] for i in range(0, len(head), _META_PIECE)]
             return ["-c", scripts.SH_BOOT, "capybara-bg", cid, ctl, seconds, str(cap),
-                    scripts.LEAN_EXEC_WRAPPER, command, *pieces]
+                    wrapper, command, *pieces]
 
         def run(target: Target) -> Command:
             deadline = Deadline.after(START_SECONDS)
@@ -221,19 +227,19 @@ class Background:
                 cid = uuid.uuid4().hex
                 try:
                     py_env = {**env, scripts.PROGRAM_VAR: source("supervisor")}
-                    return self._supervise(sid, target, cid, ctl, python_args(cid), py_env, cwd,
-                                           stdin, deadline, cancel, python=True)
+                    return self._supervise(sid, target, cid, user, ctl, python_args(cid),
+                                           py_env, cwd, stdin, deadline, cancel, python=True)
                 except _NoPython:
                     self._mark_no_python(sid)
             cid = uuid.uuid4().hex  # a fresh one: nothing of the first try can be in the way
             sh_env = {**env, scripts.PROGRAM_VAR: source("supervisor.sh")}
-            return self._supervise(sid, target, cid, ctl, shell_args(cid), sh_env, cwd, stdin,
-                                   deadline, cancel, python=False)
+            return self._supervise(sid, target, cid, user, ctl, shell_args(cid), sh_env, cwd,
+                                   stdin, deadline, cancel, python=False)
 
         return self._ctx.on_target(sid, cancel, run, need=need)
 
     def _supervise(
-        self, sid: str, target: Target, cid: str, ctl: str, args: List[str],
+        self, sid: str, target: Target, cid: str, user: str, ctl: str, args: List[str],
         env: Dict[str, str], cwd: Optional[str], stdin: bool, deadline: Deadline,
         cancel: Optional[CancelToken], *, python: bool,
     ) -> Command:
@@ -245,10 +251,10 @@ class Background:
             CommandFailed: the supervisor ended before it said it was ready.
         """
         stream = self._ctx.envd(target).start(
-            user=scripts.SANDBOX_USER, cmd="/bin/sh", args=args, envs=env,
+            user=user, cmd="/bin/sh", args=args, envs=env,
             cwd=cwd if cwd is not None else "/workspace",
             keepalive_seconds=self._ctx.bounds.keepalive, cancel=cancel,
-            tag=COMMAND_TAG_PREFIX + cid, stdin=stdin,
+            tag=supervisor_tag(cid, user), stdin=stdin,
         )
         with StreamGuard(self._ctx, stream, deadline, cancel):
             decoder = FrameDecoder()
@@ -263,21 +269,14 @@ class Background:
                             meta["ctl"] = ctl
                             if stream.pid:
                                 meta["pid"] = stream.pid
-                            return Command(self, sid, cid, meta)
+                            return Command(self, sid, cid, meta, user=user)
                 elif isinstance(ev, EndEvent):
                     if python and ev.exit_code in NO_PYTHON_STATUSES:
                         raise _NoPython()
                     text = stderr.decode("utf-8", "replace").strip()
                     if ev.exit_code == _NOT_OWN_EXIT:
                         raise mark_worded(CommandFailed(
-                            f"starting a background command in sandbox {sid} failed: "
-                            f"{RECORDS}, where background commands keep their records, "
-                            "is not the sandbox user's own directory closed to others "
-                            "(another account made it, or it is a link or open to others); "
-                            "remove that directory as root (the records in it are lost), "
-                            "then start again",
-                            exit_code=ev.exit_code,
-                        ))
+                            _not_own(sid, user), exit_code=ev.exit_code))
                     raise CommandFailed(
                         f"the background command could not be started (exit {ev.exit_code})",
                         exit_code=ev.exit_code, stderr=text[-2000:] or "no message",
@@ -288,16 +287,18 @@ class Background:
 
     def read(
         self, sid: str, cid: str, out_from: int, err_from: int, limit: int,
-        cancel: Optional[CancelToken], wait: float = 0.0,
+        cancel: Optional[CancelToken], wait: float = 0.0, user: str = scripts.SANDBOX_USER,
     ) -> _Record:
         """The command's record, and its output from the given offsets (-1: the last
         ``limit`` bytes kept). ``wait``: the longest the sandbox may wait, when both
         offsets are given, for output past them or for the end (only ``records.sh`` can;
-        :attr:`_Record.waited` says whether it did)."""
+        :attr:`_Record.waited` says whether it did). A root command's record is read by
+        ``records.sh`` as root (the file agent, the sandbox user's, may not)."""
         fields = {"cid": cid, "out": out_from, "err": err_from, "max": limit}
         waited = False
-        if self.lacks_python(sid):
-            answer, data, waited = self._read_by_script(sid, fields, cancel, wait)
+        shown = command_id(sid, cid, user)
+        if user == scripts.ROOT_USER or self.lacks_python(sid):
+            answer, data, waited = self._read_by_script(sid, fields, cancel, wait, user)
         else:
             deadline = Deadline.after(FILE_OP_TIMEOUT_SECONDS)
             try:
@@ -311,14 +312,14 @@ class Background:
                 answer, data, waited = self._read_by_script(sid, fields, cancel, wait)
         if answer.get("absent"):
             raise CommandNotFound(
-                f"no background command {command_id(sid, cid)} in sandbox {sid} (was it "
+                f"no background command {shown} in sandbox {sid} (was it "
                 "started in this sandbox, through start?)"
             )
         if answer.get("error") == "EBADREC":
-            raise CommandFailed(f"the record of command {command_id(sid, cid)} is damaged "
+            raise CommandFailed(f"the record of command {shown} is damaged "
                                 f"(not read): {answer.get('message', 'a file in it')}")
         if "error" in answer:
-            raise CommandFailed(f"cannot read the record of command {command_id(sid, cid)}: "
+            raise CommandFailed(f"cannot read the record of command {shown}: "
                                 f"{answer.get('message', answer['error'])}")
         o, e = answer["out"], answer["err"]
         out_data, err_data = split_pieces(data, [int(o[2]), int(e[2])])
@@ -328,95 +329,107 @@ class Background:
 
     def _read_by_script(
         self, sid: str, fields: Dict[str, Any], cancel: Optional[CancelToken], wait: float,
+        user: str = scripts.SANDBOX_USER,
     ) -> Tuple[Dict[str, Any], bytes, bool]:
-        """``cmd_read`` by ``records.sh``: the file agent's answer and data, and whether
-        the script could wait for news."""
+        """``cmd_read`` by ``records.sh`` as ``user``: the file agent's answer and data, and
+        whether the script could wait for news."""
         cid = str(fields["cid"])
         limit = int(fields["max"])
         tenths = max(0, min(int(wait * 10), 600))
         args = ["-c", source("records.sh"), "capybara-cmd", "read", cid, str(fields["out"]),
                 str(fields["err"]), str(limit), str(tenths)]
         r = self._ctx.script_on(sid, args, cancel,
-                                max_output_bytes=2 * limit + _RECORD_ROOM + STDERR_ROOM)
+                                max_output_bytes=2 * limit + _RECORD_ROOM + STDERR_ROOM, user=user)
         if r.exit_code == _ABSENT_EXIT:
             return {"absent": True}, b"", False
         if r.exit_code == _BAD_RECORD_EXIT:
             said = clean_stderr(r.stderr.decode("utf-8", "replace")).strip()
             return {"error": "EBADREC", "message": said[:500] or "a file in it"}, b"", False
-        answer, data = parse_read(r, command_id(sid, cid))
+        answer, data = parse_read(r, command_id(sid, cid, user))
         return answer, data, tenths > 0
 
     def attach(self, sid: str, value: str, cancel: Optional[CancelToken]) -> Command:
-        owner, cid = parse_command_id(value)
+        owner, cid, user = parse_command_id(value)
         if owner != sid:
             raise InvalidArgument(
                 f"command {value[:120]} belongs to sandbox {owner}, not to sandbox {sid}"
             )
-        r = self.read(sid, cid, 0, 0, 0, cancel)
-        found = supervisor_of(self._ctx.processes(sid, cancel), cid)
+        r = self.read(sid, cid, 0, 0, 0, cancel, user=user)
+        found = supervisor_of(self._ctx.processes(sid, cancel), cid, user)
         meta = dict(r.meta)
         if found is None:
-            return Command(self, sid, cid, meta, live=False)
+            return Command(self, sid, cid, meta, live=False, user=user)
         if (meta.get("pid"), meta.get("ctl")) != found:
             log.warning("e2b_provider: the record of command %s names another process than "
                         "the one envd runs for it (the record was altered): envd's is used",
-                        command_id(sid, cid))
+                        command_id(sid, cid, user))
         meta["pid"], meta["ctl"] = found
-        return Command(self, sid, cid, meta)
+        return Command(self, sid, cid, meta, user=user)
 
     def list(self, sid: str, cancel: Optional[CancelToken],
              processes: Callable[[], List[Dict[str, Any]]]) -> List[CommandInfo]:
-        """The commands that run, by their records, each checked against envd's process list
-        (``processes()``, asked only when there is a record)."""
-        metas: List[Any]
-        if self.lacks_python(sid):
-            metas = self._list_by_script(sid, cancel)
-        else:
-            deadline = Deadline.after(FILE_OP_TIMEOUT_SECONDS)
-            try:
-                got = self._ctx.on_target(
-                    sid, cancel,
-                    lambda _t: self._agents.call(sid, "cmd_list", {}, deadline=deadline,
-                                                 cancel=cancel),
-                )
-                metas = got.answer.get("commands") or []
-                say_bad(sid, got.answer.get("bad"))
-            except AgentUnavailable:
-                metas = self._list_by_script(sid, cancel)
-        if not metas:
-            return []
+        """The commands that run: envd's process list first (``processes()``: a sandbox where
+        no supervisor runs costs only that request), then the records of each user whose
+        supervisors envd runs (the sandbox user's by the file agent, root's by
+        ``records.sh`` as root), each checked against that list."""
         listed = processes()
         out = []
-        for meta in metas:
-            try:
-                cid = str(meta["id"])
-                found = supervisor_of(listed, cid)
-                if found is None:
-                    # envd runs no supervisor of that id: it just ended, or the record was
-                    # made in the sandbox
-                    log.info("e2b_provider: sandbox %s: envd runs no command %s (it ended, "
-                             "or its record was made in the sandbox); not listed", sid,
-                             cid[:32])
-                    continue
-                if found[0] != meta.get("pid"):
-                    log.warning("e2b_provider: sandbox %s: the record %s names another "
-                                "process than envd runs for it (it was altered in the "
-                                "sandbox); not listed", sid, cid[:32])
-                    continue
-                out.append(CommandInfo(
-                    id=command_id(sid, cid), pid=found[0],
-                    tag=tag_of_control_path(found[1]),
-                    command=str(meta.get("command", "")),
-                    started_at=float(meta.get("started_at", 0.0)),
-                ))
-            except (KeyError, TypeError, ValueError):
-                continue  # a record the sandbox user altered: not ours to show
+        for user in supervisor_users(listed):
+            for meta in self._metas(sid, user, cancel):
+                info = self._listed(sid, user, meta, listed)
+                if info is not None:
+                    out.append(info)
         return sorted(out, key=lambda c: c.started_at)
 
-    def _list_by_script(self, sid: str, cancel: Optional[CancelToken]) -> List[Any]:
-        """``cmd_list`` by ``records.sh``: the meta of each command that still runs."""
+    def _metas(self, sid: str, user: str, cancel: Optional[CancelToken]) -> List[Any]:
+        """The meta of each command of ``user`` whose record says it runs."""
+        if user == scripts.ROOT_USER or self.lacks_python(sid):
+            return self._list_by_script(sid, cancel, user)
+        deadline = Deadline.after(FILE_OP_TIMEOUT_SECONDS)
+        try:
+            got = self._ctx.on_target(
+                sid, cancel,
+                lambda _t: self._agents.call(sid, "cmd_list", {}, deadline=deadline,
+                                             cancel=cancel),
+            )
+        except AgentUnavailable:
+            return self._list_by_script(sid, cancel, user)
+        say_bad(sid, got.answer.get("bad"))
+        return list(got.answer.get("commands") or [])
+
+    @staticmethod
+    def _listed(sid: str, user: str, meta: Any,
+                listed: List[Dict[str, Any]]) -> Optional[CommandInfo]:
+        """What ``commands`` shows of one record, when envd runs its supervisor."""
+        try:
+            cid = str(meta["id"])
+            found = supervisor_of(listed, cid, user)
+            if found is None:
+                # envd runs no supervisor of that id: it just ended, or the record was
+                # made in the sandbox
+                log.info("e2b_provider: sandbox %s: envd runs no command %s (it ended, "
+                         "or its record was made in the sandbox); not listed", sid, cid[:32])
+                return None
+            if found[0] != meta.get("pid"):
+                log.warning("e2b_provider: sandbox %s: the record %s names another "
+                            "process than envd runs for it (it was altered in the "
+                            "sandbox); not listed", sid, cid[:32])
+                return None
+            return CommandInfo(
+                id=command_id(sid, cid, user), pid=found[0],
+                tag=tag_of_control_path(found[1]),
+                command=str(meta.get("command", "")),
+                started_at=float(meta.get("started_at", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None  # a record the sandbox user altered: not ours to show
+
+    def _list_by_script(self, sid: str, cancel: Optional[CancelToken],
+                        user: str = scripts.SANDBOX_USER) -> List[Any]:
+        """``cmd_list`` by ``records.sh`` as ``user``: the meta of each command of that user
+        that still runs."""
         args = ["-c", source("records.sh"), "capybara-cmd", "list"]
-        r = self._ctx.script_on(sid, args, cancel, max_output_bytes=_LIST_MAX)
+        r = self._ctx.script_on(sid, args, cancel, max_output_bytes=_LIST_MAX, user=user)
         if r.exit_code != 0 or r.truncated:
             raise script_failed("cannot list background commands", r)
         bad = [line.split()[2].rstrip(":") for line in
@@ -487,9 +500,27 @@ class Background:
         a record's alone, so a record the sandbox user wrote cannot steer it elsewhere."""
         if not cmd._live:
             return  # envd ran no supervisor of it when attach looked: it has ended
-        args = ["-c", _KILL, "capybara-bgkill", f"{RECORDS}/{cmd._cid}/killed", cmd._ctl]
+        root = cmd._user == scripts.ROOT_USER
+        args = ["-c", _ROOT_KILL if root else _KILL, "capybara-bgkill",
+                f"{records_of(cmd._user)}/{cmd._cid}/killed", cmd._ctl]
         if not scripts.is_control_path(cmd._ctl):
             raise CommandFailed(f"the record of command {cmd.id} names no exec to kill")
-        r = self._ctx.script_on(cmd.sandbox_id, args, cancel)
+        r = self._ctx.script_on(cmd.sandbox_id, args, cancel, user=cmd._user)
         if r.exit_code != 0:
             raise script_failed(f"cannot kill command {cmd.id}", r)
+
+
+def _not_own(sid: str, user: str) -> str:
+    """What a start says when the supervisor found its records directory not its own."""
+    where = records_of(user)
+    if user == scripts.ROOT_USER:
+        return (f"starting a background command as root in sandbox {sid} failed: {where}, "
+                "where root's background commands keep their records, or root's home "
+                "/root, is not root's own directory closed to others (a link, another "
+                "account's, or open to their writes); make /root root's own (mode 0700), "
+                "then start again")
+    return (f"starting a background command in sandbox {sid} failed: {where}, where "
+            "background commands keep their records, is not the sandbox user's own "
+            "directory closed to others (another account made it, or it is a link or open "
+            "to others); remove that directory as root (the records in it are lost), then "
+            "start again")

@@ -24,6 +24,7 @@ from ..protocol.command_records import (
     decode_tail,
     tag_of_control_path,
 )
+from ..protocol.scripts import SANDBOX_USER
 from .arguments import check_callbacks, check_wait_timeout
 
 if TYPE_CHECKING:
@@ -87,7 +88,8 @@ class Command:
     process can :meth:`wait` for it, read its :meth:`output`, or stop it.
 
     Attributes:
-        id: a string naming the command in any process (``<sandbox id>:<32 hex>``).
+        id: a string naming the command in any process (``<sandbox id>:<32 hex>``; a
+            root command's is ``<sandbox id>:root-<32 hex>``).
         sandbox_id: the sandbox it runs in.
         pid: its process id in the sandbox (envd's: its supervisor's).
         tag: the tag it was started with, or None.
@@ -97,11 +99,12 @@ class Command:
     """
 
     def __init__(self, owner: Background, sid: str, cid: str, meta: Dict[str, Any],
-                 *, live: bool = True) -> None:
+                 *, live: bool = True, user: str = SANDBOX_USER) -> None:
         self._owner = owner
         self.sandbox_id = sid
         self._cid = cid
-        self.id = command_id(sid, cid)
+        self._user = user  # whose record it is: root's is read and killed as root
+        self.id = command_id(sid, cid, user)
         try:
             self.pid = int(meta["pid"])
             self._ctl = str(meta.get("ctl", ""))
@@ -132,7 +135,8 @@ class Command:
         if not self._live:
             return False  # envd ran no supervisor of it when attach looked
         with describe(f"asking whether command {self.id} runs"):
-            return self._owner.read(self.sandbox_id, self._cid, 0, 0, 0, None).alive
+            return self._owner.read(self.sandbox_id, self._cid, 0, 0, 0, None,
+                                    user=self._user).alive
 
     def output(self, *, cancel: Optional[CancelToken] = None) -> CommandOutput:
         """What the command printed so far (the last ``max_output_bytes`` of each stream).
@@ -144,7 +148,8 @@ class Command:
         """
         v.check_cancel(cancel)
         with describe(f"reading the output of command {self.id}"):
-            r = self._owner.read(self.sandbox_id, self._cid, -1, -1, self._cap, cancel)
+            r = self._owner.read(self.sandbox_id, self._cid, -1, -1, self._cap, cancel,
+                                 user=self._user)
         out, err = KeptOutput(self._cap), KeptOutput(self._cap)
         out.reset(r.out[0], r.out[2])
         err.reset(r.err[0], r.err[2])

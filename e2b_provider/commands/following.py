@@ -153,6 +153,7 @@ class Follower:
                 self.cmd.sandbox_id, self.cmd._cid,
                 out.end if out.known else -1, err.end if err.known else -1,
                 self.cmd._cap, self.cancel, wait if out.known and err.known else 0.0,
+                user=self.cmd._user,
             )
             waited = waited or r.waited
             wait = 0.0
@@ -257,7 +258,7 @@ class Follower:
 
         def open_stream(target: Target) -> ProcessStream:
             return ctx.envd(target).connect(
-                cmd.pid, user=scripts.SANDBOX_USER,
+                cmd.pid, user=cmd._user,
                 keepalive_seconds=ctx.bounds.keepalive, cancel=self.cancel,
             )
 

@@ -8,6 +8,10 @@ on its standard output for live followers (:class:`FrameDecoder`), :class:`KeptO
 the last bytes of one stream as a follower assembles them from the record and the frames,
 and :func:`supervisor_of`, what envd says a command's supervisor is (a record is the
 sandbox user's to write, so what it says of a command's process is checked against it).
+
+A command of root (``start(user="root")``) keeps its record in :data:`ROOT_RECORDS`, in
+root's home, where no other account can make or replace a name; its id says so
+(``<sandbox id>:root-<32 hex>``), so any process finds the record by the id alone.
 """
 
 from __future__ import annotations
@@ -19,23 +23,32 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional, Tuple
 import attrs
 
 from ..errors import InvalidArgument, ProtocolError
+from .scripts import ROOT_USER, SANDBOX_USER
 
 __all__ = [
     "COMMAND_TAG_PREFIX",
     "FRAME",
     "RECORDS",
+    "ROOT_RECORDS",
     "Frame",
     "FrameDecoder",
     "KeptOutput",
     "command_id",
     "decode_tail",
     "parse_command_id",
+    "records_of",
+    "supervisor_tag",
+    "supervisor_users",
     "supervisor_of",
     "tag_of_control_path",
 ]
 
-#: Where the supervisor keeps records in the sandbox (one directory per command).
+#: Where the supervisor keeps the sandbox user's records (one directory per command).
 RECORDS = "/tmp/.capybara-cmd"
+#: Where a root supervisor keeps root's (in root's home, closed to every other account).
+ROOT_RECORDS = "/root/.capybara-cmd"
+#: What comes before the 32 hex digits in the id of a root command.
+_ROOT_MARK = "root-"
 #: envd tag of a supervisor: this prefix, then the command's 32 hex digits.
 COMMAND_TAG_PREFIX = "capybara-bg-"
 #: A frame's header: magic ``CB``, kind, stream offset, data length.
@@ -44,33 +57,41 @@ _MAGIC = b"CB"
 _KINDS = frozenset({b"r", b"o", b"e", b"x"})
 #: The largest frame a supervisor writes (its reads are 64 KiB; JSON frames are small).
 _MAX_FRAME = 1 << 20
-_CID_RE = re.compile(r"[0-9a-f]{32}")
+_CID_RE = re.compile(r"(?P<root>root-)?(?P<cid>[0-9a-f]{32})")
 _CONTROL_RE = re.compile(
     r"/tmp/\.capybara-exec-(?:(?P<tag>[A-Za-z0-9_-]{1,64})-)?"
     r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"
 )
 
 
-def command_id(sandbox_id: str, cid: str) -> str:
-    """The id users see: unique across sandboxes, usable from any process."""
-    return f"{sandbox_id}:{cid}"
+def command_id(sandbox_id: str, cid: str, user: str = SANDBOX_USER) -> str:
+    """The id users see: unique across sandboxes, usable from any process; a root
+    command's says so (``<sandbox id>:root-<32 hex>``)."""
+    return f"{sandbox_id}:{_ROOT_MARK if user == ROOT_USER else ''}{cid}"
 
 
-def parse_command_id(value: object) -> Tuple[str, str]:
-    """``(sandbox id, 32 hex digits)`` of a command id.
+def parse_command_id(value: object) -> Tuple[str, str, str]:
+    """``(sandbox id, 32 hex digits, user)`` of a command id.
 
     Raises:
         InvalidArgument: not a command id (before any I/O).
     """
     if not isinstance(value, str):
         raise InvalidArgument("a command id must be a string like '<sandbox id>:<32 hex>'")
-    sid, sep, cid = value.rpartition(":")
-    if not sep or not sid or _CID_RE.fullmatch(cid) is None:
+    sid, sep, tail = value.rpartition(":")
+    m = _CID_RE.fullmatch(tail)
+    if not sep or not sid or m is None:
         raise InvalidArgument(
             f"{value[:100]!r} is not a command id (they look like '<sandbox id>:<32 hex>', "
-            "as Command.id and commands() give them)"
+            "or '<sandbox id>:root-<32 hex>' for root's, as Command.id and commands() give "
+            "them)"
         )
-    return sid, cid
+    return sid, m.group("cid"), ROOT_USER if m.group("root") else SANDBOX_USER
+
+
+def records_of(user: str) -> str:
+    """Where the supervisor of a command of ``user`` keeps its record."""
+    return ROOT_RECORDS if user == ROOT_USER else RECORDS
 
 
 def tag_of_control_path(ctl: str) -> Optional[str]:
@@ -79,16 +100,37 @@ def tag_of_control_path(ctl: str) -> Optional[str]:
     return m.group("tag") if m else None
 
 
-def supervisor_of(processes: Iterable[Mapping[str, Any]], cid: str) -> Optional[Tuple[int, str]]:
-    """``(pid, control path)`` of the supervisor envd runs for command ``cid``, from envd's
-    process list (``process.Process/List``): the process envd started with the tag
-    :data:`COMMAND_TAG_PREFIX` + ``cid``, and the control path it was started with (the
+def supervisor_tag(cid: str, user: str = SANDBOX_USER) -> str:
+    """The envd tag of the supervisor of command ``cid`` of ``user`` (a root command's
+    says so, as its id does)."""
+    return COMMAND_TAG_PREFIX + (_ROOT_MARK if user == ROOT_USER else "") + cid
+
+
+def supervisor_users(processes: Iterable[Mapping[str, Any]]) -> List[str]:
+    """The users whose commands' supervisors envd's process list has (by their tags:
+    :func:`supervisor_tag`), the sandbox user first."""
+    root_tag = COMMAND_TAG_PREFIX + _ROOT_MARK
+    tags = [str(p.get("tag") or "") for p in processes]
+    users = []
+    if any(t.startswith(COMMAND_TAG_PREFIX) and not t.startswith(root_tag) for t in tags):
+        users.append(SANDBOX_USER)
+    if any(t.startswith(root_tag) for t in tags):
+        users.append(ROOT_USER)
+    return users
+
+
+def supervisor_of(
+    processes: Iterable[Mapping[str, Any]], cid: str, user: str = SANDBOX_USER,
+) -> Optional[Tuple[int, str]]:
+    """``(pid, control path)`` of the supervisor envd runs for command ``cid`` of ``user``,
+    from envd's process list (``process.Process/List``): the process envd started with the
+    tag :func:`supervisor_tag`, and the control path it was started with (the
     argument after ``cid``, which follows ``capybara-bg`` in the shell supervisor's
     arguments, and the program text in the python one's). None when envd runs no such
     supervisor (the command ended, or never ran). Only envd and the library set these: the
     sandbox user, who can write any record, cannot.
     """
-    tag = COMMAND_TAG_PREFIX + cid
+    tag = supervisor_tag(cid, user)
     for info in processes:
         if info.get("tag") != tag:
             continue

@@ -1,5 +1,6 @@
 # Background commands' records, read without python3, as the sandbox user: what the file
-# agent's cmd_read and cmd_list answer, for a sandbox that cannot run it.
+# agent's cmd_read and cmd_list answer, for a sandbox that cannot run it. As root, it reads
+# root's records (/root/.capybara-cmd), which the file agent, the sandbox user's, may not.
 #
 #   /bin/sh -c <this text> capybara-cmd read ID OUT ERR MAX WAIT
 #   /bin/sh -c <this text> capybara-cmd list
@@ -27,6 +28,8 @@
 # whose meta.json is not a regular file is left out (and named on standard error).
 export LC_ALL=C
 records=/tmp/.capybara-cmd
+root_records=/root/.capybara-cmd
+[ "$(id -u)" != 0 ] || records=$root_records
 
 # alive PID ID: whether process PID is the supervisor of record ID (a reused pid is not)
 alive() {

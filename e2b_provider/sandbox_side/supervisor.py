@@ -1,4 +1,4 @@
-"""A background command's supervisor, inside a sandbox, as the sandbox user.
+"""A background command's supervisor, inside a sandbox, as the sandbox user or as root.
 
 The provider sends this file's text to the sandbox's ``python3`` (``python3 -I -S -X utf8
 -c <boot> capybara-bg ID CTL SECONDS CAP STDIN LC WRAPPER COMMAND``, the text in the
@@ -14,7 +14,9 @@ supervisor itself has none, so the kill scripts stop the command and leave the s
 to record how it ended). ``LC`` is ``1`` when ``LC_CTYPE`` was set before Python started
 (else a ``LC_CTYPE`` Python added for itself is not passed on).
 
-Everything the command prints is kept in the record directory ``RECORDS/ID`` (mode 0700):
+Everything the command prints is kept in the record directory ``RECORDS/ID`` (mode 0700;
+a root supervisor's ``RECORDS`` is :data:`ROOT_RECORDS`, in root's home, where no other
+account can make or replace a name):
 each stream's last ``CAP`` bytes at least, in generation files ``stdout.<g>`` and
 ``stderr.<g>`` of ``CAP`` bytes each (byte ``n`` of a stream is in generation ``n // CAP``;
 the two newest generations are kept). ``meta.json`` says what runs; ``status.json``
@@ -45,6 +47,9 @@ if TYPE_CHECKING:
 
 #: Where records live (one directory per command, named by its id).
 RECORDS = "/tmp/.capybara-cmd"
+#: Where root's records live: its home must be root's own directory, open to no other
+#: account's writes (a root supervisor refuses to keep records elsewhere).
+ROOT_RECORDS = "/root/.capybara-cmd"
 #: A frame's header: magic, kind, offset, length.
 FRAME = struct.Struct(">2ssQI")
 MAGIC = b"CB"
@@ -168,6 +173,32 @@ def write_json(directory, name, value):
     os.rename(tmp, os.path.join(directory, name))
 
 
+def own_directory(path, mode, closed):
+    # type: (str, int, int) -> bool
+    """Make directory ``path`` (``mode``) if it is missing; whether it is now a directory
+    of this user's, not a link, with none of the ``closed`` mode bits."""
+    try:
+        os.mkdir(path, mode)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST:
+            raise
+    st = os.lstat(path)
+    return (st.st_uid == os.getuid() and (st.st_mode & closed) == 0
+            and os.path.isdir(path) and not os.path.islink(path))
+
+
+def records_directory():
+    # type: () -> Optional[str]
+    """This user's records directory, made if missing; None when it (or, for root, root's
+    home) is not this user's own."""
+    if os.getuid() != 0:
+        return RECORDS if own_directory(RECORDS, 0o700, 0o077) else None
+    home = os.path.dirname(ROOT_RECORDS)
+    if not own_directory(home, 0o700, 0o022):
+        return None
+    return ROOT_RECORDS if own_directory(ROOT_RECORDS, 0o700, 0o077) else None
+
+
 def main(argv):
     # type: (List[str]) -> int
     # argv[0] is "-c", argv[1] the name "capybara-bg" (for ps)
@@ -175,17 +206,12 @@ def main(argv):
     cap = max(1024, int(cap_text))
     secs = float(seconds)
     os.umask(0o077)
-    try:
-        os.mkdir(RECORDS, 0o700)
-    except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            raise
-    st = os.lstat(RECORDS)
-    if not (st.st_uid == os.getuid() and (st.st_mode & 0o077) == 0 and os.path.isdir(RECORDS)
-            and not os.path.islink(RECORDS)):
-        sys.stderr.write("capybara-bg: %s is not this user's own directory\n" % RECORDS)
+    records = records_directory()
+    if records is None:
+        sys.stderr.write("capybara-bg: %s is not this user's own directory\n"
+                         % (ROOT_RECORDS if os.getuid() == 0 else RECORDS))
         return 90
-    directory = os.path.join(RECORDS, cid)
+    directory = os.path.join(records, cid)
     os.mkdir(directory, 0o700)  # a fresh id: an existing record is an error
     started = time.time()
     env = dict(os.environ)

@@ -1,4 +1,5 @@
-# A background command's supervisor for a sandbox without python3, as the sandbox user.
+# A background command's supervisor for a sandbox without python3, as the sandbox user (or
+# as root, whose records are in root's home: /root/.capybara-cmd).
 #
 #   /bin/sh -c <this text> capybara-bg ID CTL SECONDS CAP WRAPPER COMMAND META...
 #
@@ -22,6 +23,7 @@
 # gives 128+N both for a wrapper killed by signal N and for one that exited 128+N).
 umask 077
 records=/tmp/.capybara-cmd
+root_records=/root/.capybara-cmd
 dir=$records/$1
 ctl=$2
 secs=$3
@@ -29,10 +31,23 @@ cap=$4
 wrapper=$5
 cmd=$6
 shift 6
-mkdir -- "$records" 2>/dev/null
-if [ -L "$records" ] || [ ! -d "$records" ] || [ ! -O "$records" ] ||
-  case $(stat -c %a -- "$records") in *00) false;; *) true;; esac; then
-  echo "capybara-bg: $records is not this user's own directory" >&2
+# own PATH MODE: makes directory PATH if missing; whether it is now this user's own, not a
+# link, its mode matching MODE (a case pattern of stat's %a)
+own() {
+  mkdir -- "$1" 2>/dev/null
+  [ ! -L "$1" ] && [ -d "$1" ] && [ -O "$1" ] || return 1
+  m=$(stat -c %a -- "$1") || return 1
+  case $m in $2) return 0;; esac
+  return 1
+}
+if [ "$(id -u)" = 0 ]; then
+  # root's records: in root's home, which no other account may write to
+  records=$root_records
+  dir=$records/${dir##*/}
+  own "${records%/*}" '?[0145][0145]' || records=
+fi
+if [ -z "$records" ] || ! own "$records" '*00'; then
+  echo "capybara-bg: ${records:-$root_records} is not this user's own directory" >&2
   exit 90
 fi
 if ! split --filter=: /dev/null 2>/dev/null; then

@@ -47,12 +47,6 @@ def test_other_users_are_refused_before_any_io(
         shared_provider.start(h, "true", user=bad)  # type: ignore[arg-type]
 
 
-def test_start_as_root_is_refused_before_any_io(shared_provider: E2BSandboxProvider) -> None:
-    h = SandboxHandle(id="nosuchsandbox000000000", name="x")
-    with pytest.raises(InvalidArgument, match="user 'sandbox' only"):
-        shared_provider.start(h, "true", user="root")
-
-
 def _root_sleepers(p: E2BSandboxProvider, h: SandboxHandle, marker: str) -> str:
     return p.exec(h, f"pgrep -u 0 -f '[s]leep {marker}' || true", user="root").stdout.strip()
 

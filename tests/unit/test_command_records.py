@@ -16,29 +16,36 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sandbox_programs import local_program
 
 from e2b_provider import InvalidArgument, ProtocolError
 from e2b_provider.protocol import scripts as scripts
 from e2b_provider.protocol.command_records import (
     FRAME,
     RECORDS,
+    ROOT_RECORDS,
     FrameDecoder,
     KeptOutput,
     command_id,
     decode_tail,
     parse_command_id,
+    records_of,
     tag_of_control_path,
 )
-from e2b_provider.sandbox_side import file_agent, source
+from e2b_provider.sandbox_side import file_agent
 
 CID = "0123456789abcdef0123456789abcdef"
 
 
 def test_command_ids_round_trip_and_refuse_other_shapes() -> None:
-    assert parse_command_id(command_id("sbx1", CID)) == ("sbx1", CID)
-    assert parse_command_id(f"a:b:{CID}") == ("a:b", CID)
+    assert parse_command_id(command_id("sbx1", CID)) == ("sbx1", CID, "sandbox")
+    assert parse_command_id(f"a:b:{CID}") == ("a:b", CID, "sandbox")
+    assert command_id("sbx1", CID, "root") == f"sbx1:root-{CID}"
+    assert parse_command_id(command_id("sbx1", CID, "root")) == ("sbx1", CID, "root")
+    assert records_of("root") == ROOT_RECORDS != records_of("sandbox") == RECORDS
     for bad in ("", CID, f":{CID}", "sbx:" + CID.upper(), "sbx:" + CID[:-1], "sbx:x" * 3, 7,
-                None):
+                None, f"sbx:ROOT-{CID}", f"sbx:root{CID}", f"sbx:root-root-{CID}",
+                f"sbx:sandbox-{CID}", f"sbx:root-{CID[:-1]}"):
         with pytest.raises(InvalidArgument):
             parse_command_id(bad)
 
@@ -110,8 +117,7 @@ def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def supervise(records: Path, command: str, *, seconds: str = "0", cap: int = 1024,
               stdin: bytes = b"", ctl: str = "") -> Tuple[str, Dict[str, Any], List[Any]]:
     """Run the supervisor program to its end; its record id, status and frames."""
-    program = source("supervisor").replace(f'RECORDS = "{RECORDS}"', f"RECORDS = {str(records)!r}")
-    assert program != source("supervisor")
+    program = local_program("supervisor", records)
     cid = uuid.uuid4().hex
     ctl = ctl or scripts.control_path("unit")
     p = subprocess.run(
@@ -170,7 +176,7 @@ def test_supervisor_tells_a_timeout_from_a_kill_and_a_crash(records: Path) -> No
     assert status["exit_code"] == 137 and not status["timed_out"] and not status["killed"]
     cid = uuid.uuid4().hex
     ctl = scripts.control_path("unit")
-    program = source("supervisor").replace(f'RECORDS = "{RECORDS}"', f"RECORDS = {str(records)!r}")
+    program = local_program("supervisor", records)
     with subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", program, "capybara-bg", cid, ctl, "0", "1024", "0",
          "1", scripts.LEAN_EXEC_WRAPPER, "sleep 60"],

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
+from sandbox_programs import local_program
 
 from e2b_provider.commands.record_scripts import parse_list as _parse_list
 from e2b_provider.commands.record_scripts import parse_read as _parse_read
 from e2b_provider.core.run_engine import RunOutcome
 from e2b_provider.errors import ProtocolError
 from e2b_provider.protocol import scripts as scripts
-from e2b_provider.protocol.command_records import RECORDS, FrameDecoder
+from e2b_provider.protocol.command_records import FrameDecoder
 from e2b_provider.sandbox_side import file_agent, source
 
 pytestmark = pytest.mark.skipif(
@@ -50,20 +51,17 @@ def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def shell_supervisor(records: Path) -> str:
-    text = source("supervisor.sh").replace(f"records={RECORDS}\n", f"records={records}\n")
-    assert text != source("supervisor.sh")
+    text = local_program("supervisor.sh", records)
     return text
 
 
 def shell_reader(records: Path) -> str:
-    text = source("records.sh").replace(f"records={RECORDS}\n", f"records={records}\n")
-    assert text != source("records.sh")
+    text = local_program("records.sh", records)
     return text
 
 
 def python_supervisor(records: Path) -> str:
-    text = source("supervisor").replace(f'RECORDS = "{RECORDS}"', f"RECORDS = {str(records)!r}")
-    assert text != source("supervisor")
+    text = local_program("supervisor", records)
     return text
 
 

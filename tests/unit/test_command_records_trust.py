@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
+from sandbox_programs import local_program
 from waiting import wait_until
 
 from e2b_provider.commands.background import _BAD_RECORD_EXIT, _KILL
@@ -28,7 +29,12 @@ from e2b_provider.commands.record_scripts import parse_list as _parse_list
 from e2b_provider.commands.record_scripts import parse_read as _parse_read
 from e2b_provider.core.run_engine import RunOutcome
 from e2b_provider.protocol import scripts as scripts
-from e2b_provider.protocol.command_records import COMMAND_TAG_PREFIX, RECORDS, supervisor_of
+from e2b_provider.protocol.command_records import (
+    COMMAND_TAG_PREFIX,
+    supervisor_of,
+    supervisor_tag,
+    supervisor_users,
+)
 from e2b_provider.sandbox_side import file_agent, source
 
 from .test_command_records_sh import shell_args
@@ -46,8 +52,7 @@ def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def _reader(records: Path) -> str:
-    text = source("records.sh").replace(f"records={RECORDS}\n", f"records={records}\n")
-    assert text != source("records.sh")
+    text = local_program("records.sh", records)
     return text
 
 
@@ -103,6 +108,26 @@ def test_supervisor_of_reads_envds_tag_and_arguments_not_a_record() -> None:
     ):
         assert supervisor_of([wrong], cid) is None, wrong
     assert supervisor_of([], cid) is None
+
+
+def test_a_root_commands_supervisor_is_told_apart_by_its_tag() -> None:
+    """The sandbox user's supervisor of the same 32 hex digits is not root's, nor the
+    other way round; ``supervisor_users`` says whose supervisors run."""
+    cid = uuid.uuid4().hex
+    ctl = scripts.control_path()
+    args = ["-c", "<program>", "capybara-bg", cid, ctl, "0", "1024"]
+    roots = _info(43, supervisor_tag(cid, "root"), args)
+    mine = _info(44, supervisor_tag(cid), args)
+    assert supervisor_tag(cid, "root") == COMMAND_TAG_PREFIX + "root-" + cid
+    assert supervisor_of([roots], cid, "root") == (43, ctl)
+    assert supervisor_of([roots], cid) is None
+    assert supervisor_of([mine], cid, "root") is None
+    assert supervisor_of([mine, roots], cid) == (44, ctl)
+    assert supervisor_users([]) == []
+    assert supervisor_users([_info(1, "web", [])]) == []
+    assert supervisor_users([roots]) == ["root"]
+    assert supervisor_users([mine]) == ["sandbox"]
+    assert supervisor_users([roots, _info(1, "x", []), mine]) == ["sandbox", "root"]
 
 
 # -- records that are not regular files ----------------------------------------------------
@@ -196,8 +221,7 @@ def test_the_supervisor_writes_past_what_was_put_in_its_records_place(records: P
     if shell:
         args = shell_args(records, cid, scripts.control_path("unit"), command)
     else:
-        program = source("supervisor").replace(f'RECORDS = "{RECORDS}"',
-                                               f"RECORDS = {str(records)!r}")
+        program = local_program("supervisor", records)
         args = [sys.executable, "-I", "-S", "-c", program, "capybara-bg", cid,
                 scripts.control_path("unit"), "0", "1024", "0", "1",
                 scripts.LEAN_EXEC_WRAPPER, command]
