@@ -96,7 +96,7 @@ from ..protocol.command_records import (
 )
 from ..protocol.process_events import DataEvent, EndEvent
 from ..protocol.scripts import NO_PYTHON_STATUSES
-from ..sandbox_side import source
+from ..sandbox_side import packed, source
 from .command import Command, CommandInfo, OnText
 from .following import Follower, StreamGuard
 from .record_scripts import load_json, parse_list, parse_read, say_bad
@@ -126,7 +126,7 @@ _LIST_MAX = 64 << 20
 _RECORD_ROOM = 2 << 20
 
 #: Runs the supervisor with the flag it needs (``${LC_CTYPE+1}``: was ``LC_CTYPE`` set before
-#: Python started, which may add one for itself). ``$1`` is ``PYTHON_BOOT``: the program
+#: Python started, which may add one for itself). ``$1`` is ``PACKED_BOOT``: the program
 #: comes in the environment, not on the command line ``ps`` shows.
 _LAUNCH = (
     'exec python3 -I -S -X utf8 -c "$1" capybara-bg "$2" "$3" "$4" "$5" "$6" "${LC_CTYPE+1}" '
@@ -207,7 +207,7 @@ class Background:
         need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def python_args(cid: str) -> List[str]:
-            return ["-c", _LAUNCH, "capybara-bg", scripts.PYTHON_BOOT, cid, ctl, seconds,
+            return ["-c", _LAUNCH, "capybara-bg", scripts.PACKED_BOOT, cid, ctl, seconds,
                     str(max_output_bytes), "1" if stdin else "0", wrapper, command]
 
         def shell_args(cid: str) -> List[str]:
@@ -226,7 +226,7 @@ class Background:
             if not self.lacks_python(sid):
                 cid = uuid.uuid4().hex
                 try:
-                    py_env = {**env, scripts.PROGRAM_VAR: source("supervisor")}
+                    py_env = {**env, scripts.PROGRAM_VAR: packed("supervisor")}
                     return self._supervise(sid, target, cid, user, ctl, python_args(cid),
                                            py_env, cwd, stdin, deadline, cancel, python=True)
                 except _NoPython:

@@ -53,7 +53,7 @@ from ..protocol import scripts as scripts
 from ..protocol.agent_frames import AGENT_VERSION, FrameDecoder, encode_request
 from ..protocol.process_events import DataEvent, EndEvent, StartEvent, exit_code_of
 from ..protocol.scripts import NO_PYTHON_STATUSES
-from ..sandbox_side import source
+from ..sandbox_side import pack, source
 from .agent_session import (
     CARRIED_ID,
     GOODBYE_SECONDS,
@@ -117,12 +117,13 @@ _TAR_PART = ("\n# -- tar streams ---", "\ndef main(argv")
 @functools.lru_cache(maxsize=1)
 def serve_program() -> str:
     """The text of :mod:`~e2b_provider.sandbox_side.file_agent` without its tar part (see
-    :data:`_TAR_PART`): what the provider's agents run (``serve`` mode only)."""
+    :data:`_TAR_PART`), packed (``sandbox_side.pack``): what the provider's agents run
+    (``serve`` mode only)."""
     text = source("file_agent")
     start, end = text.find(_TAR_PART[0]), text.find(_TAR_PART[1])
-    if start < 0 or end < start:
-        return text
-    return text[:start] + text[end:]
+    if start >= 0 and end >= start:
+        text = text[:start] + text[end:]
+    return pack(text)
 
 
 def agent_envs(first: Optional[bytes]) -> Dict[str, str]:
@@ -410,7 +411,7 @@ class FileAgents:
             stream = ctx.envd(target).start(
                 user=scripts.SANDBOX_USER,
                 cmd="python3",
-                args=["-I", "-S", "-X", "utf8", "-c", scripts.PYTHON_BOOT, "serve",
+                args=["-I", "-S", "-X", "utf8", "-c", scripts.PACKED_BOOT, "serve",
                       str(AGENT_IDLE_SECONDS), tag],
                 envs=agent_envs(first),
                 cwd="/",

@@ -57,7 +57,7 @@ from ..errors import (
 )
 from ..models import Target, TransferSummary
 from ..protocol import scripts as scripts
-from ..sandbox_side import source
+from ..sandbox_side import packed
 from .answers import ACCESS_HINT, unsafe_path
 from .files import Files
 from .helper import Helper
@@ -189,7 +189,7 @@ class Trees:
         sid = target.sandbox_id
         settle_s = min(5.0, self._ctx.bounds.kill)
         argv = ["timeout", "-k", "5", bound, "/bin/sh",
-                *scripts.tree_upload_args(dest, fifo, end, skills, op_id, source("file_agent"),
+                *scripts.tree_upload_args(dest, fifo, end, skills, op_id, packed("file_agent"),
                                           prepare=self._files.needs_staging(sid))]
 
         def body(helper: Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:
@@ -289,7 +289,7 @@ class Trees:
             args = scripts.pack_args(remote_path, exclude)
             argv = ["/bin/sh", args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
         else:
-            argv = scripts.python_argv("capybara-pack", source("file_agent"), "pack",
+            argv = scripts.python_argv("capybara-pack", packed("file_agent"), "pack",
                                        remote_path, scripts.fileop_name(op_id), *exclude)
 
         def body(helper: Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:

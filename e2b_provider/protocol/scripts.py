@@ -57,6 +57,7 @@ __all__ = [
     "NOT_REGULAR_EXIT",
     "NO_ENTRY_EXIT",
     "PART_PREFIX",
+    "PACKED_BOOT",
     "PYTHON_LAUNCH",
     "SH_BOOT",
     "PYTHON_BOOT",
@@ -631,19 +632,23 @@ PROGRAM_VAR = "CAPYBARA_PROGRAM"
 #: it out of the environment first (nothing the program starts inherits it). ``-I`` keeps
 #: ``PYTHON*`` variables from changing what runs.
 PYTHON_BOOT = f"import os;exec(os.environ.pop({PROGRAM_VAR!r}))"
+#: :data:`PYTHON_BOOT` for a program packed by ``sandbox_side.pack`` (zlib, base64).
+PACKED_BOOT = ("import os,zlib,binascii;exec(zlib.decompress(binascii.a2b_base64("
+               f"os.environ.pop({PROGRAM_VAR!r}))))")
 #: ``sh -c`` text that runs the shell program in :data:`PROGRAM_VAR`, taken out of the
 #: environment first (``eval`` parses a copy of it).
 SH_BOOT = f'p=${PROGRAM_VAR}; unset {PROGRAM_VAR}; eval "$p"'
-#: Runs the Python program ``$1`` with arguments ``$2...`` (``$0`` names it for ``ps``):
+#: Runs the packed Python program ``$1`` (``sandbox_side.pack``) with arguments ``$2...``
+#: (``$0`` names it for ``ps``):
 #: for launches whose environment the caller cannot set; the shell holds the text only
 #: until its ``exec``.
 PYTHON_LAUNCH = (f'export {PROGRAM_VAR}="$1"; shift; '
-                 f'exec python3 -I -S -X utf8 -c {shlex.quote(PYTHON_BOOT)} "$@"')
+                 f'exec python3 -I -S -X utf8 -c {shlex.quote(PACKED_BOOT)} "$@"')
 
 
 def python_argv(name: str, program: str, *args: str) -> List[str]:
-    """The argv that runs Python source ``program`` with ``args`` (``sys.argv[1:]``) by
-    :data:`PYTHON_LAUNCH`, as ``name`` (``$0`` of its shell)."""
+    """The argv that runs the packed Python program ``program`` (``sandbox_side.pack``) with
+    ``args`` (``sys.argv[1:]``) by :data:`PYTHON_LAUNCH`, as ``name`` (``$0`` of its shell)."""
     return ["/bin/sh", "-c", PYTHON_LAUNCH, name, program, *args]
 
 
@@ -1151,7 +1156,7 @@ TREE_UPLOAD_SCRIPT = (
     'find "$d" -mindepth 1 -maxdepth 1 ! -name parts -mmin +10 -exec rm -rf -- {} + '
     '2>/dev/null; fi; '
     + _FIFO_OPEN +
-    f'o=op=${{0##*-}}; export {PROGRAM_VAR}="$6"; b={shlex.quote(PYTHON_BOOT)}; '
+    f'o=op=${{0##*-}}; export {PROGRAM_VAR}="$6"; b={shlex.quote(PACKED_BOOT)}; '
     'if [ "$4" = 1 ]; then exec python3 -I -S -X utf8 -c "$b" extract "$1" "$3" root "$o"; fi; '
     "exec runuser -u " + SANDBOX_USER + " -- /bin/sh -c " + shlex.quote(TREE_WHOLE_SCRIPT)
     + ' "$0" "$1" "$3" "$b" "$o"'

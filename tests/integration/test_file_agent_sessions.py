@@ -25,6 +25,7 @@ from e2b_provider import (
 )
 from e2b_provider.core.agent_session import WITHDRAW_SECONDS
 from e2b_provider.core.file_agents import AGENT_TAG_PREFIX
+from e2b_provider.sandbox_side import pack
 
 from .conftest import own_sandbox, root, warm_file_agent
 
@@ -214,7 +215,7 @@ def test_a_sandbox_that_cannot_run_the_agent_gets_the_scripts(
     of them, listings a script."""
     from e2b_provider.core import file_agents as _agent
 
-    monkeypatch.setattr(_agent, "serve_program", lambda: "import sys; sys.exit(127)")
+    monkeypatch.setattr(_agent, "serve_program", lambda: pack("import sys; sys.exit(127)"))
     caplog.set_level(logging.INFO, logger="e2b_provider")
     with E2BSandboxProvider(emu.config(template="base")) as p:
         p.write_file(fresh, "/workspace/no-agent", b"1")
