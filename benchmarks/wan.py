@@ -32,14 +32,19 @@ Besides the calls on one warm sandbox, the **first file call on a fresh sandbox*
 write 1K``: ``write_file`` vs the SDK's ``files.write``; ``first write 50``: ``write_files``
 of 50 files of 1 KiB vs ``files.write_files``): each sandbox is created off the clock by the
 same client over the same path as the timed call, and deleted after it (goal: 1.5x the SDK's
-wall time).
+wall time). On E2B a fresh sandbox has a host name of its own, so its first call opens a new
+connection, which starts from the initial congestion window (about 14 KiB on the wire before
+the first answer); the emulator serves every sandbox on one address, where each client would
+carry on over a kept connection with whatever window the calls before it left. So before each
+first call every connection of this namespace to the emulator is closed (``ss -K``), for both
+clients alike; ``--first-reuse`` keeps them instead.
 
 Needs root, ``ip`` (iproute2), ``nsenter`` (util-linux), ``iptables`` with the NFQUEUE
 target (Debian: ``apt-get install iptables``), the kernel's nfnetlink_queue, and optionally
 ``ping`` (``apt-get install iputils-ping``). Nothing is installed here.
 
     python benchmarks/wan.py [--rtt-ms 20] [--runs 20] [--create-runs 4] [--first-runs 7]
-                             [--netns-prefix bn]
+                             [--first-reuse] [--netns-prefix bn]
 """
 
 from __future__ import annotations
@@ -524,18 +529,28 @@ def benchmark(link: Link, emu: EmulatorInNetns, args: argparse.Namespace) -> Non
         # the same path as the call, deleted after it
         batch = {f"/workspace/d{i % 5}/f{i}.txt": os.urandom(1024) for i in range(50)}
 
+        def new_connections() -> None:
+            """Close every TCP connection to the emulator (this process's namespace): the
+            next call of each client opens a new one, as a fresh sandbox's does on E2B."""
+            if args.first_reuse:
+                return
+            for addr in (WAN_SRV, LOCAL_SRV):
+                run(["ss", "-K", "dst", addr])
+
         def first(
             ours: Callable[[Any, Any], object], theirs: Callable[[Any], object],
         ) -> Dict[str, Tuple[Call, Call]]:
             def provider_at(ep: b.Endpoint) -> Call:
                 def make() -> Tuple[str, Call]:
                     fresh = providers[ep].create(f"bn-first-{next(counter)}")
+                    new_connections()
                     return fresh.id, lambda: ours(providers[ep], fresh)
                 return make
 
             def sdk_at(ep: b.Endpoint) -> Call:
                 def make() -> Tuple[str, Call]:
                     fresh = Sandbox.create("base", **b.sdk_opts(ep))
+                    new_connections()
                     return fresh.sandbox_id, lambda: theirs(fresh)
                 return make
 
@@ -628,6 +643,12 @@ def main() -> int:
     ap.add_argument(
         "--first-runs", type=int, default=7,
         help="measured first file calls on fresh sandboxes per cell (default 7)",
+    )
+    ap.add_argument(
+        "--first-reuse", action="store_true",
+        help="keep the clients' connections for the first calls on fresh sandboxes (by "
+        "default they are closed before each, as a fresh sandbox's own host name on E2B "
+        "means a new connection)",
     )
     ap.add_argument(
         "--netns-prefix", default=DEFAULT_PREFIX,
