@@ -83,6 +83,7 @@ from ..errors import (
 )
 from ..models import ExecResult, Target
 from ..protocol import scripts as scripts
+from ..protocol.boot import PACKED_BOOT, PROGRAM_VAR, SH_BOOT
 from ..protocol.command_records import (
     FrameDecoder,
     command_id,
@@ -207,7 +208,7 @@ class Background:
         need = FILE_OP_TIMEOUT_SECONDS + (0 if timeout is None else math.ceil(timeout))
 
         def python_args(cid: str) -> List[str]:
-            return ["-c", _LAUNCH, "capybara-bg", scripts.PACKED_BOOT, cid, ctl, seconds,
+            return ["-c", _LAUNCH, "capybara-bg", PACKED_BOOT, cid, ctl, seconds,
                     str(max_output_bytes), "1" if stdin else "0", wrapper, command]
 
         def shell_args(cid: str) -> List[str]:
@@ -218,7 +219,7 @@ class Background:
             # without its closing brace, in pieces that each fit in one argument
             head = known[:-1]
             pieces = [head[i:i + _META_PIECE] for i in range(0, len(head), _META_PIECE)]
-            return ["-c", scripts.SH_BOOT, "capybara-bg", cid, ctl, seconds, str(cap),
+            return ["-c", SH_BOOT, "capybara-bg", cid, ctl, seconds, str(cap),
                     wrapper, command, *pieces]
 
         def run(target: Target) -> Command:
@@ -226,13 +227,13 @@ class Background:
             if not self.lacks_python(sid):
                 cid = uuid.uuid4().hex
                 try:
-                    py_env = {**env, scripts.PROGRAM_VAR: packed("supervisor")}
+                    py_env = {**env, PROGRAM_VAR: packed("supervisor")}
                     return self._supervise(sid, target, cid, user, ctl, python_args(cid),
                                            py_env, cwd, stdin, deadline, cancel, python=True)
                 except _NoPython:
                     self._mark_no_python(sid)
             cid = uuid.uuid4().hex  # a fresh one: nothing of the first try can be in the way
-            sh_env = {**env, scripts.PROGRAM_VAR: source("supervisor.sh")}
+            sh_env = {**env, PROGRAM_VAR: source("supervisor.sh")}
             return self._supervise(sid, target, cid, user, ctl, shell_args(cid), sh_env, cwd,
                                    stdin, deadline, cancel, python=False)
 

@@ -51,6 +51,7 @@ from ..errors import (
 from ..models import Target
 from ..protocol import scripts as scripts
 from ..protocol.agent_frames import AGENT_VERSION, FrameDecoder, encode_request
+from ..protocol.boot import PACKED_BOOT, PROGRAM_VAR
 from ..protocol.process_events import DataEvent, EndEvent, StartEvent, exit_code_of
 from ..protocol.scripts import NO_PYTHON_STATUSES
 from ..sandbox_side import pack, source
@@ -128,9 +129,9 @@ def serve_program() -> str:
 
 def agent_envs(first: Optional[bytes]) -> Dict[str, str]:
     """The environment an agent starts with: its program (which takes it out of its
-    environment first, see :data:`~e2b_provider.protocol.scripts.PROGRAM_VAR`) and, when
+    environment first, see :data:`~e2b_provider.protocol.boot.PROGRAM_VAR`) and, when
     given, the request it carries (:data:`CARRIED_ENV`)."""
-    envs = {scripts.PROGRAM_VAR: serve_program()}
+    envs = {PROGRAM_VAR: serve_program()}
     if first is not None:
         envs[CARRIED_ENV] = base64.b64encode(first).decode("ascii")
     return envs
@@ -411,7 +412,7 @@ class FileAgents:
             stream = ctx.envd(target).start(
                 user=scripts.SANDBOX_USER,
                 cmd="python3",
-                args=["-I", "-S", "-X", "utf8", "-c", scripts.PACKED_BOOT, "serve",
+                args=["-I", "-S", "-X", "utf8", "-c", PACKED_BOOT, "serve",
                       str(AGENT_IDLE_SECONDS), tag],
                 envs=agent_envs(first),
                 cwd="/",

@@ -57,6 +57,7 @@ from ..errors import (
 )
 from ..models import Target, TransferSummary
 from ..protocol import scripts as scripts
+from ..protocol.boot import python_argv
 from ..sandbox_side import packed
 from .answers import ACCESS_HINT, unsafe_path
 from .files import Files
@@ -289,7 +290,7 @@ class Trees:
             args = scripts.pack_args(remote_path, exclude)
             argv = ["/bin/sh", args[0], args[1], scripts.fileop_name(op_id), *args[3:]]
         else:
-            argv = scripts.python_argv("capybara-pack", packed("file_agent"), "pack",
+            argv = python_argv("capybara-pack", packed("file_agent"), "pack",
                                        remote_path, scripts.fileop_name(op_id), *exclude)
 
         def body(helper: Helper) -> Tuple[TransferSummary, List[Dict[str, Any]]]:

@@ -3,7 +3,7 @@
 This package owns the code that runs on the sandbox's side of the wire: the provider reads
 a module's text (:func:`source`) and sends it to the sandbox's ``python3`` in the
 ``CAPYBARA_PROGRAM`` environment variable, run by a one-line ``-c`` that takes it out of the
-environment first (``protocol.scripts.PYTHON_BOOT``): a command line is public (``ps``).
+environment first (``protocol.boot.PYTHON_BOOT``): a command line is public (``ps``).
 Such a module imports only the standard library, runs on Python 3.6 and later,
 and never imports :mod:`e2b_provider`; the library itself never imports it (tests do, to
 run it locally).
@@ -16,13 +16,13 @@ run it locally).
   live followers.
 
 The Python programs travel packed (:func:`packed`: docstrings and comment lines emptied, the
-line numbers kept, then zlib and base64; ``protocol.scripts.PACKED_BOOT`` unpacks them): the
+line numbers kept, then zlib and base64; ``protocol.boot.PACKED_BOOT`` unpacks them): the
 file agent's start request is 10 KiB instead of 37 KiB, which a new or idle connection sends
 in one flight instead of three.
 
 Two shell programs (POSIX ``sh`` and GNU coreutils) stand in for them where the sandbox has
 no ``python3``; the provider sends their text to ``/bin/sh -c`` (``supervisor.sh`` likewise
-in ``CAPYBARA_PROGRAM``, ``protocol.scripts.SH_BOOT``):
+in ``CAPYBARA_PROGRAM``, ``protocol.boot.SH_BOOT``):
 
 * ``supervisor.sh`` — the same supervisor, writing the same record, without live frames.
 * ``records.sh`` — the file agent's ``cmd_read`` and ``cmd_list`` over those records.
@@ -88,7 +88,7 @@ def _lean(text: str) -> bytes:
 
 
 def pack(text: str) -> str:
-    """Python source ``text`` as ``protocol.scripts.PACKED_BOOT`` takes it: docstrings and
+    """Python source ``text`` as ``protocol.boot.PACKED_BOOT`` takes it: docstrings and
     comment lines emptied (a traceback's line numbers are still the source's), compressed
     (zlib) and in base64."""
     return base64.b64encode(zlib.compress(_lean(text), 9)).decode("ascii")

@@ -14,7 +14,7 @@ from waiting import wait_until
 
 from e2b_provider import E2BSandboxProvider, SandboxHandle
 from e2b_provider.commands.terminal_wrapper import LEFTOVERS_VAR
-from e2b_provider.protocol.scripts import PROGRAM_VAR
+from e2b_provider.protocol.boot import PROGRAM_VAR
 
 from .conftest import NO_PYTHON, own_sandbox, root, until, warm_file_agent
 

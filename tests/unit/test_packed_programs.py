@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from e2b_provider.protocol.scripts import PACKED_BOOT, PROGRAM_VAR, PYTHON_LAUNCH
+from e2b_provider.protocol.boot import PACKED_BOOT, PROGRAM_VAR, PYTHON_LAUNCH
 from e2b_provider.sandbox_side import pack, packed, source
 
 PROGRAM = '''"""A module docstring
