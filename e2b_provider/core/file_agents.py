@@ -254,27 +254,28 @@ class FileAgents:
         """End every session and tell each agent to leave (its standard input is closed:
         it exits once its work is done), all at once, within :data:`GOODBYE_SECONDS` seconds
         in all (an agent not told in time exits once idle). An agent still starting is
-        waited for within the same bound and told to leave as it becomes ready."""
+        waited for within the same bound and told to leave as it becomes ready; the running
+        ones are told first, so a start that does not end never keeps them waiting."""
         self._after_fork()
         bound = Deadline.after(GOODBYE_SECONDS)
         with self._lock:
             self._closed = True
             sessions = list(self._sessions.values())
             self._sessions.clear()
-            starting = list(self._starting.values())
-        if starting:  # each start that ends from now on says goodbye itself (_launch)
-            concurrent.futures.wait(starting, timeout=max(0.0, bound.remaining()))
-        pending: List[concurrent.futures.Future[None]] = []
+            starting: List[concurrent.futures.Future[Any]] = list(self._starting.values())
+            pending: List[concurrent.futures.Future[Any]] = list(self._retiring)
         for s in sessions:
             s.end("the provider was closed")
             try:
                 pending.append(self._ctx.watchdog.submit(s.goodbye))
             except RuntimeError:  # no pool: said inline, briefly
                 s.goodbye(timeout=1.0)
-        with self._lock:
-            pending.extend(self._retiring)
-        if pending:
-            concurrent.futures.wait(pending, timeout=max(0.0, bound.remaining()))
+        # each start that ends from now on says goodbye itself (_launch), or is retired
+        concurrent.futures.wait(starting + pending, timeout=max(0.0, bound.remaining()))
+        with self._lock:  # and the retirements of starts given up meanwhile
+            retiring = [f for f in self._retiring if f not in pending]
+        if retiring:
+            concurrent.futures.wait(retiring, timeout=max(0.0, bound.remaining()))
 
     def sessions(self) -> List[AgentSession]:
         """The running sessions (for tests and diagnostics)."""

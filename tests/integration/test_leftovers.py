@@ -410,3 +410,56 @@ def test_nothing_accumulates_over_a_thousand_cancels(
         token.cancel("over")
     after = (staged(p, h), processes(p, h))
     assert before == after and before[0] == [] and len(agents(before[1])) == 1
+
+
+CLOSING_CLIENT = textwrap.dedent(
+    """
+    import json, sys, time
+    from e2b_provider import DeploymentConfig, E2BSandboxProvider
+    cfg, running, starting = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    p = E2BSandboxProvider(DeploymentConfig(**cfg))
+    p.stat(running, "/workspace")
+    while not p._files._agents.sessions():
+        time.sleep(0.02)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    p._files._agents.ready(starting)  # an agent start in the background, which stalls
+    time.sleep(0.5)
+    began = time.monotonic()
+    p.close()
+    print("closed in %.2f s" % (time.monotonic() - began), flush=True)
+    """
+)
+
+
+def test_a_start_that_does_not_end_never_keeps_close_from_retiring_the_running_agents(
+    emu, provider: E2BSandboxProvider, fresh: SandboxHandle
+) -> None:  # type: ignore[no-untyped-def]
+    """close() while one sandbox's agent runs and another's start stalls (envd's stream of
+    it says nothing): the running agent is told to leave at once, not after the wait for
+    the start has used up close()'s 5 s bound (the client exits right after close(), and an
+    agent never told to leave stays until its idle timeout, 60 s)."""
+    p = provider
+    with own_sandbox(p, "left") as other:
+        cfg = {"api_key": emu.api_key, "template": "base", "api_url": emu.api_url,
+               "sandbox_url": emu.sandbox_url, "domain": "e2b.localhost"}
+        child = subprocess.Popen(
+            [sys.executable, "-c", CLOSING_CLIENT, json.dumps(cfg), fresh.id, other.id],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == "ready", child.stderr
+            assert len(_agent_pids(emu, fresh.id)) == 1
+            emu.stream_stall(sandbox_id=other.id)  # the next Start stream there: its agent
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            out, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                _kill(child)
+            emu.clear_faults()
+        assert child.returncode == 0 and "closed in" in out, err
+        wait_until(lambda: _agent_pids(emu, fresh.id) == [], 3,
+                   f"the running agent to leave ({out.strip()})")
